@@ -1,0 +1,74 @@
+/**
+ * Loading Triton's config.pbtxt into our ModelConfig with protobuf-es's
+ * text-format parser.
+ */
+import { readFile } from "node:fs/promises";
+import { fromText } from "@bufbuild/protobuf/txtpb";
+import { type ModelConfig, ModelConfigSchema } from "./gen/model_config_pb.js";
+
+/** A config.pbtxt that does not parse; the message reads `path:line:col: reason`. */
+export class ModelConfigError extends Error {
+  override name = "ModelConfigError";
+  constructor(
+    readonly path: string,
+    readonly line: number,
+    readonly column: number,
+    readonly reason: string,
+  ) {
+    super(`${path}:${line}:${column}: ${reason}`);
+  }
+}
+
+function parseError(text: string): string | undefined {
+  try {
+    fromText(ModelConfigSchema, text);
+    return undefined;
+  } catch (err) {
+    return err instanceof Error ? err.message : String(err);
+  }
+}
+
+/**
+ * Where in `text` the parser fails with `reason`. The parser reports no
+ * position, so we find the shortest prefix that fails the same way (a
+ * prefix cut short elsewhere only fails with "end of input"), then step
+ * back to the start of the token that prefix ends in.
+ */
+function locate(text: string, reason: string): { line: number; column: number } {
+  let lo = 0;
+  let hi = text.length;
+  // Failing "the same way" is monotone in the prefix length: once a prefix
+  // contains the bad token, every longer prefix does too.
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (parseError(text.slice(0, mid)) === reason) hi = mid;
+    else lo = mid + 1;
+  }
+  let end = lo;
+  while (end > 0 && /[\w."'\-+]/.test(text[end - 1] ?? "") && /[\w."'\-+]/.test(text[end - 2] ?? "")) end--;
+  if (end > 0 && /\s/.test(text[end - 1] ?? "")) {
+    // nothing to do: the prefix ended right after whitespace
+  } else if (end > 0) {
+    end--;
+  }
+  const before = text.slice(0, end);
+  const line = before.split("\n").length;
+  const column = end - (before.lastIndexOf("\n") + 1) + 1;
+  return { line, column };
+}
+
+/** Parses config.pbtxt text; `path` is only used in error messages. */
+export function parseModelConfig(text: string, path = "config.pbtxt"): ModelConfig {
+  try {
+    return fromText(ModelConfigSchema, text);
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    const { line, column } = locate(text, reason);
+    throw new ModelConfigError(path, line, column, reason);
+  }
+}
+
+/** Reads and parses a config.pbtxt file. */
+export async function loadModelConfig(path: string): Promise<ModelConfig> {
+  return parseModelConfig(await readFile(path, "utf8"), path);
+}

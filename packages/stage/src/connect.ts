@@ -1,0 +1,105 @@
+/**
+ * connectStage: a Stage backed by any KServe v2 gRPC endpoint (a Trellis
+ * stage service or a real Triton), used exactly like a local one.
+ */
+import { type Client, ConnectError, createClient, createRouterTransport, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { GRPCInferenceService, type ModelConfig } from "@trellis/protocol";
+import { Code, StageError } from "./errors.js";
+import type { ModelRegistry } from "./registry.js";
+import { serveStage } from "./serve.js";
+import type { InferOptions, InferRequest, InferResponse, Stage, StageMetadata } from "./stage.js";
+import { inferRequestToWire, inferResponseFromWire, metadataFromWire } from "./wire.js";
+
+export type InferenceClient = Client<typeof GRPCInferenceService>;
+
+/** A gRPC transport (HTTP/2) to a KServe v2 endpoint such as "http://127.0.0.1:8001". */
+export function grpcTransport(baseUrl: string, options: { headers?: Record<string, string> } = {}): Transport {
+  const headers = options.headers;
+  return createGrpcTransport({
+    baseUrl,
+    interceptors: headers
+      ? [
+          (next) => (req) => {
+            for (const [k, v] of Object.entries(headers)) req.header.set(k, v);
+            return next(req);
+          },
+        ]
+      : [],
+  });
+}
+
+/** An in-process transport to a stage or registry: no sockets, same code path as a remote call. */
+export function inMemoryTransport(target: Stage | ModelRegistry): Transport {
+  return createRouterTransport(serveStage(target));
+}
+
+export interface ConnectStageOptions {
+  /** Version to address; "" lets the server choose. */
+  version?: string;
+  /** Label used in errors, e.g. the endpoint URL. */
+  remoteLabel?: string;
+  /** Per-request deadline in milliseconds. */
+  timeoutMs?: number;
+}
+
+/** Re-raises a remote error with its code, saying which remote model raised it. */
+export function remoteError(err: unknown, model: string, remoteLabel: string): StageError {
+  const ce = ConnectError.from(err);
+  const where = remoteLabel ? `remote model ${model} at ${remoteLabel}` : `remote model ${model}`;
+  return new StageError(ce.code, model, `${where}: ${ce.rawMessage}`, { cause: err });
+}
+
+/**
+ * Reads the remote model's config and metadata, then returns a Stage whose
+ * infer() is a ModelInfer call. Tensors travel as raw_* contents.
+ */
+export async function connectStage(
+  transport: Transport,
+  name: string,
+  options: ConnectStageOptions = {},
+): Promise<Stage> {
+  const client: InferenceClient = createClient(GRPCInferenceService, transport);
+  const version = options.version ?? "";
+  const label = options.remoteLabel ?? "";
+  const call = async <T>(fn: () => Promise<T>): Promise<T> => {
+    try {
+      return await fn();
+    } catch (err) {
+      throw remoteError(err, name, label);
+    }
+  };
+  const configResponse = await call(() => client.modelConfig({ name, version }));
+  const config: ModelConfig | undefined = configResponse.config;
+  if (!config) throw new StageError(Code.Internal, name, `remote model ${name} returned no config`);
+  const metadata: StageMetadata = metadataFromWire(await call(() => client.modelMetadata({ name, version })));
+  const servedVersion = version || metadata.versions.at(-1) || "1";
+  return {
+    name,
+    version: servedVersion,
+    config,
+    isReady: async () => {
+      try {
+        return (await client.modelReady({ name, version })).ready;
+      } catch {
+        return false;
+      }
+    },
+    metadata: () => metadata,
+    infer: (request: InferRequest, opts?: InferOptions): Promise<InferResponse> =>
+      call(async () => {
+        const res = await client.modelInfer(inferRequestToWire(request, name, version), {
+          signal: opts?.signal,
+          timeoutMs: options.timeoutMs,
+        });
+        return inferResponseFromWire(res, name);
+      }),
+    statistics: async () => {
+      const res = await call(() => client.modelStatistics({ name, version }));
+      const stats = res.modelStats[0];
+      if (!stats) throw new StageError(Code.NotFound, name, `remote model ${name} reported no statistics`);
+      return stats;
+    },
+    close: async () => {},
+  };
+}

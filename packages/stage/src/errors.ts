@@ -1,0 +1,40 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+
+export { Code };
+
+/**
+ * An error raised by a stage. It is a ConnectError, so its code survives
+ * every transport unchanged; `stage` names the model that raised it.
+ */
+export class StageError extends ConnectError {
+  override name = "StageError";
+  readonly stage: string;
+
+  constructor(code: Code, stage: string, message: string, options?: { cause?: unknown }) {
+    super(stage ? `${stage}: ${message}` : message, code, undefined, undefined, options?.cause);
+    this.stage = stage;
+  }
+}
+
+/** Shorthands for the codes stages raise most. */
+export const invalidArgument = (stage: string, message: string) => new StageError(Code.InvalidArgument, stage, message);
+export const notFound = (stage: string, message: string) => new StageError(Code.NotFound, stage, message);
+export const unavailable = (stage: string, message: string) => new StageError(Code.Unavailable, stage, message);
+export const resourceExhausted = (stage: string, message: string) =>
+  new StageError(Code.ResourceExhausted, stage, message);
+export const internal = (stage: string, message: string) => new StageError(Code.Internal, stage, message);
+
+/**
+ * Turns anything thrown into a ConnectError, keeping its code when it has
+ * one. Unknown errors become INTERNAL so nothing leaves a stage untyped.
+ */
+export function toConnectError(err: unknown, stage = ""): ConnectError {
+  if (err instanceof ConnectError) return err;
+  const message = err instanceof Error ? err.message : String(err);
+  return new StageError(Code.Internal, stage, message, { cause: err });
+}
+
+/** The protocol's wording of a Connect code, e.g. INVALID_ARGUMENT. */
+export function codeName(code: Code): string {
+  return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
+}

@@ -1,0 +1,47 @@
+/**
+ * What the inference service needs from whoever hosts models: a lookup from
+ * (name, version) to a Stage, plus optional repository control. A single
+ * stage, the ensemble runner and the server's repository manager all fit.
+ */
+
+import { Code, StageError } from "./errors.js";
+import type { Stage } from "./stage.js";
+
+export interface ModelIndexEntry {
+  name: string;
+  version: string;
+  /** Triton's states: READY, UNAVAILABLE, LOADING, UNLOADING. */
+  state: string;
+  reason: string;
+}
+
+export interface ModelRepositoryControl {
+  index(readyOnly: boolean): ModelIndexEntry[] | Promise<ModelIndexEntry[]>;
+  load(name: string): Promise<void>;
+  unload(name: string): Promise<void>;
+}
+
+export interface ModelRegistry {
+  /** The stage serving name/version ("" = by policy, usually latest); throws NOT_FOUND or UNAVAILABLE. */
+  resolve(name: string, version?: string): Stage;
+  /** Every stage currently loaded (for statistics over all models). */
+  list(): Stage[];
+  /** Server readiness; defaults to "every loaded stage is ready". */
+  isReady?(): boolean | Promise<boolean>;
+  repository?: ModelRepositoryControl;
+}
+
+/** A registry over a fixed set of stages, e.g. one stage served as a microservice. */
+export function stageRegistry(...stages: Stage[]): ModelRegistry {
+  return {
+    resolve(name, version) {
+      const stage = stages.find((s) => s.name === name);
+      if (!stage) throw new StageError(Code.NotFound, "", `unknown model "${name}"`);
+      if (version && version !== stage.version) {
+        throw new StageError(Code.NotFound, "", `model "${name}" has no version ${version} (serving ${stage.version})`);
+      }
+      return stage;
+    },
+    list: () => stages,
+  };
+}

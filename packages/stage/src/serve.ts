@@ -1,0 +1,224 @@
+/**
+ * serveStage: any Stage (or a registry of them) as a KServe v2
+ * GRPCInferenceService and grpc.health.v1.Health over Connect, so gRPC,
+ * gRPC-Web and Connect clients all reach it from one handler.
+ */
+import http2 from "node:http2";
+import type { AddressInfo } from "node:net";
+import { create } from "@bufbuild/protobuf";
+import type { ConnectRouter, HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import {
+  CudaSharedMemoryStatusResponseSchema,
+  GRPCInferenceService,
+  Health,
+  HealthCheckResponseSchema,
+  LogSettingsResponseSchema,
+  ModelConfigResponseSchema,
+  type ModelInferRequest,
+  type ModelInferResponse,
+  type ModelStatistics,
+  ModelStatisticsResponseSchema,
+  ModelStreamInferResponseSchema,
+  RepositoryIndexResponse_ModelIndexSchema,
+  RepositoryIndexResponseSchema,
+  ServerMetadataResponseSchema,
+  HealthCheckResponse_ServingStatus as ServingStatus,
+  SystemSharedMemoryStatusResponseSchema,
+  TraceSettingResponseSchema,
+} from "@trellis/protocol";
+import { Code, StageError, toConnectError } from "./errors.js";
+import { type ModelRegistry, stageRegistry } from "./registry.js";
+import type { InferOptions, Stage } from "./stage.js";
+import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
+
+export interface ServeOptions {
+  serverName?: string;
+  serverVersion?: string;
+  extensions?: string[];
+}
+
+const DEFAULT_EXTENSIONS = [
+  "classification",
+  "model_repository",
+  "model_repository(unload_dependents)",
+  "schedule_policy",
+  "model_configuration",
+  "statistics",
+  "binary_tensor_data",
+];
+
+function isRegistry(x: Stage | ModelRegistry): x is ModelRegistry {
+  return typeof (x as ModelRegistry).resolve === "function";
+}
+
+async function serverReady(registry: ModelRegistry): Promise<boolean> {
+  if (registry.isReady) return registry.isReady();
+  const all = await Promise.all(registry.list().map((s) => s.isReady()));
+  return all.every(Boolean);
+}
+
+/** Options for one request from its KServe parameters (priority, timeout) and the call's signal. */
+function inferOptions(msg: ModelInferRequest, ctx: HandlerContext): InferOptions {
+  const opts: InferOptions = { signal: ctx.signal };
+  const priority = msg.parameters.priority?.parameterChoice;
+  if (priority?.case === "int64Param" || priority?.case === "uint64Param") opts.priority = Number(priority.value);
+  const timeout = msg.parameters.timeout?.parameterChoice;
+  if (timeout?.case === "int64Param" || timeout?.case === "uint64Param")
+    opts.timeoutMicroseconds = Number(timeout.value);
+  return opts;
+}
+
+/** Runs one ModelInfer against the registry; errors come back as ConnectErrors. */
+export async function handleModelInfer(
+  registry: ModelRegistry,
+  msg: ModelInferRequest,
+  ctx: HandlerContext,
+): Promise<ModelInferResponse> {
+  const stage = registry.resolve(msg.modelName, msg.modelVersion);
+  const request = inferRequestFromWire(msg, stage.name);
+  const response = await stage.infer(request, inferOptions(msg, ctx));
+  return inferResponseToWire(response);
+}
+
+export function inferenceService(
+  registry: ModelRegistry,
+  options: ServeOptions = {},
+): Partial<ServiceImpl<typeof GRPCInferenceService>> {
+  const repo = () => {
+    if (!registry.repository)
+      throw new StageError(Code.Unimplemented, "", "this server has no model repository control");
+    return registry.repository;
+  };
+  return {
+    serverLive: () => ({ live: true }),
+    serverReady: async () => ({ ready: await serverReady(registry) }),
+    modelReady: async (req) => {
+      try {
+        return { ready: await registry.resolve(req.name, req.version).isReady() };
+      } catch {
+        return { ready: false };
+      }
+    },
+    serverMetadata: () =>
+      create(ServerMetadataResponseSchema, {
+        name: options.serverName ?? "trellis",
+        version: options.serverVersion ?? "0.1.0",
+        extensions: options.extensions ?? DEFAULT_EXTENSIONS,
+      }),
+    modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
+    modelConfig: (req) => create(ModelConfigResponseSchema, { config: registry.resolve(req.name, req.version).config }),
+    modelInfer: (msg, ctx) => handleModelInfer(registry, msg, ctx),
+    async *modelStreamInfer(requests, ctx) {
+      for await (const msg of requests) {
+        try {
+          yield create(ModelStreamInferResponseSchema, { inferResponse: await handleModelInfer(registry, msg, ctx) });
+        } catch (err) {
+          yield create(ModelStreamInferResponseSchema, { errorMessage: toConnectError(err).rawMessage });
+        }
+      }
+    },
+    modelStatistics: async (req) => {
+      const stages = req.name ? [registry.resolve(req.name, req.version)] : registry.list();
+      const stats: ModelStatistics[] = await Promise.all(stages.map((s) => s.statistics()));
+      return create(ModelStatisticsResponseSchema, { modelStats: stats });
+    },
+    repositoryIndex: async (req) =>
+      create(RepositoryIndexResponseSchema, {
+        models: (await repo().index(req.ready)).map((m) => create(RepositoryIndexResponse_ModelIndexSchema, m)),
+      }),
+    repositoryModelLoad: async (req) => {
+      await repo().load(req.modelName);
+      return {};
+    },
+    repositoryModelUnload: async (req) => {
+      await repo().unload(req.modelName);
+      return {};
+    },
+    systemSharedMemoryStatus: () => create(SystemSharedMemoryStatusResponseSchema),
+    cudaSharedMemoryStatus: () => create(CudaSharedMemoryStatusResponseSchema),
+    systemSharedMemoryRegister: () => {
+      throw new StageError(Code.Unimplemented, "", "system shared memory is not supported");
+    },
+    systemSharedMemoryUnregister: () => ({}),
+    cudaSharedMemoryRegister: () => {
+      throw new StageError(Code.Unimplemented, "", "CUDA shared memory is not supported");
+    },
+    cudaSharedMemoryUnregister: () => ({}),
+    traceSetting: () => create(TraceSettingResponseSchema),
+    logSettings: () => create(LogSettingsResponseSchema),
+  };
+}
+
+export function healthService(registry: ModelRegistry): Partial<ServiceImpl<typeof Health>> {
+  const status = async (service: string) => {
+    if (service && service !== "inference.GRPCInferenceService") {
+      throw new StageError(Code.NotFound, "", `unknown service "${service}"`);
+    }
+    return (await serverReady(registry)) ? ServingStatus.SERVING : ServingStatus.NOT_SERVING;
+  };
+  return {
+    check: async (req) => create(HealthCheckResponseSchema, { status: await status(req.service) }),
+    async *watch(req, ctx) {
+      let last: ServingStatus | undefined;
+      while (!ctx.signal.aborted) {
+        const now = await status(req.service);
+        if (now !== last) yield create(HealthCheckResponseSchema, { status: now });
+        last = now;
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    },
+  };
+}
+
+/**
+ * Connect routes serving `target` (one Stage or a registry) as KServe v2
+ * gRPC plus health. Pass to connectNodeAdapter or createRouterTransport.
+ */
+export function serveStage(target: Stage | ModelRegistry, options: ServeOptions = {}) {
+  const registry = isRegistry(target) ? target : stageRegistry(target);
+  return (router: ConnectRouter) => {
+    router.service(GRPCInferenceService, inferenceService(registry, options));
+    router.service(Health, healthService(registry));
+  };
+}
+
+export interface ListeningServer {
+  /** The bound port (useful with port 0). */
+  port: number;
+  host: string;
+  /** Base URL for createGrpcTransport. */
+  url: string;
+  server: http2.Http2Server;
+  /** Stops accepting and closes open sessions. */
+  close(): Promise<void>;
+}
+
+/** Serves `target` over cleartext HTTP/2 (gRPC's transport) on host:port (0 = ephemeral). */
+export async function listenStage(
+  target: Stage | ModelRegistry,
+  { host = "127.0.0.1", port = 0, ...options }: ServeOptions & { host?: string; port?: number } = {},
+): Promise<ListeningServer> {
+  const server = http2.createServer(connectNodeAdapter({ routes: serveStage(target, options) }));
+  const sessions = new Set<http2.ServerHttp2Session>();
+  server.on("session", (s) => {
+    sessions.add(s);
+    s.on("close", () => sessions.delete(s));
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve());
+  });
+  const bound = (server.address() as AddressInfo).port;
+  return {
+    port: bound,
+    host,
+    url: `http://${host.includes(":") ? `[${host}]` : host}:${bound}`,
+    server,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        for (const s of sessions) s.close();
+      }),
+  };
+}

@@ -1,0 +1,72 @@
+/**
+ * The one contract every Trellis stage implements, whether it runs in this
+ * process (preprocess, ONNX, an ensemble) or behind KServe v2 gRPC.
+ */
+import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import type { DataType, Tensor } from "./tensor.js";
+
+/** A request or tensor parameter, as KServe v2's InferParameter carries it. */
+export type ParameterValue = string | number | boolean | bigint;
+export type Parameters = Record<string, ParameterValue>;
+
+export interface RequestedOutput {
+  name: string;
+  /** Triton's classification extension: `classification` = k asks for top-k "score:index:label". */
+  parameters?: Parameters;
+}
+
+export interface InferRequest {
+  id?: string;
+  inputs: Tensor[];
+  /** Outputs wanted; absent or empty means every output. */
+  outputs?: RequestedOutput[];
+  parameters?: Parameters;
+}
+
+export interface InferResponse {
+  id?: string;
+  modelName: string;
+  modelVersion: string;
+  outputs: Tensor[];
+  parameters?: Parameters;
+}
+
+export interface InferOptions {
+  /** Aborts the request: cancellation and deadlines both arrive this way. */
+  signal?: AbortSignal;
+  /** Request priority level, 1 = highest, as Triton's dynamic batcher counts. */
+  priority?: number;
+  /** Overrides the queue policy's default timeout for this request. */
+  timeoutMicroseconds?: number;
+}
+
+export interface TensorMetadata {
+  name: string;
+  datatype: DataType;
+  /** Full shape including the batch dimension (-1) when the model batches. */
+  shape: number[];
+}
+
+export interface StageMetadata {
+  name: string;
+  versions: string[];
+  platform: string;
+  inputs: TensorMetadata[];
+  outputs: TensorMetadata[];
+}
+
+export interface Stage {
+  /** Model name, as clients address it. */
+  readonly name: string;
+  /** Version being served, e.g. "1". */
+  readonly version: string;
+  /** The configuration the stage was built from (config.pbtxt is the source of truth). */
+  readonly config: ModelConfig;
+  /** True once loaded and warmed up. */
+  isReady(): boolean | Promise<boolean>;
+  metadata(): StageMetadata | Promise<StageMetadata>;
+  infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
+  statistics(): ModelStatistics | Promise<ModelStatistics>;
+  /** Releases sessions, workers and connections. */
+  close(): Promise<void>;
+}

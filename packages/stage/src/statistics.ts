@@ -1,0 +1,114 @@
+/**
+ * Cumulative per-model statistics in Triton's shape (ModelStatistics), kept
+ * by every stage so ModelStatistics RPCs and nv_inference_* metrics agree.
+ */
+import { create } from "@bufbuild/protobuf";
+import {
+  InferBatchStatisticsSchema,
+  InferStatisticsSchema,
+  type ModelStatistics,
+  ModelStatisticsSchema,
+  StatisticDurationSchema,
+} from "@trellis/protocol";
+
+/** Durations of one model execution, in nanoseconds. */
+export interface ExecutionTimes {
+  computeInputNs: number;
+  computeInferNs: number;
+  computeOutputNs: number;
+}
+
+interface Duration {
+  count: number;
+  ns: number;
+}
+
+const zero = (): Duration => ({ count: 0, ns: 0 });
+const add = (d: Duration, ns: number, count = 1) => {
+  d.count += count;
+  d.ns += Math.max(0, Math.round(ns));
+};
+
+/** Monotonic clock in nanoseconds as a number (safe for ~104 days of uptime). */
+export const nowNs = (): number => Number(process.hrtime.bigint());
+
+export class StatisticsRecorder {
+  private lastInference = 0;
+  private inferenceCount = 0;
+  private executionCount = 0;
+  private readonly success = zero();
+  private readonly fail = zero();
+  private readonly queue = zero();
+  private readonly computeInput = zero();
+  private readonly computeInfer = zero();
+  private readonly computeOutput = zero();
+  private readonly batches = new Map<number, { input: Duration; infer: Duration; output: Duration }>();
+
+  constructor(
+    readonly name: string,
+    readonly version: string,
+  ) {}
+
+  /**
+   * A request finished well. `batchSize` items count toward inference_count;
+   * queue and compute times are this request's share, as Triton reports them.
+   */
+  requestSucceeded(totalNs: number, batchSize: number, queueNs: number, times: ExecutionTimes): void {
+    this.lastInference = Date.now();
+    this.inferenceCount += batchSize;
+    add(this.success, totalNs);
+    add(this.queue, queueNs);
+    add(this.computeInput, times.computeInputNs);
+    add(this.computeInfer, times.computeInferNs);
+    add(this.computeOutput, times.computeOutputNs);
+  }
+
+  requestFailed(totalNs: number): void {
+    this.lastInference = Date.now();
+    add(this.fail, totalNs);
+  }
+
+  /** One model execution of `batchSize` items (one per dynamic batch). */
+  executed(batchSize: number, times: ExecutionTimes): void {
+    this.executionCount += 1;
+    let b = this.batches.get(batchSize);
+    if (!b) {
+      b = { input: zero(), infer: zero(), output: zero() };
+      this.batches.set(batchSize, b);
+    }
+    add(b.input, times.computeInputNs);
+    add(b.infer, times.computeInferNs);
+    add(b.output, times.computeOutputNs);
+  }
+
+  snapshot(): ModelStatistics {
+    const d = (x: Duration) => create(StatisticDurationSchema, { count: BigInt(x.count), ns: BigInt(x.ns) });
+    return create(ModelStatisticsSchema, {
+      name: this.name,
+      version: this.version,
+      lastInference: BigInt(this.lastInference),
+      inferenceCount: BigInt(this.inferenceCount),
+      executionCount: BigInt(this.executionCount),
+      inferenceStats: create(InferStatisticsSchema, {
+        success: d(this.success),
+        fail: d(this.fail),
+        queue: d(this.queue),
+        computeInput: d(this.computeInput),
+        computeInfer: d(this.computeInfer),
+        computeOutput: d(this.computeOutput),
+        cacheHit: d(zero()),
+        cacheMiss: d(zero()),
+      }),
+      batchStats: [...this.batches.entries()]
+        .sort(([a], [b]) => a - b)
+        .map(([size, b]) =>
+          create(InferBatchStatisticsSchema, {
+            batchSize: BigInt(size),
+            computeInput: d(b.input),
+            computeInfer: d(b.infer),
+            computeOutput: d(b.output),
+          }),
+        ),
+    });
+  }
+}
