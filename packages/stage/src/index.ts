@@ -45,9 +45,13 @@ export type {
   ParameterValue,
   RequestedOutput,
   Stage,
+  StageFactory,
+  StageFactoryOptions,
+  StageLogger,
   StageMetadata,
   TensorMetadata,
 } from "./stage.js";
+export { configParameter } from "./stage.js";
 export { type ExecutionTimes, nowNs, StatisticsRecorder } from "./statistics.js";
 export * from "./tensor.js";
 export {

@@ -70,3 +70,34 @@ export interface Stage {
   /** Releases sessions, workers and connections. */
   close(): Promise<void>;
 }
+
+/**
+ * What a stage factory receives: the parsed config.pbtxt and where the model
+ * lives. Every stage package exports `createStage(options)` with this
+ * signature, which is how a repository's `backend: "typescript"` models
+ * (and users' own model.js files) are loaded.
+ */
+export interface StageFactoryOptions {
+  config: ModelConfig;
+  /** `<repository>/<model>` */
+  modelDir: string;
+  /** The version being loaded, e.g. "1". */
+  version: string;
+  /** `<repository>/<model>/<version>`: weights, labels and the like. */
+  versionDir: string;
+  /** Optional structured logger (pino-compatible subset). */
+  logger?: StageLogger;
+}
+
+export interface StageLogger {
+  info(obj: object | string, msg?: string): void;
+  warn(obj: object | string, msg?: string): void;
+  error(obj: object | string, msg?: string): void;
+}
+
+export type StageFactory = (options: StageFactoryOptions) => Stage | Promise<Stage>;
+
+/** Reads a config `parameters` entry as a string ("" when absent). */
+export function configParameter(config: ModelConfig, key: string): string | undefined {
+  return config.parameters[key]?.stringValue;
+}
