@@ -13,11 +13,25 @@ import { inferRequestToWire, inferResponseFromWire, metadataFromWire } from "./w
 
 export type InferenceClient = Client<typeof GRPCInferenceService>;
 
-/** A gRPC transport (HTTP/2) to a KServe v2 endpoint such as "http://127.0.0.1:8001". */
-export function grpcTransport(baseUrl: string, options: { headers?: Record<string, string> } = {}): Transport {
+/** TLS material for an https:// endpoint (PEM); omitted fields use Node's defaults. */
+export interface GrpcTlsOptions {
+  /** CA certificate(s) to trust instead of the system store. */
+  ca?: string | Buffer;
+  /** Client certificate and key, for servers that require mutual TLS. */
+  cert?: string | Buffer;
+  key?: string | Buffer;
+}
+
+/** A gRPC transport (HTTP/2) to a KServe v2 endpoint such as "http://127.0.0.1:8001" (or https:// with `tls`). */
+export function grpcTransport(
+  baseUrl: string,
+  options: { headers?: Record<string, string>; tls?: GrpcTlsOptions; connectTimeoutMs?: number } = {},
+): Transport {
   const headers = options.headers;
   return createGrpcTransport({
     baseUrl,
+    ...(options.tls ? { nodeOptions: { ...options.tls } } : {}),
+    ...(options.connectTimeoutMs !== undefined ? { connectTimeoutMs: options.connectTimeoutMs } : {}),
     interceptors: headers
       ? [
           (next) => (req) => {

@@ -7,11 +7,19 @@ export { Code };
  * every transport unchanged; `stage` names the model that raised it.
  */
 export class StageError extends ConnectError {
-  override name = "StageError";
+  // `name` stays "ConnectError": Connect recognises its errors by name and
+  // shape, and would otherwise turn a StageError into UNKNOWN on the wire.
   readonly stage: string;
+
+  // ConnectError answers instanceof by shape; StageError uses the prototype chain.
+  static override [Symbol.hasInstance](v: unknown): boolean {
+    return Function.prototype[Symbol.hasInstance].call(StageError, v);
+  }
 
   constructor(code: Code, stage: string, message: string, options?: { cause?: unknown }) {
     super(stage ? `${stage}: ${message}` : message, code, undefined, undefined, options?.cause);
+    // ConnectError's constructor pins the prototype to ConnectError; restore ours.
+    Object.setPrototypeOf(this, new.target.prototype);
     this.stage = stage;
   }
 }

@@ -11,6 +11,7 @@ export {
 export {
   type ConnectStageOptions,
   connectStage,
+  type GrpcTlsOptions,
   grpcTransport,
   type InferenceClient,
   inMemoryTransport,
