@@ -1,0 +1,147 @@
+import { join } from "node:path";
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectStage, grpcTransport, inMemoryTransport } from "../src/connect.js";
+import { Code, StageError } from "../src/errors.js";
+import { type ListeningServer, listenStage } from "../src/serve.js";
+import type { InferRequest, Stage } from "../src/stage.js";
+import { bytesTensor, type Tensor } from "../src/tensor.js";
+import { echoStage } from "./echo-stage.js";
+
+const TEXT = [new Uint8Array(0), new Uint8Array([0, 1, 0, 255, 0]), new TextEncoder().encode("tabby")];
+const VALUES = new Float32Array([1.5, -2, 0, 3.25, Number.POSITIVE_INFINITY, -0]);
+
+function request(): InferRequest {
+  return {
+    id: "req-1",
+    inputs: [
+      bytesTensor("TEXT", [3, 1], TEXT),
+      { name: "VALUES", datatype: "FP32", shape: [3, 2], data: VALUES } as Tensor,
+    ],
+  };
+}
+
+let server: ListeningServer;
+beforeAll(async () => {
+  server = await listenStage(echoStage());
+});
+afterAll(async () => {
+  await server.close();
+});
+
+describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
+  it("answers ModelInfer through our Connect client, tensors intact", async () => {
+    const remote = await connectStage(grpcTransport(server.url), "echo");
+    const res = await remote.infer(request());
+    expect(res.id).toBe("req-1");
+    expect(res.outputs.map((o) => o.name)).toEqual(["OUT_TEXT", "OUT_VALUES"]);
+    expect(res.outputs[0]?.datatype).toBe("BYTES");
+    expect(res.outputs[0]?.shape).toEqual([3, 1]);
+    expect(res.outputs[0]?.data).toEqual(TEXT);
+    expect(res.outputs[1]?.data).toEqual(VALUES);
+  });
+
+  it("answers ModelInfer from @grpc/grpc-js with the proto loaded at runtime, same tensors", async () => {
+    const protoDir = join(import.meta.dirname, "../../protocol/proto");
+    const def = protoLoader.loadSync("grpc_service.proto", {
+      includeDirs: [protoDir],
+      keepCase: true,
+      longs: Number,
+      defaults: true,
+    });
+    const pkg = grpc.loadPackageDefinition(def) as unknown as {
+      inference: { GRPCInferenceService: new (addr: string, creds: grpc.ChannelCredentials) => grpc.Client };
+    };
+    const client = new pkg.inference.GRPCInferenceService(
+      `127.0.0.1:${server.port}`,
+      grpc.credentials.createInsecure(),
+    );
+    const call = (method: string, msg: object) =>
+      new Promise<Record<string, unknown>>((resolve, reject) =>
+        (client as unknown as Record<string, (m: object, cb: (e: Error | null, r: unknown) => void) => void>)[method]?.(
+          msg,
+          (err, res) => (err ? reject(err) : resolve(res as Record<string, unknown>)),
+        ),
+      );
+    // Framed by hand, as a foreign client would: 4-byte LE length + bytes.
+    const frame = (items: Uint8Array[]) =>
+      Buffer.concat(
+        items.flatMap((b) => {
+          const len = Buffer.alloc(4);
+          len.writeUInt32LE(b.byteLength);
+          return [len, Buffer.from(b)];
+        }),
+      );
+    const res = await call("ModelInfer", {
+      model_name: "echo",
+      id: "grpc-js",
+      inputs: [
+        { name: "TEXT", datatype: "BYTES", shape: [3, 1] },
+        { name: "VALUES", datatype: "FP32", shape: [3, 2] },
+      ],
+      raw_input_contents: [frame(TEXT), Buffer.from(VALUES.buffer)],
+    });
+    expect(res.id).toBe("grpc-js");
+    const outputs = res.outputs as { name: string; datatype: string; shape: number[] }[];
+    expect(outputs.map((o) => [o.name, o.datatype, o.shape])).toEqual([
+      ["OUT_TEXT", "BYTES", [3, 1]],
+      ["OUT_VALUES", "FP32", [3, 2]],
+    ]);
+    const raw = res.raw_output_contents as Buffer[];
+    expect(Buffer.compare(raw[0] as Buffer, frame(TEXT))).toBe(0);
+    expect(new Float32Array(new Uint8Array(raw[1] as Buffer).buffer)).toEqual(VALUES);
+
+    const live = await call("ServerLive", {});
+    expect(live.live).toBe(true);
+    const meta = await call("ModelMetadata", { name: "echo" });
+    expect((meta.inputs as { name: string; shape: number[] }[])[1]).toMatchObject({ name: "VALUES", shape: [-1, -1] });
+
+    const failure = await call("ModelInfer", { model_name: "nope", inputs: [] }).catch((e: grpc.ServiceError) => e);
+    expect((failure as grpc.ServiceError).code).toBe(grpc.status.NOT_FOUND);
+    expect((failure as grpc.ServiceError).details).toContain('unknown model "nope"');
+    client.close();
+  });
+
+  it("keeps the error code and the stage name across the wire", async () => {
+    const remote = await connectStage(grpcTransport(server.url), "echo", { remoteLabel: server.url });
+    const err = await remote.infer({ ...request(), parameters: { fail: "on purpose" } }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(StageError);
+    expect((err as StageError).code).toBe(Code.InvalidArgument);
+    expect((err as StageError).rawMessage).toBe(
+      `echo: remote model echo at ${server.url}: echo: asked to fail: on purpose`,
+    );
+  });
+
+  it("rejects malformed raw contents with INVALID_ARGUMENT before the stage runs", async () => {
+    const remote = await connectStage(grpcTransport(server.url), "echo");
+    const bad = request();
+    bad.inputs[1] = { name: "VALUES", datatype: "FP32", shape: [3, 3], data: VALUES } as Tensor;
+    const err = (await remote.infer(bad).catch((e: unknown) => e)) as StageError;
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toContain("input VALUES: FP32 shape [3,3] needs 36 bytes, got 24");
+  });
+
+  it("reports statistics that count the requests served", async () => {
+    const remote = await connectStage(grpcTransport(server.url), "echo");
+    const before = await remote.statistics();
+    await remote.infer(request());
+    await remote.infer(request());
+    const after = await remote.statistics();
+    expect(after.inferenceCount - before.inferenceCount).toBe(6n);
+    expect(after.executionCount - before.executionCount).toBe(2n);
+    expect((after.inferenceStats?.success?.count ?? 0n) - (before.inferenceStats?.success?.count ?? 0n)).toBe(2n);
+  });
+});
+
+describe("in-memory transport", () => {
+  it("is used exactly like a remote stage", async () => {
+    const local: Stage = echoStage();
+    const viaMemory = await connectStage(inMemoryTransport(local), "echo");
+    const direct = await local.infer(request());
+    const remote = await viaMemory.infer(request());
+    expect(remote.outputs.map((o) => o.data)).toEqual(direct.outputs.map((o) => o.data));
+    expect(await viaMemory.isReady()).toBe(true);
+    expect(viaMemory.config.name).toBe("echo");
+  });
+});
