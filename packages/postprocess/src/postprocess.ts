@@ -1,0 +1,271 @@
+/**
+ * The seed's `resnet50_postprocess` (Python backend, NumPy) as a TS stage:
+ * logits -> softmax -> top-k -> labels -> one JSON string per batch item,
+ * plus Triton's classification extension on the same probabilities.
+ */
+import { existsSync } from "node:fs";
+import { isAbsolute, join } from "node:path";
+import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import {
+  bytesTensor,
+  Code,
+  configParameter,
+  formatShape,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  metadataFromConfig,
+  nowNs,
+  type ParameterValue,
+  type Stage,
+  StageError,
+  type StageFactoryOptions,
+  type StageLogger,
+  type StageMetadata,
+  StatisticsRecorder,
+} from "@trellis/stage";
+import { cFixed6, pyJsonFloatList, pyJsonStringList } from "./format.js";
+import { loadLabels } from "./labels.js";
+import { softmaxRowF32, topK } from "./softmax.js";
+
+export const DEFAULT_INPUT = "LOGITS";
+export const DEFAULT_OUTPUT = "OUTPUT_RESULTS";
+export const DEFAULT_LABEL_FILE = "imagenet_classes.txt";
+export const DEFAULT_TOP_K = 5;
+
+export interface PostprocessOptions {
+  /** The model's config.pbtxt: names, max_batch_size, parameters (`top_k`), `label_filename`. */
+  config: ModelConfig;
+  version?: string;
+  /** `<repository>/<model>`: where Triton resolves an output's `label_filename`. */
+  modelDir?: string;
+  /** `<repository>/<model>/<version>`: where the seed kept `imagenet_classes.txt`. */
+  versionDir?: string;
+  /** Labels given directly; then no file is read. */
+  labels?: readonly string[];
+  /** Overrides the config's `top_k` parameter. */
+  topK?: number;
+  logger?: StageLogger;
+}
+
+function parseK(raw: ParameterValue | undefined, what: string, stage: string, max: number, code: Code): number {
+  const n = typeof raw === "string" ? Number(raw.trim()) : Number(raw);
+  if (!Number.isInteger(n) || n < 1 || n > max) {
+    throw new StageError(code, stage, `${what} must be an integer from 1 to ${max}, got ${String(raw)}`);
+  }
+  return n;
+}
+
+async function resolveLabels(options: PostprocessOptions, outputLabelFile: string, stage: string): Promise<string[]> {
+  if (options.labels) return [...options.labels];
+  if (outputLabelFile) {
+    // Triton resolves label_filename against the model directory; the seed
+    // kept its labels in the version folder, so that is tried next.
+    const candidates = isAbsolute(outputLabelFile)
+      ? [outputLabelFile]
+      : [options.modelDir, options.versionDir].filter((d): d is string => !!d).map((d) => join(d, outputLabelFile));
+    const found = candidates.find((p) => existsSync(p)) ?? candidates[0];
+    if (!found)
+      throw new StageError(Code.NotFound, stage, `label_filename ${outputLabelFile}: no model directory given`);
+    return loadLabels(found, stage);
+  }
+  if (!options.versionDir) {
+    throw new StageError(Code.NotFound, stage, `no labels: pass labels or a versionDir holding ${DEFAULT_LABEL_FILE}`);
+  }
+  return loadLabels(join(options.versionDir, DEFAULT_LABEL_FILE), stage);
+}
+
+export class PostprocessStage implements Stage {
+  readonly name: string;
+  readonly version: string;
+  readonly inputName: string;
+  readonly outputName: string;
+  readonly classes: number;
+  private readonly stats: StatisticsRecorder;
+  private readonly meta: StageMetadata;
+  private readonly batching: boolean;
+  private readonly labelsKey: string;
+  private readonly probsKey: string;
+  private closed = false;
+
+  constructor(
+    readonly config: ModelConfig,
+    version: string,
+    readonly labels: readonly string[],
+    readonly k: number,
+  ) {
+    this.name = config.name || "postprocess";
+    this.version = version;
+    this.inputName = config.input[0]?.name || DEFAULT_INPUT;
+    this.outputName = config.output[0]?.name || DEFAULT_OUTPUT;
+    this.classes = labels.length;
+    this.batching = config.maxBatchSize > 0;
+    this.labelsKey = `top${k}_labels`;
+    this.probsKey = `top${k}_probs`;
+    this.stats = new StatisticsRecorder(this.name, version);
+    this.meta = metadataFromConfig(config, [version]);
+    // A config without tensors (auto-complete) still reports what we serve.
+    if (this.meta.inputs.length === 0) {
+      this.meta.inputs.push({ name: this.inputName, datatype: "FP32", shape: this.dims([this.classes]) });
+    }
+    if (this.meta.outputs.length === 0) {
+      this.meta.outputs.push({ name: this.outputName, datatype: "BYTES", shape: this.dims([1]) });
+    }
+  }
+
+  private dims(d: number[]): number[] {
+    return this.batching ? [-1, ...d] : d;
+  }
+
+  isReady(): boolean {
+    return !this.closed;
+  }
+
+  metadata(): StageMetadata {
+    return this.meta;
+  }
+
+  statistics(): ModelStatistics {
+    return this.stats.snapshot();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+  }
+
+  private fail(message: string): StageError {
+    return new StageError(Code.InvalidArgument, this.name, message);
+  }
+
+  /** Checks the request; returns the logits, the batch size, and k for a classification request (0 = JSON). */
+  private validate(request: InferRequest): { logits: Float32Array; n: number; classify: number } {
+    for (const t of request.inputs) {
+      if (t.name !== this.inputName) throw this.fail(`unexpected input ${t.name}; this model takes ${this.inputName}`);
+    }
+    const input = request.inputs.find((t) => t.name === this.inputName);
+    if (!input) throw this.fail(`missing input ${this.inputName}`);
+    if (input.datatype !== "FP32") throw this.fail(`input ${this.inputName}: expected FP32, got ${input.datatype}`);
+    const expected = formatShape(this.dims([this.classes]));
+    const shape = input.shape;
+    const okShape = this.batching
+      ? shape.length === 2 && shape[1] === this.classes && (shape[0] ?? 0) >= 1
+      : shape.length === 1 && shape[0] === this.classes;
+    if (!okShape) throw this.fail(`input ${this.inputName}: expected shape ${expected}, got ${formatShape(shape)}`);
+    const n = this.batching ? shape[0]! : 1;
+    if (this.batching && n > this.config.maxBatchSize) {
+      throw this.fail(`input ${this.inputName}: batch size ${n} exceeds max_batch_size ${this.config.maxBatchSize}`);
+    }
+    let classify = 0;
+    for (const o of request.outputs ?? []) {
+      if (o.name !== this.outputName)
+        throw this.fail(`unknown output ${o.name}; this model produces ${this.outputName}`);
+      const c = o.parameters?.classification;
+      if (c !== undefined) {
+        classify = parseK(c, `output ${o.name}: classification`, this.name, this.classes, Code.InvalidArgument);
+      }
+    }
+    return { logits: input.data as Float32Array, n, classify };
+  }
+
+  /**
+   * Postprocesses N rows of logits: one seed-format JSON per row, or with
+   * `classify` = k, k "<prob>:<index>:<label>" strings per row.
+   */
+  run(logits: Float32Array, n: number, classify = 0): string[] {
+    const c = this.classes;
+    const probs = new Float32Array(c);
+    const out: string[] = [];
+    for (let row = 0; row < n; row++) {
+      const bad = softmaxRowF32(logits, row, c, probs);
+      if (bad >= 0) {
+        throw this.fail(
+          `input ${this.inputName}: batch item ${row} has a non-finite logit (${logits[row * c + bad]}) at class ${bad}`,
+        );
+      }
+      if (classify > 0) {
+        for (const i of topK(probs, classify)) out.push(`${cFixed6(probs[i]!)}:${i}:${this.labels[i]}`);
+      } else {
+        const top = topK(probs, this.k);
+        out.push(
+          `{"${this.labelsKey}": ${pyJsonStringList(top.map((i) => this.labels[i]!))}, "${this.probsKey}": ${pyJsonFloatList(top.map((i) => probs[i]!))}}`,
+        );
+      }
+    }
+    return out;
+  }
+
+  async infer(request: InferRequest, options: InferOptions = {}): Promise<InferResponse> {
+    const start = nowNs();
+    try {
+      if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloaded");
+      if (options.signal?.aborted) throw new StageError(Code.Canceled, this.name, "request cancelled");
+      const { logits, n, classify } = this.validate(request);
+      const inferStart = nowNs();
+      const strings = this.run(logits, n, classify);
+      const outputStart = nowNs();
+      const width = classify > 0 ? classify : 1;
+      const shape = this.batching ? [n, width] : [width];
+      const response: InferResponse = {
+        id: request.id,
+        modelName: this.name,
+        modelVersion: this.version,
+        outputs: [bytesTensor(this.outputName, shape, strings)],
+      };
+      const end = nowNs();
+      const times = {
+        computeInputNs: inferStart - start,
+        computeInferNs: outputStart - inferStart,
+        computeOutputNs: end - outputStart,
+      };
+      this.stats.executed(n, times);
+      this.stats.requestSucceeded(end - start, n, 0, times);
+      return response;
+    } catch (err) {
+      this.stats.requestFailed(nowNs() - start);
+      throw err;
+    }
+  }
+}
+
+/** Builds the postprocess stage, loading labels and checking them against the config. */
+export async function createPostprocess(options: PostprocessOptions): Promise<PostprocessStage> {
+  const { config } = options;
+  const stage = config.name || "postprocess";
+  const output = config.output[0];
+  const labels = await resolveLabels(options, output?.labelFilename ?? "", stage);
+  const input = config.input[0];
+  const dims = input?.dims.map(Number) ?? [];
+  const declared = dims.length > 0 ? dims[dims.length - 1]! : -1;
+  if (labels.length === 0) throw new StageError(Code.InvalidArgument, stage, "the label file holds no labels");
+  if (declared > 0 && declared !== labels.length) {
+    throw new StageError(
+      Code.InvalidArgument,
+      stage,
+      `label count ${labels.length} does not match the ${declared} classes of input ${input?.name || DEFAULT_INPUT}`,
+    );
+  }
+  const k =
+    options.topK !== undefined
+      ? parseK(options.topK, "top_k", stage, labels.length, Code.InvalidArgument)
+      : parseK(
+          configParameter(config, "top_k") ?? DEFAULT_TOP_K,
+          "parameter top_k",
+          stage,
+          labels.length,
+          Code.InvalidArgument,
+        );
+  const s = new PostprocessStage(config, options.version ?? "1", labels, k);
+  options.logger?.info({ model: stage, labels: labels.length, topK: k }, "postprocess stage loaded");
+  return s;
+}
+
+/** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/postprocess). */
+export function createStage(options: StageFactoryOptions): Promise<Stage> {
+  return createPostprocess({
+    config: options.config,
+    version: options.version,
+    modelDir: options.modelDir,
+    versionDir: options.versionDir,
+    logger: options.logger,
+  });
+}
