@@ -1,4 +1,12 @@
 export {
+  type BatchContext,
+  type BatchExecutor,
+  type BatchResult,
+  createDynamicBatcher,
+  type DynamicBatcher,
+  type DynamicBatcherOptions,
+} from "./batcher.js";
+export {
   checkHeader,
   frameBytes,
   type TensorHeader,
