@@ -1,0 +1,254 @@
+/**
+ * One RAW_IMAGE element to a cropSize x cropSize x 3 RGB uint8 crop:
+ * unwrap (raw bytes or base64), sniff the format, read the header (size
+ * limits before any pixel is decoded), decode with sharp/libvips on libuv's
+ * thread pool, then resize + crop as the mode says.
+ */
+import sharp, { type Metadata, type Sharp, type SharpOptions } from "sharp";
+import type { Encoding, Mode } from "./options.js";
+import { axisTable, resizeWindow, sourceSpan } from "./resize.js";
+
+/** Why one element was rejected; the stage prefixes the element index. */
+export class ElementError extends Error {
+  override name = "ElementError";
+}
+
+/** Formats we decode. Everything else with a known signature is "unsupported". */
+export const SUPPORTED_FORMATS = ["jpeg", "png", "webp", "gif", "tiff", "avif"] as const;
+type Supported = (typeof SUPPORTED_FORMATS)[number];
+
+const ascii = (b: Uint8Array, start: number, end: number) => String.fromCharCode(...b.subarray(start, end));
+
+/** The image format a file's first bytes announce, or undefined. */
+export function sniffFormat(b: Uint8Array): string | undefined {
+  if (b.length < 4) return undefined;
+  if (b[0] === 0xff && b[1] === 0xd8 && b[2] === 0xff) return "jpeg";
+  if (b[0] === 0x89 && ascii(b, 1, 4) === "PNG") return "png";
+  if (ascii(b, 0, 4) === "GIF8") return "gif";
+  if (ascii(b, 0, 4) === "RIFF" && b.length >= 12 && ascii(b, 8, 12) === "WEBP") return "webp";
+  if (
+    (b[0] === 0x49 && b[1] === 0x49 && b[2] === 0x2a && b[3] === 0) ||
+    (b[0] === 0x4d && b[1] === 0x4d && b[2] === 0 && b[3] === 0x2a)
+  )
+    return "tiff";
+  if (b.length >= 12 && ascii(b, 4, 8) === "ftyp") {
+    const brand = ascii(b, 8, 12);
+    if (brand === "avif" || brand === "avis") return "avif";
+    if (["heic", "heix", "hevc", "heim", "heis", "mif1", "msf1"].includes(brand)) return "heif";
+    return undefined;
+  }
+  if (b[0] === 0x42 && b[1] === 0x4d) return "bmp";
+  if (b[0] === 0xff && b[1] === 0x0a) return "jxl";
+  if (b.length >= 12 && ascii(b, 4, 8) === "jP  ") return "jp2";
+  if (ascii(b, 0, 4) === "%PDF") return "pdf";
+  if (b[0] === 0x50 && b[1] !== undefined && b[1] >= 0x31 && b[1] <= 0x36 && (b[2] === 0x0a || b[2] === 0x20))
+    return "ppm";
+  if (b[0] === 0x00 && b[1] === 0x00 && (b[2] === 0x01 || b[2] === 0x02) && b[3] === 0x00) return "ico";
+  const head = ascii(b, 0, Math.min(b.length, 256)).trimStart();
+  if (head.startsWith("<svg") || (head.startsWith("<?xml") && head.includes("<svg"))) return "svg";
+  return undefined;
+}
+
+// base64 (standard or URL-safe alphabet), whitespace allowed; a data: URI prefix is stripped.
+const B64 = new Uint8Array(256);
+for (const c of "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_") B64[c.charCodeAt(0)] = 1;
+const isSpace = (c: number) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
+
+/** Decodes base64 text strictly; throws ElementError saying what is wrong. */
+export function decodeBase64(text: Uint8Array, maxBytes: number): Uint8Array {
+  let start = 0;
+  if (text.length > 5 && ascii(text, 0, 5) === "data:") {
+    const comma = text.indexOf(0x2c);
+    if (comma < 0 || !ascii(text, 0, comma).endsWith(";base64")) {
+      throw new ElementError("undecodable base64: a data: URI without ';base64,'");
+    }
+    start = comma + 1;
+  }
+  let chars = 0;
+  let pad = 0;
+  for (let i = start; i < text.length; i++) {
+    const c = text[i] as number;
+    if (isSpace(c)) continue;
+    if (c === 0x3d) {
+      pad++;
+      continue;
+    }
+    if (pad > 0 || B64[c] !== 1) {
+      const what = pad > 0 ? "data after '=' padding" : `invalid character 0x${c.toString(16).padStart(2, "0")}`;
+      throw new ElementError(`undecodable base64: ${what} at offset ${i}`);
+    }
+    chars++;
+  }
+  if (chars === 0) throw new ElementError("undecodable base64: no base64 data");
+  if (pad > 2 || chars % 4 === 1 || (pad > 0 && (chars + pad) % 4 !== 0)) {
+    throw new ElementError(`undecodable base64: bad length (${chars} characters, ${pad} padding)`);
+  }
+  const decodedSize = Math.floor((chars * 3) / 4);
+  if (decodedSize > maxBytes) {
+    throw new ElementError(`${decodedSize} bytes (decoded from base64) exceed max_bytes ${maxBytes}`);
+  }
+  const s = Buffer.from(text.buffer, text.byteOffset + start, text.length - start).toString("latin1");
+  return new Uint8Array(Buffer.from(s, "base64"));
+}
+
+/** The encoded image inside an element, and its format; throws ElementError. */
+export function unwrap(
+  element: Uint8Array,
+  encoding: Encoding,
+  maxBytes: number,
+): { bytes: Uint8Array; format: string } {
+  if (element.length === 0) throw new ElementError("empty (0 bytes)");
+  let bytes = element;
+  let format = encoding === "base64" ? undefined : sniffFormat(element);
+  if (encoding === "base64" || (encoding === "auto" && format === undefined)) {
+    if (encoding === "auto" && !looksLikeText(element)) {
+      throw new ElementError(
+        `not an image: no known image signature (first bytes ${hex(element)}) and not base64 text`,
+      );
+    }
+    bytes = decodeBase64(element, maxBytes);
+    format = sniffFormat(bytes);
+    if (format === undefined) {
+      throw new ElementError(
+        `not an image: base64 decoded to ${bytes.length} bytes with no known image signature (first bytes ${hex(bytes)})`,
+      );
+    }
+  } else if (element.length > maxBytes) {
+    throw new ElementError(`${element.length} bytes exceed max_bytes ${maxBytes}`);
+  }
+  if (format === undefined)
+    throw new ElementError(`not an image: no known image signature (first bytes ${hex(element)})`);
+  if (bytes.length > maxBytes) throw new ElementError(`${bytes.length} bytes exceed max_bytes ${maxBytes}`);
+  if (!(SUPPORTED_FORMATS as readonly string[]).includes(format)) {
+    throw new ElementError(`unsupported format ${format} (supported: ${SUPPORTED_FORMATS.join(", ")})`);
+  }
+  return { bytes, format };
+}
+
+function looksLikeText(b: Uint8Array): boolean {
+  const n = Math.min(b.length, 64);
+  for (let i = 0; i < n; i++) {
+    const c = b[i] as number;
+    if (c < 0x09 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+const hex = (b: Uint8Array) =>
+  Array.from(b.subarray(0, 8), (x) => x.toString(16).padStart(2, "0")).join(" ") + (b.length > 8 ? " …" : "");
+
+/** libvips appends to one error buffer, so a message can carry lines from earlier failures: keep the first. */
+function vipsReason(err: unknown): string {
+  const msg = err instanceof Error ? err.message : String(err);
+  const lines = msg.split("\n").filter((l) => l.trim() !== "");
+  return (lines[0] ?? msg).trim();
+}
+
+export interface CropGeometry {
+  resizedWidth: number;
+  resizedHeight: number;
+  left: number;
+  top: number;
+}
+
+/** The seed's geometry: short side to resizeSize (long side truncated), then a centered crop. */
+export function cropGeometry(width: number, height: number, resizeSize: number, cropSize: number): CropGeometry {
+  let resizedWidth: number;
+  let resizedHeight: number;
+  if (height < width) {
+    resizedHeight = resizeSize;
+    resizedWidth = Math.trunc((width * resizeSize) / height);
+  } else {
+    resizedWidth = resizeSize;
+    resizedHeight = Math.trunc((height * resizeSize) / width);
+  }
+  return {
+    resizedWidth,
+    resizedHeight,
+    left: Math.floor((resizedWidth - cropSize) / 2),
+    top: Math.floor((resizedHeight - cropSize) / 2),
+  };
+}
+
+export interface DecodeSettings {
+  mode: Mode;
+  resizeSize: number;
+  cropSize: number;
+  maxPixels: number;
+}
+
+// libvips' own check and ours must agree, so sharp gets the same limit; "truncated"
+// makes a cut-off file an error instead of grey fill, yet tolerates the benign
+// libjpeg warnings (extraneous bytes and the like) that OpenCV also accepts.
+const FAIL_ON = "truncated" as const;
+
+/**
+ * Decodes one image to its crop: cropSize * cropSize * 3 bytes, RGB, row-major.
+ * ICC profiles are ignored and alpha is dropped (not composited), as
+ * OpenCV's IMREAD_COLOR does; EXIF orientation is applied, as imdecode does.
+ */
+export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSettings): Promise<Uint8Array> {
+  const input = { failOn: FAIL_ON, limitInputPixels: s.maxPixels, ignoreIcc: true } as const;
+  let meta: Metadata;
+  try {
+    meta = await sharp(bytes, input).metadata();
+  } catch (err) {
+    throw new ElementError(`corrupt or truncated ${format} header: ${vipsReason(err)}`);
+  }
+  const width = meta.autoOrient?.width ?? meta.width;
+  const height = meta.autoOrient?.height ?? meta.height;
+  if (!width || !height) throw new ElementError(`${format} image without dimensions`);
+  if (width * height > s.maxPixels) {
+    throw new ElementError(
+      `${width}x${height} = ${width * height} pixels exceed max_pixels ${s.maxPixels} (rejected before decoding)`,
+    );
+  }
+  const g = cropGeometry(width, height, s.resizeSize, s.cropSize);
+  try {
+    if (s.mode === "fast") return await decodeFast(bytes, input, g, s.cropSize);
+    return await decodeSeed(bytes, input, width, height, g, s.cropSize);
+  } catch (err) {
+    if (err instanceof ElementError) throw err;
+    throw new ElementError(`truncated or corrupt ${format} data: ${vipsReason(err)}`);
+  }
+}
+
+/** To 3-channel 8-bit sRGB: grey is replicated, palettes expanded, alpha dropped, 16-bit scaled down. */
+function toRgb8(img: Sharp): Sharp {
+  return img.removeAlpha().toColourspace("srgb").raw({ depth: "uchar" });
+}
+
+async function decodeSeed(
+  bytes: Uint8Array,
+  input: SharpOptions,
+  width: number,
+  height: number,
+  g: CropGeometry,
+  crop: number,
+): Promise<Uint8Array> {
+  const xs = axisTable(width, g.resizedWidth, g.left, crop);
+  const ys = axisTable(height, g.resizedHeight, g.top, crop);
+  // Only the source rectangle the crop reads is extracted from the decode.
+  const sx = sourceSpan(xs);
+  const sy = sourceSpan(ys);
+  const { data, info } = await toRgb8(
+    sharp(bytes, input)
+      .autoOrient()
+      .extract({ left: sx.start, top: sy.start, width: sx.end - sx.start, height: sy.end - sy.start }),
+  ).toBuffer({ resolveWithObject: true });
+  if (info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);
+  return resizeWindow(data, info.width, 3, xs, ys, sx.start, sy.start);
+}
+
+async function decodeFast(bytes: Uint8Array, input: SharpOptions, g: CropGeometry, crop: number): Promise<Uint8Array> {
+  const { data, info } = await toRgb8(
+    sharp(bytes, input)
+      .autoOrient()
+      .resize(g.resizedWidth, g.resizedHeight, { fit: "fill", kernel: "linear" })
+      .extract({ left: g.left, top: g.top, width: crop, height: crop }),
+  ).toBuffer({ resolveWithObject: true });
+  if (info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);
+  return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+}
+
+export type { Supported };

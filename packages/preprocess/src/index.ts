@@ -1,0 +1,14 @@
+export { ElementError, SUPPORTED_FORMATS, sniffFormat } from "./image.js";
+export { fromHalf, toHalf } from "./normalize.js";
+export {
+  type ChannelOrder,
+  DEFAULT_PARAMETERS,
+  type Encoding,
+  type Layout,
+  type Mode,
+  type OutputDatatype,
+  type PreprocessParameters,
+  parametersFromConfig,
+  resolveParameters,
+} from "./options.js";
+export { createPreprocess, createStage, type PreprocessOptions } from "./stage.js";

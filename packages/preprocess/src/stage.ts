@@ -1,0 +1,243 @@
+/**
+ * The preprocess stage: RAW_IMAGE (BYTES [N,1], encoded images) ->
+ * PREPROCESSED_IMAGE (FP32 [N,3,224,224] by default). Each request's images
+ * are decoded in parallel on libuv's thread pool (sharp is async); a stage-wide
+ * limit caps how many are in flight across requests.
+ */
+import { DataType as ConfigDataType, type ModelConfig, parseModelConfig } from "@trellis/protocol";
+import {
+  Code,
+  datatypeFromConfig,
+  formatShape,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  invalidArgument,
+  metadataFromConfig,
+  nowNs,
+  type Stage,
+  StageError,
+  type StageFactoryOptions,
+  type StageLogger,
+  StatisticsRecorder,
+  type Tensor,
+  tensor,
+} from "@trellis/stage";
+import { decodeCrop, ElementError, unwrap } from "./image.js";
+import { lookupTables, writeNormalized } from "./normalize.js";
+import { type PreprocessParameters, parametersFromConfig, resolveParameters } from "./options.js";
+
+export interface PreprocessOptions extends Partial<PreprocessParameters> {
+  /** The model's config.pbtxt; its `parameters` are read, its input/output names used. */
+  config?: ModelConfig;
+  /** Model name when no config is given (default "preprocess"). */
+  name?: string;
+  version?: string;
+  logger?: StageLogger;
+}
+
+const DEFAULT_INPUT = "RAW_IMAGE";
+const DEFAULT_OUTPUT = "PREPROCESSED_IMAGE";
+
+/** A counting semaphore: bounds decodes in flight (memory: a 4000x3000 decode is 36 MB). */
+class Limiter {
+  private active = 0;
+  private readonly waiting: (() => void)[] = [];
+  constructor(private readonly limit: number) {}
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.active >= this.limit) await new Promise<void>((r) => this.waiting.push(r));
+    this.active++;
+    try {
+      return await fn();
+    } finally {
+      this.active--;
+      this.waiting.shift()?.();
+    }
+  }
+}
+
+function outputShape(p: PreprocessParameters): number[] {
+  return p.layout === "NCHW" ? [3, p.cropSize, p.cropSize] : [p.cropSize, p.cropSize, 3];
+}
+
+/** The config a stage created without one reports: the seed's, with these parameters. */
+function defaultConfig(name: string, p: PreprocessParameters): ModelConfig {
+  return parseModelConfig(
+    `name: ${JSON.stringify(name)}
+backend: "typescript"
+max_batch_size: 256
+input [ { name: "${DEFAULT_INPUT}", data_type: TYPE_STRING, dims: [ 1 ] } ]
+output [ { name: "${DEFAULT_OUTPUT}", data_type: TYPE_${p.outputDatatype}, dims: [ ${outputShape(p).join(", ")} ] } ]`,
+    "(default preprocess config)",
+  );
+}
+
+/** The config must describe what the parameters produce; a mismatch is a load error naming both. */
+function checkConfig(config: ModelConfig, p: PreprocessParameters): void {
+  const stage = config.name;
+  if (config.input.length !== 1 || config.output.length !== 1) {
+    throw invalidArgument(
+      stage,
+      `config needs exactly one input and one output, has ${config.input.length} and ${config.output.length}`,
+    );
+  }
+  const input = config.input[0]!;
+  const output = config.output[0]!;
+  if (input.dataType !== ConfigDataType.TYPE_STRING) {
+    throw invalidArgument(
+      stage,
+      `config input ${input.name} must be TYPE_STRING, is ${ConfigDataType[input.dataType]}`,
+    );
+  }
+  const outType = datatypeFromConfig(output.dataType);
+  if (outType !== p.outputDatatype) {
+    throw invalidArgument(
+      stage,
+      `config output ${output.name} is ${outType} but output_datatype is ${p.outputDatatype}`,
+    );
+  }
+  const want = outputShape(p);
+  const dims = output.dims.map(Number);
+  const fits = dims.length === want.length && dims.every((d, i) => d === -1 || d === want[i]);
+  if (!fits) {
+    throw invalidArgument(
+      stage,
+      `config output ${output.name} dims ${formatShape(dims)} do not match layout ${p.layout} with crop_size ${p.cropSize} (${formatShape(want)})`,
+    );
+  }
+}
+
+/** Builds the preprocess stage. Explicit options win over the config's parameters. */
+export function createPreprocess(options: PreprocessOptions = {}): Stage {
+  const { config: givenConfig, name: givenName, version = "1", logger, ...explicit } = options;
+  const name = givenConfig?.name || givenName || "preprocess";
+  const params = resolveParameters(name, givenConfig ? parametersFromConfig(givenConfig, name) : {}, explicit);
+  const config = givenConfig ?? defaultConfig(name, params);
+  checkConfig(config, params);
+  const inputName = config.input[0]!.name;
+  const outputName = config.output[0]!.name;
+  const batching = config.maxBatchSize > 0;
+  const maxBatch = config.maxBatchSize;
+  const stats = new StatisticsRecorder(name, version);
+  const limiter = new Limiter(params.concurrency);
+  const tables = lookupTables(params);
+  const perImage = 3 * params.cropSize * params.cropSize;
+  const metadata = metadataFromConfig(config, [version]);
+  let closed = false;
+
+  /** The request's elements, checked against the config's input. */
+  function elementsOf(request: InferRequest): Uint8Array[] {
+    const input = request.inputs.find((t) => t.name === inputName);
+    if (!input) {
+      const got = request.inputs.map((t) => t.name).join(", ") || "none";
+      throw invalidArgument(name, `missing input ${inputName} (got ${got})`);
+    }
+    const extra = request.inputs.find((t) => t.name !== inputName);
+    if (extra) throw invalidArgument(name, `unexpected input ${extra.name} (this model takes only ${inputName})`);
+    if (input.datatype !== "BYTES") {
+      throw invalidArgument(name, `input ${inputName}: expected datatype BYTES, got ${input.datatype}`);
+    }
+    const shape = input.shape;
+    const ok = batching
+      ? (shape.length === 2 && shape[1] === 1) || shape.length === 1
+      : (shape.length === 1 && shape[0] === 1) || shape.length === 0;
+    if (!ok) {
+      throw invalidArgument(
+        name,
+        `input ${inputName}: expected shape ${batching ? "[N,1]" : "[1]"}, got ${formatShape(shape)}`,
+      );
+    }
+    const items = input.data as Uint8Array[];
+    if (batching && items.length > maxBatch) {
+      throw invalidArgument(name, `input ${inputName}: batch of ${items.length} exceeds max_batch_size ${maxBatch}`);
+    }
+    for (const o of request.outputs ?? []) {
+      if (o.name !== outputName) throw invalidArgument(name, `unknown output ${o.name} (this model has ${outputName})`);
+    }
+    return items;
+  }
+
+  async function infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
+    const start = nowNs();
+    try {
+      if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
+      const items = elementsOf(request);
+      const inputDone = nowNs();
+      const n = items.length;
+      const out = params.outputDatatype === "FP16" ? new Uint16Array(n * perImage) : new Float32Array(n * perImage);
+      const failures: { index: number; reason: string }[] = [];
+      const signal = opts.signal;
+      await Promise.all(
+        items.map((element, index) =>
+          limiter.run(async () => {
+            // One bad element fails the request: skip work that can no longer be used.
+            if (failures.length > 0 || signal?.aborted) return;
+            try {
+              const { bytes, format } = unwrap(element, params.encoding, params.maxBytes);
+              const rgb = await decodeCrop(bytes, format, params);
+              writeNormalized(
+                rgb,
+                params.cropSize * params.cropSize,
+                tables,
+                params.layout,
+                params.channelOrder,
+                out,
+                index * perImage,
+              );
+            } catch (err) {
+              if (!(err instanceof ElementError)) throw err;
+              failures.push({ index, reason: err.message });
+            }
+          }),
+        ),
+      );
+      if (signal?.aborted) throw new StageError(Code.Canceled, name, "request cancelled");
+      if (failures.length > 0) {
+        failures.sort((a, b) => a.index - b.index);
+        const list = failures.map((f) => `element ${f.index}: ${f.reason}`).join("; ");
+        throw invalidArgument(name, `input ${inputName} ${list}`);
+      }
+      const inferDone = nowNs();
+      const shape = batching ? [n, ...outputShape(params)] : outputShape(params);
+      const output: Tensor = tensor(outputName, params.outputDatatype, shape, out);
+      const response: InferResponse = { modelName: name, modelVersion: version, outputs: [output] };
+      if (request.id !== undefined) response.id = request.id;
+      const end = nowNs();
+      const times = {
+        computeInputNs: inputDone - start,
+        computeInferNs: inferDone - inputDone,
+        computeOutputNs: end - inferDone,
+      };
+      stats.executed(n, times);
+      stats.requestSucceeded(end - start, n, 0, times);
+      return response;
+    } catch (err) {
+      stats.requestFailed(nowNs() - start);
+      if (!(err instanceof StageError)) {
+        logger?.error({ err, model: name }, "preprocess failed");
+        throw new StageError(Code.Internal, name, err instanceof Error ? err.message : String(err), { cause: err });
+      }
+      throw err;
+    }
+  }
+
+  return {
+    name,
+    version,
+    config,
+    isReady: () => !closed,
+    metadata: () => metadata,
+    infer,
+    statistics: () => stats.snapshot(),
+    close: async () => {
+      closed = true;
+    },
+  };
+}
+
+/** The repository loader's entry point: parameters come from config.pbtxt. */
+export function createStage(options: StageFactoryOptions): Stage {
+  const stageOptions: PreprocessOptions = { config: options.config, version: options.version };
+  if (options.logger) stageOptions.logger = options.logger;
+  return createPreprocess(stageOptions);
+}
