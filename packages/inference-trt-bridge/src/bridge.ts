@@ -1,0 +1,317 @@
+/**
+ * The TensorRT bridge: an ensemble step whose inference runs in a real
+ * Triton (TensorRT backend) reached over KServe v2 gRPC.
+ */
+import { type Client, ConnectError, createClient } from "@connectrpc/connect";
+import { GRPCInferenceService, type ModelConfig, type ModelStatistics } from "@trellis/protocol";
+import {
+  Code,
+  connectStage,
+  type GrpcTlsOptions,
+  grpcTransport,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  metadataFromConfig,
+  nowNs,
+  remoteError,
+  type Stage,
+  StageError,
+  type StageLogger,
+  type StageMetadata,
+  StatisticsRecorder,
+  type Tensor,
+  tensor,
+} from "@trellis/stage";
+import { type BridgePlan, checkRemote, type TensorPlan } from "./check.js";
+import { float16ArrayToFloat32, float32ArrayToFloat16 } from "./fp16.js";
+
+export interface TrtBridgeOptions {
+  /** The local ensemble step's config (its inputs/outputs are what the ensemble sends and expects). */
+  config: ModelConfig;
+  /** Local version served, default "1". */
+  version?: string;
+  /** KServe v2 gRPC endpoint of the Triton hosting the engine, e.g. "http://127.0.0.1:8101" (https:// for TLS). */
+  endpoint: string;
+  /** Remote model name; defaults to the local config's name. */
+  modelName?: string;
+  /** Remote model version; "" (default) lets the server choose. */
+  modelVersion?: string;
+  /** Deadline of one inference, retries included (default 30 s). */
+  timeoutMs?: number;
+  /** Retries for requests refused before anything was sent (default 3, from 100 ms, doubling). */
+  retries?: { max: number; baseDelayMs: number };
+  tls?: GrpcTlsOptions;
+  /** Sent with every call, e.g. Triton's restricted-API key header. */
+  headers?: Record<string, string>;
+  /** How long load waits for the server and model to be ready (default 60 s). */
+  readyTimeoutMs?: number;
+  /** Convert FP32 <-> FP16 where the engine's tensors are FP16 (default false: refuse). */
+  allowFp16Conversion?: boolean;
+  logger?: StageLogger;
+}
+
+const DEFAULTS = { timeoutMs: 30_000, readyTimeoutMs: 60_000, retries: { max: 3, baseDelayMs: 100 } };
+
+/** Node error codes raised while connecting, i.e. before any request byte left this process. */
+const NOT_CONNECTED = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH"]);
+
+function chain(err: unknown): unknown[] {
+  const out: unknown[] = [];
+  for (let e = err; e instanceof Error && !out.includes(e); e = (e as { cause?: unknown }).cause) out.push(e);
+  return out;
+}
+
+const prop = (e: unknown, key: string) => (e as Record<string, unknown>)[key];
+
+/** True when the request provably never reached the server, so sending it again cannot run it twice. */
+export function neverSent(err: unknown): boolean {
+  return chain(err).some((e) => {
+    const code = prop(e, "code");
+    const syscall = prop(e, "syscall");
+    return (
+      (typeof code === "string" && NOT_CONNECTED.has(code)) ||
+      syscall === "connect" ||
+      syscall === "getaddrinfo" ||
+      (e instanceof ConnectError && e.rawMessage === "connection establishment timed out")
+    );
+  });
+}
+
+/** A connection that dropped under an in-flight request: UNAVAILABLE, like gRPC's own clients report it. */
+function connectionLost(err: unknown): boolean {
+  return chain(err).some((e) => {
+    const code = prop(e, "code");
+    return (
+      code === "ECONNRESET" ||
+      code === "EPIPE" ||
+      code === "ERR_HTTP2_STREAM_ERROR" ||
+      code === "ERR_HTTP2_SESSION_ERROR" ||
+      code === "ERR_HTTP2_GOAWAY_SESSION" ||
+      code === "ERR_HTTP2_INVALID_SESSION"
+    );
+  });
+}
+
+const sleep = (ms: number, signal: AbortSignal) =>
+  new Promise<void>((resolve) => {
+    const t = setTimeout(done, ms);
+    function done() {
+      clearTimeout(t);
+      signal.removeEventListener("abort", done);
+      resolve();
+    }
+    signal.addEventListener("abort", done, { once: true });
+  });
+
+const convert = (t: Tensor, from: TensorPlan["local"], to: TensorPlan["local"]): Tensor => {
+  if (t.datatype !== from || from === to) return t;
+  if (from === "FP32" && to === "FP16")
+    return tensor(t.name, "FP16", t.shape, float32ArrayToFloat16(t.data as Float32Array));
+  if (from === "FP16" && to === "FP32")
+    return tensor(t.name, "FP32", t.shape, float16ArrayToFloat32(t.data as Uint16Array));
+  return t;
+};
+
+/** Waits (bounded, polling with backoff) until the remote model is ready. */
+async function waitReady(
+  client: Client<typeof GRPCInferenceService>,
+  stage: string,
+  remoteLabel: string,
+  name: string,
+  version: string,
+  readyTimeoutMs: number,
+): Promise<void> {
+  const start = Date.now();
+  let delay = 50;
+  let reason = "";
+  for (;;) {
+    const left = readyTimeoutMs - (Date.now() - start);
+    const rpcTimeout = Math.max(1, Math.min(2000, left));
+    try {
+      if ((await client.modelReady({ name, version }, { timeoutMs: rpcTimeout })).ready) return;
+      // Why not: Triton's ServerReady says whether the server itself is still starting.
+      const server = await client.serverReady({}, { timeoutMs: rpcTimeout }).catch(() => ({ ready: false }));
+      reason = server.ready ? `server is ready but model ${name} is not (loaded? name right?)` : "server is not ready";
+    } catch (err) {
+      reason = ConnectError.from(err).rawMessage;
+    }
+    const elapsed = Date.now() - start;
+    if (elapsed >= readyTimeoutMs) {
+      throw new StageError(
+        Code.Unavailable,
+        stage,
+        `${remoteLabel} not ready after waiting ${readyTimeoutMs} ms (ready_timeout_ms): ${reason}`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, Math.min(delay, readyTimeoutMs - elapsed)));
+    delay = Math.min(delay * 2, 1000);
+  }
+}
+
+/**
+ * Connects to the remote model, waits for it, checks it against the local
+ * config and returns the bridge stage. Load errors name the remote model,
+ * the tensor, and expected vs got.
+ */
+export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage> {
+  const { config, endpoint } = options;
+  const name = config.name;
+  const version = options.version ?? "1";
+  const remoteName = options.modelName || name;
+  const remoteVersion = options.modelVersion ?? "";
+  const timeoutMs = options.timeoutMs ?? DEFAULTS.timeoutMs;
+  const retries = options.retries ?? DEFAULTS.retries;
+  const remoteLabel = `remote model ${remoteName}${remoteVersion ? ` version ${remoteVersion}` : ""} at ${endpoint}`;
+  if (!endpoint) throw new StageError(Code.InvalidArgument, name, "no endpoint: set parameter endpoint");
+
+  // One transport for everything: its HTTP/2 connection is reused by every call.
+  const transport = grpcTransport(endpoint, {
+    headers: options.headers,
+    tls: options.tls,
+    connectTimeoutMs: Math.min(timeoutMs, 10_000),
+  });
+  const client = createClient(GRPCInferenceService, transport);
+  await waitReady(
+    client,
+    name,
+    remoteLabel,
+    remoteName,
+    remoteVersion,
+    options.readyTimeoutMs ?? DEFAULTS.readyTimeoutMs,
+  );
+  const remote = await connectStage(transport, remoteName, {
+    version: remoteVersion,
+    remoteLabel: endpoint,
+    timeoutMs,
+  });
+  const localMetadata: StageMetadata = metadataFromConfig(config, [version]);
+  const plan: BridgePlan = checkRemote(
+    name,
+    remoteLabel,
+    { config, metadata: localMetadata },
+    { config: remote.config, metadata: await remote.metadata() },
+    options.allowFp16Conversion ?? false,
+  );
+  const converted = [...plan.inputs, ...plan.outputs].filter((p) => p.local !== p.remote);
+  if (converted.length > 0) {
+    options.logger?.info(
+      { model: name, remote: remoteLabel, converted: converted.map((p) => `${p.name} ${p.local}->${p.remote}`) },
+      "converting FP32 <-> FP16 at the bridge",
+    );
+  }
+  const inputPlan = new Map(plan.inputs.map((p) => [p.name, p]));
+  const outputPlan = new Map(plan.outputs.map((p) => [p.name, p]));
+  const stats = new StatisticsRecorder(name, version);
+
+  /** Sends once; resends only what provably never left (connection refused and the like). */
+  async function send(request: InferRequest, signal: AbortSignal, started: number): Promise<InferResponse> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await remote.infer(request, { signal });
+      } catch (err) {
+        if (signal.aborted) throw abortError(signal);
+        const ce = ConnectError.from(err);
+        if (neverSent(err) && attempt < retries.max) {
+          const delay = retries.baseDelayMs * 2 ** attempt;
+          if (Date.now() - started + delay < timeoutMs) {
+            await sleep(delay, signal);
+            if (signal.aborted) throw abortError(signal);
+            continue;
+          }
+        }
+        if (neverSent(err)) {
+          throw new StageError(
+            Code.Unavailable,
+            remoteName,
+            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${ce.rawMessage}`,
+            { cause: err },
+          );
+        }
+        if (connectionLost(err) && ce.code !== Code.Unavailable) {
+          throw new StageError(
+            Code.Unavailable,
+            remoteName,
+            `${remoteLabel}: connection lost with the request in flight (not resent: it may have reached the server): ${ce.rawMessage}`,
+            { cause: err },
+          );
+        }
+        throw err instanceof StageError ? err : remoteError(err, remoteName, endpoint);
+      }
+    }
+  }
+
+  function abortError(signal: AbortSignal): StageError {
+    const reason = signal.reason;
+    if (reason instanceof StageError) return reason;
+    return new StageError(Code.Canceled, name, `request to ${remoteLabel} cancelled`, { cause: reason });
+  }
+
+  return {
+    name,
+    version,
+    config,
+    isReady: async () => {
+      try {
+        return (await client.modelReady({ name: remoteName, version: remoteVersion }, { timeoutMs: 2000 })).ready;
+      } catch {
+        return false;
+      }
+    },
+    metadata: () => localMetadata,
+    async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
+      const start = nowNs();
+      const started = Date.now();
+      const ctl = new AbortController();
+      const deadline = setTimeout(
+        () =>
+          ctl.abort(
+            new StageError(
+              Code.DeadlineExceeded,
+              name,
+              `${remoteLabel}: no response within ${timeoutMs} ms (timeout_ms)`,
+            ),
+          ),
+        timeoutMs,
+      );
+      const cancel = () => ctl.abort(opts?.signal?.reason);
+      if (opts?.signal?.aborted) cancel();
+      opts?.signal?.addEventListener("abort", cancel, { once: true });
+      try {
+        const inputs = request.inputs.map((t) => {
+          const p = inputPlan.get(t.name);
+          return p ? convert(t, p.local, p.remote) : t;
+        });
+        // Ask for the local outputs only: the engine may expose more than the step maps.
+        const outputs = request.outputs?.length ? request.outputs : plan.outputs.map((p) => ({ name: p.name }));
+        const t1 = nowNs();
+        const res = await send({ ...request, inputs, outputs }, ctl.signal, started);
+        const t2 = nowNs();
+        const outs = res.outputs.map((t) => {
+          const p = outputPlan.get(t.name);
+          return p ? convert(t, p.remote, p.local) : t;
+        });
+        const t3 = nowNs();
+        const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
+        const times = { computeInputNs: t1 - start, computeInferNs: t2 - t1, computeOutputNs: t3 - t2 };
+        stats.executed(batch, times);
+        stats.requestSucceeded(t3 - start, batch, 0, times);
+        return {
+          id: res.id ?? request.id,
+          modelName: name,
+          modelVersion: version,
+          outputs: outs,
+          parameters: res.parameters,
+        };
+      } catch (err) {
+        stats.requestFailed(nowNs() - start);
+        throw err;
+      } finally {
+        clearTimeout(deadline);
+        opts?.signal?.removeEventListener("abort", cancel);
+      }
+    },
+    statistics: (): ModelStatistics => stats.snapshot(),
+    close: async () => {},
+  };
+}
