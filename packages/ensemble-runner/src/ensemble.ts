@@ -1,0 +1,361 @@
+/**
+ * The ensemble as a Stage: each request walks the validated DAG, starting a
+ * step the moment its last input exists, so independent steps overlap.
+ */
+import { ConnectError } from "@connectrpc/connect";
+import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import {
+  Code,
+  codeName,
+  formatShape,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  metadataFromConfig,
+  nowNs,
+  type RequestedOutput,
+  type Stage,
+  StageError,
+  type StageLogger,
+  type StageMetadata,
+  StatisticsRecorder,
+  type Tensor,
+} from "@trellis/stage";
+import { Limiter } from "./limiter.js";
+import { type EnsemblePlan, ensembling, planEnsemble, type StepPlan, stepLabel } from "./plan.js";
+
+export type ResolveStep = (model: string, version: bigint) => Stage | Promise<Stage>;
+
+export interface CreateEnsembleOptions {
+  config: ModelConfig;
+  /** Version this ensemble serves as; default "1". */
+  version?: string;
+  /** Turns a step's model_name / model_version (-1 = latest) into a Stage. */
+  resolveStep: ResolveStep;
+  logger?: StageLogger;
+  /** Close the step stages when the ensemble closes (set when the ensemble created them). Default false. */
+  ownsSteps?: boolean;
+}
+
+/** A step's failure, re-raised by the ensemble with the step's own code. */
+export class EnsembleStepError extends StageError {
+  override name = "EnsembleStepError";
+  constructor(
+    code: Code,
+    ensemble: string,
+    readonly step: number,
+    readonly model: string,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(code, ensemble, `${stepLabel(step, model)}: ${codeName(code)}: ${message}`, options);
+  }
+}
+
+export interface StepStatistics {
+  step: number;
+  model: string;
+  /** Version of the step's stage. */
+  version: string;
+  /** Requests holding this step's slot now (running, or finished and waiting for a downstream slot). */
+  inflight: number;
+  /** Requests waiting for a slot now (only when max_inflight_requests caps the step). */
+  waiting: number;
+  /** This step's share of the ensemble's traffic, in Triton's shape: queue = waiting for a slot, compute_infer = the call. */
+  statistics: ModelStatistics;
+}
+
+export interface EnsembleStage extends Stage {
+  stepStatistics(): StepStatistics[];
+  /** The DAG: each step's model, what it waits for and a topological order. */
+  readonly plan: EnsemblePlan;
+}
+
+interface StepRuntime {
+  plan: StepPlan;
+  limiter: Limiter;
+  stats: StatisticsRecorder;
+}
+
+/** Why a request stopped when its signal fired: the signal's code when it carries one. */
+function abortError(name: string, reason: unknown): StageError {
+  if (reason instanceof ConnectError) return new StageError(reason.code, name, reason.rawMessage, { cause: reason });
+  if (reason instanceof Error && reason.name === "TimeoutError") {
+    return new StageError(Code.DeadlineExceeded, name, "deadline exceeded", { cause: reason });
+  }
+  return new StageError(Code.Canceled, name, "request cancelled", { cause: reason });
+}
+
+function stepError(ensemble: string, step: StepPlan, err: unknown): EnsembleStepError {
+  const ce = ConnectError.from(err);
+  // Stage errors already start with the model's name; say it once.
+  const prefix = `${step.model}: `;
+  const text = ce.rawMessage.startsWith(prefix) ? ce.rawMessage.slice(prefix.length) : ce.rawMessage;
+  return new EnsembleStepError(ce.code, ensemble, step.index, step.model, text, { cause: err });
+}
+
+const renamed = (t: Tensor, name: string): Tensor =>
+  // Zero-copy: the step sees the producer's very data (and shape), under its own name.
+  t.name === name ? t : { name, datatype: t.datatype, shape: t.shape, data: t.data };
+
+export async function createEnsemble(options: CreateEnsembleOptions): Promise<EnsembleStage> {
+  const { config, logger } = options;
+  const name = config.name;
+  const version = options.version ?? "1";
+  const spec = ensembling(config);
+
+  const stages: Stage[] = [];
+  try {
+    for (const [index, s] of spec.step.entries()) {
+      try {
+        stages.push(await options.resolveStep(s.modelName, s.modelVersion));
+      } catch (err) {
+        throw stepError(name, { index, model: s.modelName } as StepPlan, err);
+      }
+    }
+    const metas = await Promise.all(stages.map((s) => s.metadata()));
+    const plan = planEnsemble(config, stages, metas);
+    return buildEnsemble(config, version, plan, spec.maxInflightRequests, options.ownsSteps ?? false, logger);
+  } catch (err) {
+    if (options.ownsSteps) await Promise.allSettled([...new Set(stages)].map((s) => s.close()));
+    throw err;
+  }
+}
+
+function buildEnsemble(
+  config: ModelConfig,
+  version: string,
+  plan: EnsemblePlan,
+  maxInflight: number,
+  ownsSteps: boolean,
+  logger: StageLogger | undefined,
+): EnsembleStage {
+  const name = config.name;
+  const metadata: StageMetadata = metadataFromConfig(config, [version]);
+  const recorder = new StatisticsRecorder(name, version);
+  const steps: StepRuntime[] = plan.steps.map((p) => ({
+    plan: p,
+    limiter: new Limiter(maxInflight),
+    stats: new StatisticsRecorder(p.model, p.stage.version),
+  }));
+  const batching = config.maxBatchSize > 0;
+  let closed = false;
+
+  for (const input of metadata.inputs) {
+    if (!plan.consumers.has(input.name))
+      logger?.warn({ ensemble: name, input: input.name }, "ensemble input is unused");
+  }
+
+  /** Checks the request against the ensemble's declared inputs; returns the batch size. */
+  function checkInputs(request: InferRequest): number {
+    const bad = (msg: string) => new StageError(Code.InvalidArgument, name, msg);
+    const seen = new Set<string>();
+    let batch: number | undefined;
+    for (const t of request.inputs) {
+      const m = metadata.inputs.find((i) => i.name === t.name);
+      if (!m) throw bad(`unexpected input "${t.name}"; inputs are [${metadata.inputs.map((i) => i.name).join(", ")}]`);
+      if (seen.has(t.name)) throw bad(`input "${t.name}" given twice`);
+      seen.add(t.name);
+      if (t.datatype !== m.datatype) throw bad(`input "${t.name}": expected ${m.datatype}, got ${t.datatype}`);
+      const ok = t.shape.length === m.shape.length && m.shape.every((d, i) => d === -1 || d === t.shape[i]);
+      if (!ok) throw bad(`input "${t.name}": expected shape ${formatShape(m.shape)}, got ${formatShape(t.shape)}`);
+      if (batching) {
+        const b = t.shape[0]!;
+        if (b < 1 || b > config.maxBatchSize) {
+          throw bad(`input "${t.name}": batch size ${b} is outside 1..${config.maxBatchSize}`);
+        }
+        if (batch !== undefined && b !== batch)
+          throw bad(`input "${t.name}": batch size ${b}, other inputs have ${batch}`);
+        batch = b;
+      }
+    }
+    for (const i of config.input) {
+      if (!i.optional && !seen.has(i.name)) throw bad(`missing input "${i.name}"`);
+    }
+    return batch ?? 1;
+  }
+
+  /** Which ensemble outputs to return, and the per-step requested outputs (classification passes through). */
+  function requestedOutputs(request: InferRequest): { wanted: string[]; perStep: RequestedOutput[][] } {
+    const perStep = plan.steps.map((s) => s.outputs.map((o): RequestedOutput => ({ name: o.name })));
+    const asked = request.outputs ?? [];
+    if (asked.length === 0) return { wanted: metadata.outputs.map((o) => o.name), perStep };
+    for (const o of asked) {
+      if (!metadata.outputs.some((m) => m.name === o.name)) {
+        throw new StageError(Code.InvalidArgument, name, `unknown output "${o.name}"`);
+      }
+      if (o.parameters && Object.keys(o.parameters).length > 0) {
+        // The step producing it does the work (e.g. classification), unless another step reads the tensor.
+        if (plan.consumers.has(o.name)) {
+          throw new StageError(
+            Code.InvalidArgument,
+            name,
+            `output "${o.name}": parameters are not supported on a tensor other steps also read`,
+          );
+        }
+        const p = plan.producers.get(o.name);
+        if (p?.kind === "step") {
+          const r = perStep[p.step]!.find((x) => x.name === p.output)!;
+          r.parameters = o.parameters;
+        }
+      }
+    }
+    return { wanted: asked.map((o) => o.name), perStep };
+  }
+
+  async function run(
+    request: InferRequest,
+    tensors: Map<string, Tensor>,
+    perStep: RequestedOutput[][],
+    batch: number,
+    signal: AbortSignal,
+    fail: (err: StageError) => void,
+    options: InferOptions | undefined,
+    totals: { queueNs: number; computeNs: number },
+  ): Promise<void> {
+    await new Promise<void>((resolve, reject) => {
+      const missing = plan.steps.map((s) => s.dependsOn.length);
+      let remaining = plan.steps.length;
+      let failed = false;
+      const stop = (err: StageError) => {
+        if (failed) return;
+        failed = true;
+        fail(err);
+        reject(err);
+      };
+      const onAbort = () => stop(abortError(name, signal.reason));
+      signal.addEventListener("abort", onAbort, { once: true });
+      const finish = () => {
+        signal.removeEventListener("abort", onAbort);
+        resolve();
+      };
+
+      /** Starts `rt` for this request; resolves once it holds its slot (or is refused). */
+      const launch = (rt: StepRuntime): Promise<void> => {
+        const step = rt.plan;
+        const queued = nowNs();
+        const admitted = rt.limiter.acquire(signal);
+        admitted.then(
+          async () => {
+            const started = nowNs();
+            let held = true;
+            const release = () => {
+              if (held) rt.limiter.release();
+              held = false;
+            };
+            try {
+              if (signal.aborted) return release();
+              const inputs: Tensor[] = [];
+              for (const { name: input, tensor } of step.inputs) {
+                const t = tensors.get(tensor);
+                // Absent only when it is an optional ensemble input the client left out.
+                if (t) inputs.push(renamed(t, input));
+              }
+              let response: InferResponse;
+              try {
+                response = await step.stage.infer(
+                  { id: request.id, inputs, outputs: perStep[step.index], parameters: request.parameters },
+                  { signal, priority: options?.priority, timeoutMicroseconds: options?.timeoutMicroseconds },
+                );
+              } catch (err) {
+                rt.stats.requestFailed(nowNs() - queued);
+                release();
+                stop(signal.aborted ? abortError(name, signal.reason) : stepError(name, step, err));
+                return;
+              }
+              const done = nowNs();
+              const times = { computeInputNs: 0, computeInferNs: done - started, computeOutputNs: 0 };
+              rt.stats.requestSucceeded(done - queued, batch, started - queued, times);
+              rt.stats.executed(batch, times);
+              totals.queueNs += started - queued;
+              totals.computeNs += done - started;
+              if (signal.aborted) return release();
+              for (const o of step.outputs) {
+                const t = response.outputs.find((x) => x.name === o.name);
+                if (!t) {
+                  release();
+                  return stop(
+                    stepError(name, step, new StageError(Code.Internal, "", `returned no output "${o.name}"`)),
+                  );
+                }
+                tensors.set(o.tensor, t);
+              }
+              remaining -= 1;
+              if (remaining === 0) finish();
+              const ready: StepRuntime[] = [];
+              for (const d of step.dependents) {
+                missing[d]! -= 1;
+                if (missing[d] === 0) ready.push(steps[d]!);
+              }
+              // Triton's max_inflight_requests: this step keeps its slot until every step it
+              // unblocked has one, so a full downstream step holds back upstream work.
+              if (ready.length === 0) release();
+              else void Promise.allSettled(ready.map(launch)).then(release);
+            } catch (err) {
+              release();
+              stop(stepError(name, step, err));
+            }
+          },
+          () => stop(abortError(name, signal.reason)),
+        );
+        return admitted;
+      };
+
+      for (const rt of steps) if (rt.plan.dependsOn.length === 0) void launch(rt);
+    });
+  }
+
+  const stage: EnsembleStage = {
+    name,
+    version,
+    config,
+    plan,
+    isReady: async () => !closed && (await Promise.all(plan.steps.map((s) => s.stage.isReady()))).every(Boolean),
+    metadata: () => metadata,
+    async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+      const begin = nowNs();
+      const outer = options?.signal;
+      const controller = new AbortController();
+      const onOuterAbort = () => controller.abort(outer?.reason);
+      const totals = { queueNs: 0, computeNs: 0 };
+      try {
+        if (closed) throw new StageError(Code.Unavailable, name, "ensemble is closed");
+        if (outer?.aborted) throw abortError(name, outer.reason);
+        outer?.addEventListener("abort", onOuterAbort, { once: true });
+        const batch = checkInputs(request);
+        const { wanted, perStep } = requestedOutputs(request);
+        const tensors = new Map<string, Tensor>();
+        for (const t of request.inputs) tensors.set(t.name, t);
+        const inputNs = nowNs() - begin;
+        // A failing step aborts the request's signal: steps still waiting never start, running ones are told to stop.
+        await run(request, tensors, perStep, batch, controller.signal, (err) => controller.abort(err), options, totals);
+        const outputs = wanted.map((o) => renamed(tensors.get(o)!, o));
+        const end = nowNs();
+        const times = { computeInputNs: inputNs, computeInferNs: totals.computeNs, computeOutputNs: 0 };
+        recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
+        recorder.executed(batch, times);
+        return { id: request.id, modelName: name, modelVersion: version, outputs };
+      } catch (err) {
+        recorder.requestFailed(nowNs() - begin);
+        throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
+      } finally {
+        outer?.removeEventListener("abort", onOuterAbort);
+      }
+    },
+    statistics: () => recorder.snapshot(),
+    stepStatistics: () =>
+      steps.map((rt) => ({
+        step: rt.plan.index,
+        model: rt.plan.model,
+        version: rt.plan.stage.version,
+        inflight: rt.limiter.inflight,
+        waiting: rt.limiter.waiting,
+        statistics: rt.stats.snapshot(),
+      })),
+    async close() {
+      closed = true;
+      if (ownsSteps) await Promise.allSettled([...new Set(plan.steps.map((s) => s.stage))].map((s) => s.close()));
+    },
+  };
+  return stage;
+}

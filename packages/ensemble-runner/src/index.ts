@@ -1,0 +1,11 @@
+export {
+  type CreateEnsembleOptions,
+  createEnsemble,
+  type EnsembleStage,
+  EnsembleStepError,
+  type ResolveStep,
+  type StepStatistics,
+} from "./ensemble.js";
+export { connectRemote, type LoadStageOptions, loadStage } from "./loader.js";
+export type { EnsemblePlan, Producer, StepPlan } from "./plan.js";
+export { type RepositoryModel, type RepositoryScan, readEndpointsFile, scanRepository } from "./repository.js";

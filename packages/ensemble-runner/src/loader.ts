@@ -1,0 +1,188 @@
+/**
+ * loadStage: one repository model to a Stage, by backend. This is the
+ * loader both the ensemble's steps and the server use.
+ */
+import { stat } from "node:fs/promises";
+import { isAbsolute, join, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
+import {
+  Code,
+  type ConnectStageOptions,
+  configParameter,
+  connectStage,
+  grpcTransport,
+  type Stage,
+  StageError,
+  type StageFactory,
+  type StageFactoryOptions,
+  type StageLogger,
+} from "@trellis/stage";
+import { createEnsemble, type ResolveStep } from "./ensemble.js";
+import { type RepositoryModel, scanRepository } from "./repository.js";
+
+export interface LoadStageOptions {
+  /** Version folder to load. */
+  version: string;
+  /** How an ensemble reaches its steps; default: load them from `repositories` (and `endpoints`). */
+  resolveStep?: ResolveStep;
+  /** Repositories for the default resolveStep. */
+  repositories?: string[];
+  /** Model name -> KServe v2 gRPC base URL: that model is a remote stage. */
+  endpoints?: Record<string, string>;
+  /** Default true; false lets the ONNX stage complete the config from the model. */
+  strictModelConfig?: boolean;
+  logger?: StageLogger;
+}
+
+/** Ensemble config parameters `endpoint.<model>` name remote steps inside the config itself. */
+const ENDPOINT_PARAMETER = "endpoint.";
+
+const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
+
+/** A remote model over KServe v2 gRPC; version "" lets the server choose. */
+export function connectRemote(name: string, url: string, version = ""): Promise<Stage> {
+  const options: ConnectStageOptions = { remoteLabel: url };
+  if (version) options.version = version;
+  return connectStage(grpcTransport(url), name, options);
+}
+
+/** The factory a module exports: `createStage`, else a default-exported function. */
+function factoryOf(mod: Record<string, unknown>, where: string, model: string): StageFactory {
+  const f = mod.createStage ?? mod.default;
+  if (typeof f !== "function") {
+    throw new StageError(Code.InvalidArgument, model, `${where} exports neither createStage nor a default function`);
+  }
+  return f as StageFactory;
+}
+
+async function importModule(specifier: string, model: string): Promise<Record<string, unknown>> {
+  try {
+    return (await import(specifier)) as Record<string, unknown>;
+  } catch (err) {
+    throw new StageError(
+      Code.NotFound,
+      model,
+      `cannot import ${specifier}: ${err instanceof Error ? err.message : String(err)}`,
+      { cause: err },
+    );
+  }
+}
+
+/** `backend: "typescript"`: the module named by parameter `module`, else `<versionDir>/model.js` / `model.mjs`. */
+async function typescriptFactory(model: RepositoryModel, versionDir: string): Promise<StageFactory> {
+  const param = configParameter(model.config, "module");
+  if (param) {
+    // A path is the user's file (relative to the version folder); anything else is a package name.
+    const isPath = param.startsWith(".") || isAbsolute(param);
+    const specifier = isPath ? pathToFileURL(resolve(versionDir, param)).href : param;
+    return factoryOf(await importModule(specifier, model.name), `module "${param}"`, model.name);
+  }
+  for (const file of ["model.js", "model.mjs"]) {
+    const path = join(versionDir, file);
+    if (await exists(path))
+      return factoryOf(await importModule(pathToFileURL(path).href, model.name), path, model.name);
+  }
+  throw new StageError(
+    Code.InvalidArgument,
+    model.name,
+    `backend "typescript" needs a parameter "module" naming a stage package (e.g. "@trellis/preprocess") or a ${join(versionDir, "model.js")} exporting createStage`,
+  );
+}
+
+/**
+ * Loads `model` (version `options.version`) as a Stage: an ensemble, an ONNX
+ * model, a TypeScript stage, or, when `options.endpoints` names it, the
+ * remote model at that URL.
+ */
+export async function loadStage(model: RepositoryModel, options: LoadStageOptions): Promise<Stage> {
+  const { config } = model;
+  const { version, logger } = options;
+  const remote = options.endpoints?.[model.name];
+  if (remote) return connectRemote(model.name, remote);
+
+  if (!model.versions.includes(version)) {
+    throw new StageError(
+      Code.NotFound,
+      model.name,
+      `no version folder "${version}" in ${model.modelDir} (versions: [${model.versions.join(", ")}])`,
+    );
+  }
+  const versionDir = join(model.modelDir, version);
+
+  if (config.platform === "ensemble") {
+    const ownsSteps = !options.resolveStep;
+    const resolveStep = options.resolveStep ?? repositoryResolver(model, options);
+    return createEnsemble({ config, version, resolveStep, logger, ownsSteps });
+  }
+
+  const factoryOptions: StageFactoryOptions = { config, modelDir: model.modelDir, version, versionDir };
+  if (logger) factoryOptions.logger = logger;
+  const backend = config.backend;
+  if (backend === "onnxruntime" || config.platform === "onnxruntime_onnx") {
+    const mod = await importModule(ONNX_PACKAGE, model.name);
+    const onnxOptions = { ...factoryOptions, strictModelConfig: options.strictModelConfig ?? true };
+    return factoryOf(mod, ONNX_PACKAGE, model.name)(onnxOptions);
+  }
+  if (backend === "typescript") return (await typescriptFactory(model, versionDir))(factoryOptions);
+  if (backend === "python") {
+    throw new StageError(
+      Code.InvalidArgument,
+      model.name,
+      `backend "python" is not supported: Trellis runs TypeScript stages. Set backend: "typescript" and either parameters { key: "module" value: { string_value: "<stage package>" } } or put a model.js exporting createStage(options) in ${versionDir} (the TypeScript counterpart of model.py)`,
+    );
+  }
+  const what = backend ? `backend "${backend}"` : config.platform ? `platform "${config.platform}"` : "no backend";
+  throw new StageError(
+    Code.InvalidArgument,
+    model.name,
+    `unsupported ${what}; supported: platform "ensemble", backend "onnxruntime" / platform "onnxruntime_onnx", backend "typescript", or a remote model listed in the endpoint map`,
+  );
+}
+
+// Imported by name at load time so onnxruntime is only loaded when an ONNX model is.
+const ONNX_PACKAGE = "@trellis/inference-onnx";
+
+/**
+ * The default way an ensemble reaches its steps: a remote endpoint when the
+ * endpoint map (or the ensemble's `endpoint.<model>` parameters) names the
+ * model, else the model from the same repositories. Each (model, version)
+ * loads once, however many steps use it.
+ */
+function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions): ResolveStep {
+  const endpoints: Record<string, string> = {};
+  for (const [key, p] of Object.entries(ensemble.config.parameters)) {
+    if (key.startsWith(ENDPOINT_PARAMETER) && p.stringValue)
+      endpoints[key.slice(ENDPOINT_PARAMETER.length)] = p.stringValue;
+  }
+  Object.assign(endpoints, options.endpoints);
+  const repositories = options.repositories ?? [ensemble.repository];
+  let scan: ReturnType<typeof scanRepository> | undefined;
+  const loaded = new Map<string, Promise<Stage>>();
+  return (name, version) => {
+    const key = `${name}@${version}`;
+    let stage = loaded.get(key);
+    if (!stage) {
+      stage = (async () => {
+        const url = endpoints[name];
+        if (url) return connectRemote(name, url, version >= 0n ? String(version) : "");
+        scan ??= scanRepository(repositories);
+        const { models, errors } = await scan;
+        const model = models.find((m) => m.name === name);
+        if (!model) {
+          const broken = errors.find((e) => e.name === name);
+          if (broken) throw new StageError(Code.InvalidArgument, name, broken.error.message, { cause: broken.error });
+          throw new StageError(
+            Code.NotFound,
+            name,
+            `unknown model "${name}" (not in ${repositories.join(", ")} nor the endpoint map)`,
+          );
+        }
+        const v = version >= 0n ? String(version) : model.versions.at(-1);
+        if (!v) throw new StageError(Code.NotFound, name, `no version folders in ${model.modelDir}`);
+        return loadStage(model, { ...options, version: v, resolveStep: undefined, endpoints });
+      })();
+      loaded.set(key, stage);
+    }
+    return stage;
+  };
+}

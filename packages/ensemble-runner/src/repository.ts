@@ -1,0 +1,95 @@
+/**
+ * Triton's model repository layout: `<repository>/<model>/config.pbtxt`
+ * plus numeric version folders.
+ */
+import { readdir, readFile, stat } from "node:fs/promises";
+import { join } from "node:path";
+import { loadModelConfig, type ModelConfig } from "@trellis/protocol";
+
+export interface RepositoryModel {
+  name: string;
+  repository: string;
+  modelDir: string;
+  configPath: string;
+  config: ModelConfig;
+  /** Numeric version folder names, ascending numerically. */
+  versions: string[];
+}
+
+export interface RepositoryScan {
+  models: RepositoryModel[];
+  /** Models that could not be read (bad config, name clash); the rest still load. */
+  errors: { name: string; modelDir: string; error: Error }[];
+}
+
+const isDir = async (path: string) => (await stat(path).catch(() => undefined))?.isDirectory() ?? false;
+
+/**
+ * Lists every model in `repositories`. A model whose config.pbtxt is missing
+ * or fails to parse, or whose name is taken by an earlier repository, is
+ * reported in `errors`, not thrown.
+ */
+export async function scanRepository(repositories: string[]): Promise<RepositoryScan> {
+  const models: RepositoryModel[] = [];
+  const errors: RepositoryScan["errors"] = [];
+  for (const repository of repositories) {
+    const entries = await readdir(repository, { withFileTypes: true });
+    for (const entry of entries.sort((a, b) => a.name.localeCompare(b.name))) {
+      if (!entry.isDirectory() || entry.name.startsWith(".")) continue;
+      const name = entry.name;
+      const modelDir = join(repository, name);
+      const configPath = join(modelDir, "config.pbtxt");
+      try {
+        if (!(await stat(configPath).catch(() => undefined))) throw new Error(`${configPath}: no config.pbtxt`);
+        const config = await loadModelConfig(configPath);
+        if (!config.name) config.name = name;
+        if (config.name !== name) {
+          throw new Error(`${configPath}: config name "${config.name}" does not match its directory "${name}"`);
+        }
+        const existing = models.find((m) => m.name === name);
+        if (existing) throw new Error(`model "${name}" is in both ${existing.repository} and ${repository}`);
+        const versions: string[] = [];
+        for (const v of await readdir(modelDir)) {
+          if (/^\d+$/.test(v) && (await isDir(join(modelDir, v)))) versions.push(v);
+        }
+        versions.sort((a, b) => Number(a) - Number(b));
+        models.push({ name, repository, modelDir, configPath, config, versions });
+      } catch (err) {
+        errors.push({ name, modelDir, error: err instanceof Error ? err : new Error(String(err)) });
+      }
+    }
+  }
+  return { models, errors };
+}
+
+/**
+ * Reads a deployment's endpoint map: a JSON object from model name to the
+ * KServe v2 gRPC base URL serving it, e.g.
+ * `{ "resnet50_inference": "http://10.0.0.7:8001" }`.
+ */
+export async function readEndpointsFile(path: string): Promise<Record<string, string>> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(await readFile(path, "utf8"));
+  } catch (err) {
+    throw new Error(`${path}: ${err instanceof Error ? err.message : String(err)}`);
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    throw new Error(`${path}: expected a JSON object mapping model names to URLs`);
+  }
+  const out: Record<string, string> = {};
+  for (const [model, url] of Object.entries(parsed)) {
+    if (typeof url !== "string") throw new Error(`${path}: endpoint for "${model}" must be a string URL`);
+    let u: URL;
+    try {
+      u = new URL(url);
+    } catch {
+      throw new Error(`${path}: endpoint for "${model}" is not a URL: "${url}"`);
+    }
+    if (u.protocol !== "http:" && u.protocol !== "https:") {
+      throw new Error(`${path}: endpoint for "${model}" must be http:// or https://, got "${url}"`);
+    }
+    out[model] = url.replace(/\/+$/, "");
+  }
+  return out;
+}
