@@ -66,6 +66,7 @@ export interface StepStatistics {
 }
 
 export interface EnsembleStage extends Stage {
+  statistics(): ModelStatistics;
   stepStatistics(): StepStatistics[];
   /** The DAG: each step's model, what it waits for and a topological order. */
   readonly plan: EnsemblePlan;

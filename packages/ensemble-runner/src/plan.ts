@@ -155,7 +155,7 @@ export function planEnsemble(config: ModelConfig, stages: Stage[], metas: StageM
   }
   for (const out of ensembleMeta.outputs) {
     const p = producers.get(out.name);
-    if (!p || p.kind !== "step") {
+    if (p?.kind !== "step") {
       problems.push(`ensemble output "${out.name}" is not produced by any step (no output_map writes it)`);
       continue;
     }
@@ -204,5 +204,8 @@ function findCycle(steps: StepPlan[], ordered: number[]): string[] {
     at = steps[at]!.dependsOn.find((d) => !done.has(d))!;
   }
   const cycle = path.slice(path.indexOf(at)).reverse();
-  return [...cycle, cycle[0]!].map((i) => steps[i]!.label);
+  // Start the report at the lowest step index, so the message does not depend on where the walk began.
+  const first = cycle.indexOf(Math.min(...cycle));
+  const rotated = [...cycle.slice(first), ...cycle.slice(0, first)];
+  return [...rotated, rotated[0]!].map((i) => steps[i]!.label);
 }

@@ -1,0 +1,213 @@
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { create } from "@bufbuild/protobuf";
+import { ModelParameterSchema } from "@trellis/protocol";
+import { Code, type InferRequest, listenStage, type Stage, tensor } from "@trellis/stage";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  type EnsembleStage,
+  loadStage,
+  type RepositoryModel,
+  readEndpointsFile,
+  scanRepository,
+} from "../src/index.js";
+
+/** A user's own stage, the way they would write model.py: plain JS, no imports needed. */
+const userStage = (op: string) => `
+export function createStage({ config, version }) {
+  const factor = Number(config.parameters.factor?.stringValue ?? "1");
+  let calls = 0;
+  const shape = [-1, 4];
+  return {
+    name: config.name, version, config,
+    isReady: () => true,
+    metadata: () => ({ name: config.name, versions: [version], platform: "typescript",
+      inputs: [{ name: "IN", datatype: "FP32", shape }], outputs: [{ name: "OUT", datatype: "FP32", shape }] }),
+    async infer(request) {
+      calls += 1;
+      const t = request.inputs[0];
+      return { modelName: config.name, modelVersion: version,
+        outputs: [{ name: "OUT", datatype: "FP32", shape: t.shape, data: t.data.map((v) => ${op}) }] };
+    },
+    statistics: () => ({ name: config.name, version, inferenceCount: BigInt(calls) }),
+    close: async () => {},
+  };
+}
+`;
+
+const unary = (name: string, extra: string) => `
+name: "${name}"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+${extra}`;
+
+const chain = (params = "") => `
+name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "scale" model_version: -1 input_map { key: "IN" value: "m" } output_map { key: "OUT" value: "Y" } },
+  { model_name: "offset" model_version: 1 input_map { key: "IN" value: "X" } output_map { key: "OUT" value: "m" } }
+] }
+${params}`;
+
+let repo: string;
+const files: Record<string, string> = {
+  // parameter "module" as a path: the user's file, relative to the version folder
+  "scale/config.pbtxt": unary(
+    "scale",
+    `backend: "typescript"
+     parameters { key: "module" value: { string_value: "./scale.mjs" } }
+     parameters { key: "factor" value: { string_value: "10" } }`,
+  ),
+  "scale/1/scale.mjs": userStage("v * factor"),
+  "scale/2/scale.mjs": userStage("v * factor * 1000"),
+  "scale/10/scale.mjs": userStage("v * factor * 100"),
+  // no parameter: <version>/model.js, like Triton's model.py
+  "offset/config.pbtxt": unary("offset", `backend: "typescript"`),
+  "offset/1/model.js": userStage("v + 1"),
+  "chain/config.pbtxt": chain(),
+  "chain/1/.keep": "",
+  "legacy/config.pbtxt": unary("legacy", `backend: "python"`),
+  "legacy/1/model.py": "",
+  "tf/config.pbtxt": unary("tf", `platform: "tensorflow_savedmodel"`),
+  "tf/1/.keep": "",
+  "nomodule/config.pbtxt": unary("nomodule", `backend: "typescript"`),
+  "nomodule/1/.keep": "",
+  "broken/config.pbtxt": `name: "broken"\nmax_batch_size: eight\n`,
+  "misnamed/config.pbtxt": unary("other", `backend: "typescript"`),
+  "dangling/config.pbtxt": chain().replace('name: "chain"', 'name: "dangling"').replace('"offset"', '"missing"'),
+  "dangling/1/.keep": "",
+};
+
+beforeAll(async () => {
+  repo = await mkdtemp(join(tmpdir(), "trellis-repo-"));
+  for (const [path, text] of Object.entries(files)) {
+    await mkdir(join(repo, path, ".."), { recursive: true });
+    await writeFile(join(repo, path), text);
+  }
+  await mkdir(join(repo, "scale", "not-a-version"));
+});
+afterAll(() => rm(repo, { recursive: true, force: true }));
+
+const x = (...v: number[]) => tensor("X", "FP32", [1, 4], Float32Array.from(v));
+const find = async (name: string): Promise<RepositoryModel> => {
+  const m = (await scanRepository([repo])).models.find((m) => m.name === name);
+  if (!m) throw new Error(`${name} not scanned`);
+  return m;
+};
+
+describe("scanRepository", () => {
+  it("lists models with numerically sorted versions and reports broken ones", async () => {
+    const { models, errors } = await scanRepository([repo]);
+    expect(models.map((m) => m.name)).toEqual(["chain", "dangling", "legacy", "nomodule", "offset", "scale", "tf"]);
+    const scale = models.find((m) => m.name === "scale")!;
+    expect(scale.versions).toEqual(["1", "2", "10"]);
+    expect(scale.configPath).toBe(join(repo, "scale", "config.pbtxt"));
+    expect(scale.config.maxBatchSize).toBe(8);
+    expect(errors.map((e) => e.name)).toEqual(["broken", "misnamed"]);
+    expect(errors[0]!.error.message).toMatch(/broken\/config\.pbtxt:2:\d+: /);
+    expect(errors[1]!.error.message).toContain('config name "other" does not match its directory "misnamed"');
+  });
+});
+
+describe("loadStage", () => {
+  it("loads a user's model.js and a module path, by version", async () => {
+    const offset = await loadStage(await find("offset"), { version: "1" });
+    expect((await offset.infer({ inputs: [{ ...x(1, 2, 3, 4), name: "IN" }] })).outputs[0]!.data).toEqual(
+      Float32Array.of(2, 3, 4, 5),
+    );
+    const scale10 = await loadStage(await find("scale"), { version: "10" });
+    expect((await scale10.infer({ inputs: [{ ...x(1, 0, 0, 0), name: "IN" }] })).outputs[0]!.data[0]).toBe(1000);
+    const missing = await loadStage(await find("scale"), { version: "3" }).catch((e) => e);
+    expect(missing.code).toBe(Code.NotFound);
+    expect(missing.rawMessage).toContain('no version folder "3"');
+  });
+
+  it("loads an ensemble whose steps come from the same repository (latest or pinned version)", async () => {
+    const chainStage = (await loadStage(await find("chain"), { version: "1" })) as EnsembleStage;
+    const res = await chainStage.infer({ inputs: [x(1, 2, 3, 4)] });
+    // offset v1 then scale latest (v10: x10 x100)
+    expect(Array.from(res.outputs[0]!.data as Float32Array)).toEqual([2000, 3000, 4000, 5000]);
+    expect(chainStage.stepStatistics().map((s) => [s.model, s.version])).toEqual([
+      ["scale", "10"],
+      ["offset", "1"],
+    ]);
+    await chainStage.close();
+  });
+
+  it("reports an ensemble step naming a model the repository lacks", async () => {
+    const err = await loadStage(await find("dangling"), { version: "1" }).catch((e) => e);
+    expect(err.code).toBe(Code.NotFound);
+    expect(err.rawMessage).toContain("step 1 missing: NOT_FOUND: unknown model");
+  });
+
+  it("refuses python and unknown backends with directions", async () => {
+    const py = await loadStage(await find("legacy"), { version: "1" }).catch((e) => e);
+    expect(py.code).toBe(Code.InvalidArgument);
+    expect(py.rawMessage).toContain('backend "python" is not supported');
+    expect(py.rawMessage).toContain('backend: "typescript"');
+    const tf = await loadStage(await find("tf"), { version: "1" }).catch((e) => e);
+    expect(tf.rawMessage).toContain('unsupported platform "tensorflow_savedmodel"');
+    const none = await loadStage(await find("nomodule"), { version: "1" }).catch((e) => e);
+    expect(none.rawMessage).toContain('backend "typescript" needs a parameter "module"');
+  });
+
+  it("makes steps named in the endpoint map remote, from a file or the ensemble's parameters", async () => {
+    // "scale" v2 served on its own gRPC port, counting the requests that reach it.
+    const local = await loadStage(await find("scale"), { version: "2" });
+    const seen: InferRequest[] = [];
+    const counted: Stage = {
+      ...local,
+      name: local.name,
+      version: local.version,
+      config: local.config,
+      infer: (req, opts) => {
+        seen.push(req);
+        return local.infer(req, opts);
+      },
+    };
+    const server = await listenStage(counted);
+    try {
+      const endpointsFile = join(repo, "endpoints.json");
+      await writeFile(endpointsFile, JSON.stringify({ scale: `${server.url}/` }));
+      const endpoints = await readEndpointsFile(endpointsFile);
+      expect(endpoints).toEqual({ scale: server.url });
+      const viaFile = await loadStage(await find("chain"), { version: "1", endpoints });
+      const res = await viaFile.infer({ inputs: [x(1, 2, 3, 4)] });
+      expect(Array.from(res.outputs[0]!.data as Float32Array)).toEqual([20000, 30000, 40000, 50000]);
+      expect(seen).toHaveLength(1);
+      // The remote model reached over the wire got the tensor under its own input name.
+      expect(seen[0]!.inputs.map((t) => [t.name, t.shape])).toEqual([["IN", [1, 4]]]);
+      await viaFile.close();
+
+      const model = await find("chain");
+      model.config.parameters["endpoint.scale"] = create(ModelParameterSchema, { stringValue: server.url });
+      const viaParam = await loadStage(model, { version: "1" });
+      await viaParam.infer({ inputs: [x(1, 2, 3, 4)] });
+      expect(seen).toHaveLength(2);
+      await viaParam.close();
+    } finally {
+      await server.close();
+    }
+  });
+});
+
+describe("readEndpointsFile", () => {
+  it("rejects anything but a map of model names to http(s) URLs", async () => {
+    const write = async (text: string) => {
+      const p = join(repo, "e.json");
+      await writeFile(p, text);
+      return readEndpointsFile(p).catch((e: Error) => e.message);
+    };
+    expect(await write('["http://x"]')).toContain("expected a JSON object");
+    expect(await write('{"a": 9001}')).toContain('endpoint for "a" must be a string URL');
+    expect(await write('{"a": "localhost:9001"}')).toContain('endpoint for "a" must be http:// or https://');
+    expect(await write('{"a": "not a url"}')).toContain('endpoint for "a" is not a URL');
+    expect(await write("{oops")).toContain("e.json:");
+  });
+});
