@@ -191,7 +191,8 @@ export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSet
   const input = { failOn: FAIL_ON, limitInputPixels: s.maxPixels, ignoreIcc: true } as const;
   let meta: Metadata;
   try {
-    meta = await sharp(bytes, input).metadata();
+    // Header only; the size check below is ours so that it can say what was too big.
+    meta = await sharp(bytes, { ...input, limitInputPixels: false }).metadata();
   } catch (err) {
     throw new ElementError(`corrupt or truncated ${format} header: ${vipsReason(err)}`);
   }
@@ -206,7 +207,7 @@ export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSet
   const g = cropGeometry(width, height, s.resizeSize, s.cropSize);
   try {
     if (s.mode === "fast") return await decodeFast(bytes, input, g, s.cropSize);
-    return await decodeSeed(bytes, input, width, height, g, s.cropSize);
+    return await decodeSeed(bytes, input, width, height, g, s.cropSize, meta.space === "cmyk");
   } catch (err) {
     if (err instanceof ElementError) throw err;
     throw new ElementError(`truncated or corrupt ${format} data: ${vipsReason(err)}`);
@@ -225,26 +226,47 @@ async function decodeSeed(
   height: number,
   g: CropGeometry,
   crop: number,
+  cmyk: boolean,
 ): Promise<Uint8Array> {
   const xs = axisTable(width, g.resizedWidth, g.left, crop);
   const ys = axisTable(height, g.resizedHeight, g.top, crop);
   // Only the source rectangle the crop reads is extracted from the decode.
   const sx = sourceSpan(xs);
   const sy = sourceSpan(ys);
-  const { data, info } = await toRgb8(
-    sharp(bytes, input)
-      .autoOrient()
-      .extract({ left: sx.start, top: sy.start, width: sx.end - sx.start, height: sy.end - sy.start }),
+  const region = sharp(bytes, input)
+    .autoOrient()
+    .extract({ left: sx.start, top: sy.start, width: sx.end - sx.start, height: sy.end - sy.start });
+  const { data, info } = await (cmyk
+    ? region.pipelineColourspace("cmyk").toColourspace("cmyk").raw({ depth: "uchar" })
+    : toRgb8(region)
   ).toBuffer({ resolveWithObject: true });
-  if (info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);
-  return resizeWindow(data, info.width, 3, xs, ys, sx.start, sy.start);
+  const rgb = cmyk ? cmykToRgbLikeOpenCV(data, info.channels) : data;
+  if (!cmyk && info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);
+  return resizeWindow(rgb, info.width, 3, xs, ys, sx.start, sy.start);
+}
+
+/**
+ * OpenCV's own CMYK -> BGR (icvCvt_CMYK2BGR_8u_C4C3R on libjpeg's inverted
+ * Adobe CMYK), not a colour-managed conversion: `R = k - ((255 - c) * k >> 8)`
+ * with inverted c and k. libvips hands out non-inverted CMYK, hence 255 - x.
+ */
+function cmykToRgbLikeOpenCV(data: Uint8Array, channels: number): Uint8Array {
+  if (channels < 4) throw new ElementError(`CMYK image decoded to ${channels} channels`);
+  const pixels = data.length / channels;
+  const out = new Uint8Array(pixels * 3);
+  for (let p = 0; p < pixels; p++) {
+    const i = p * channels;
+    const k = 255 - (data[i + 3] as number);
+    for (let c = 0; c < 3; c++) out[p * 3 + c] = k - (((data[i + c] as number) * k) >> 8);
+  }
+  return out;
 }
 
 async function decodeFast(bytes: Uint8Array, input: SharpOptions, g: CropGeometry, crop: number): Promise<Uint8Array> {
   const { data, info } = await toRgb8(
     sharp(bytes, input)
       .autoOrient()
-      .resize(g.resizedWidth, g.resizedHeight, { fit: "fill", kernel: "linear" })
+      .resize(g.resizedWidth, g.resizedHeight, { fit: "fill", kernel: "cubic" })
       .extract({ left: g.left, top: g.top, width: crop, height: crop }),
   ).toBuffer({ resolveWithObject: true });
   if (info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);

@@ -16,9 +16,9 @@ export function lookupTables(s: NormalizeSettings): Float32Array[] {
   const colours = s.channelOrder === "RGB" ? [0, 1, 2] : [2, 1, 0];
   return colours.map((c) => {
     const t = new Float32Array(256);
-    const mean = s.mean[c] as number;
-    const std = s.std[c] as number;
-    // Same operation order as the seed's NumPy code: x / 255, minus mean, over std.
+    const mean = Math.fround(s.mean[c] as number);
+    const std = Math.fround(s.std[c] as number);
+    // The seed's NumPy arithmetic, all in float32: x / 255, minus mean, over std (bit-equal to its tensors).
     for (let v = 0; v < 256; v++) t[v] = Math.fround(Math.fround(Math.fround(v / 255) - mean) / std);
     return t;
   });

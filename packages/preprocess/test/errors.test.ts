@@ -1,0 +1,226 @@
+import { bytesTensor, Code, StageError, tensor } from "@trellis/stage";
+import sharp from "sharp";
+import { describe, expect, it } from "vitest";
+import { createPreprocess } from "../src/index.js";
+import { diff, preprocessOne, rawImageRequest, readImage, readReference } from "./helpers.js";
+
+const stage = createPreprocess({ name: "resnet50_preprocess" });
+
+function asStageError(err: unknown): StageError {
+  if (!(err instanceof StageError)) throw new Error(`expected a StageError, got ${String(err)}`);
+  return err;
+}
+const chelsea = readImage("chelsea.jpg");
+
+/** Runs a request whose element 1 is `bad` (element 0 is a good photo) and returns the error. */
+async function failure(bad: Uint8Array | string, s = stage): Promise<StageError> {
+  try {
+    await s.infer(rawImageRequest([chelsea, bad]));
+  } catch (err) {
+    return asStageError(err);
+  }
+  throw new Error("request with a bad element succeeded");
+}
+
+/** A JPEG whose SOF header claims `width` x `height`: a decompression bomb that costs no bytes. */
+function withClaimedSize(jpeg: Uint8Array, width: number, height: number): Uint8Array {
+  const out = jpeg.slice();
+  for (let i = 2; i < out.length - 9; ) {
+    if (out[i] !== 0xff) throw new Error("not at a JPEG marker");
+    const marker = out[i + 1] as number;
+    const length = ((out[i + 2] as number) << 8) | (out[i + 3] as number);
+    if (marker >= 0xc0 && marker <= 0xc2) {
+      out[i + 5] = height >> 8;
+      out[i + 6] = height & 0xff;
+      out[i + 7] = width >> 8;
+      out[i + 8] = width & 0xff;
+      return out;
+    }
+    i += 2 + length;
+  }
+  throw new Error("no SOF marker");
+}
+
+/** A valid 2x2 24-bit BMP: an image format OpenCV reads but we do not. */
+function bmp(): Uint8Array {
+  const b = Buffer.alloc(54 + 16);
+  b.write("BM", 0, "latin1");
+  b.writeUInt32LE(b.length, 2);
+  b.writeUInt32LE(54, 10);
+  b.writeUInt32LE(40, 14);
+  b.writeInt32LE(2, 18);
+  b.writeInt32LE(2, 22);
+  b.writeUInt16LE(1, 26);
+  b.writeUInt16LE(24, 28);
+  b.writeUInt32LE(16, 34);
+  return new Uint8Array(b);
+}
+
+describe("each bad element fails its request with INVALID_ARGUMENT naming the element and reason", () => {
+  it.each<[string, () => Uint8Array | string, RegExp, ReturnType<typeof createPreprocess>?]>([
+    ["empty bytes", () => new Uint8Array(0), /element 1: empty \(0 bytes\)/],
+    [
+      "not an image (binary)",
+      () => Uint8Array.from({ length: 300 }, (_, i) => (i * 7) % 256),
+      /element 1: not an image: no known image signature/,
+    ],
+    [
+      "not an image (base64 of text)",
+      () => Buffer.from("hello world, not a picture").toString("base64"),
+      /element 1: not an image: base64 decoded to 26 bytes/,
+    ],
+    [
+      "truncated.jpg",
+      () => readImage("truncated.jpg"),
+      /element 1: corrupt or truncated jpeg header: .*premature end of JPEG/i,
+    ],
+    [
+      "a JPEG cut off mid-scan",
+      () => chelsea.subarray(0, Math.floor(chelsea.length * 0.6)),
+      /element 1: truncated or corrupt jpeg data: .*premature end/i,
+    ],
+    [
+      "undecodable base64",
+      () => "iVBORw0KGgo!!notbase64",
+      /element 1: undecodable base64: invalid character 0x21 at offset 11/,
+    ],
+    ["base64 with a bad length", () => "QUJDR", /element 1: undecodable base64: bad length/],
+    [
+      "unsupported format (BMP)",
+      () => bmp(),
+      /element 1: unsupported format bmp \(supported: jpeg, png, webp, gif, tiff, avif\)/,
+    ],
+    [
+      "unsupported format (SVG)",
+      () => '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+      /element 1: unsupported format svg/,
+    ],
+    [
+      "a decompression bomb over max_pixels",
+      () => withClaimedSize(chelsea, 30000, 30000),
+      /element 1: 30000x30000 = 900000000 pixels exceed max_pixels 40000000 \(rejected before decoding\)/,
+    ],
+  ])("%s", async (_label, make, message) => {
+    const err = await failure(make());
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toMatch(/^resnet50_preprocess: input RAW_IMAGE element 1: /);
+    expect(err.rawMessage).toMatch(message);
+    expect(err.rawMessage).not.toMatch(/element 0/);
+  });
+
+  it("rejects an image over max_pixels (a real photo, a small limit)", async () => {
+    const small = createPreprocess({ maxPixels: 100_000 });
+    const err = await failure(chelsea, small);
+    expect(err.code).toBe(Code.InvalidArgument);
+    // Both elements are the 451x300 photo: both are named.
+    expect(err.rawMessage).toContain("element 0: 451x300 = 135300 pixels exceed max_pixels 100000");
+    expect(err.rawMessage).toContain("element 1: 451x300 = 135300 pixels exceed max_pixels 100000");
+  });
+
+  it("rejects elements over max_bytes, raw and base64", async () => {
+    const small = createPreprocess({ maxBytes: 30_000, name: "p" });
+    const good = readImage("horse.jpg"); // 12897 bytes
+    const raw = await small.infer(rawImageRequest([good])).catch((e) => e);
+    expect(raw).not.toBeInstanceOf(Error);
+    const err = asStageError(await small.infer(rawImageRequest([good, chelsea])).catch((e) => e));
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toBe(`p: input RAW_IMAGE element 1: ${chelsea.length} bytes exceed max_bytes 30000`);
+    const b64 = asStageError(
+      await small.infer(rawImageRequest([Buffer.from(chelsea).toString("base64")])).catch((e) => e),
+    );
+    expect(b64.rawMessage).toContain(`element 0: ${chelsea.length} bytes (decoded from base64) exceed max_bytes 30000`);
+  });
+
+  it("never returns a grey image for a truncated file, in fast mode either", async () => {
+    const fast = createPreprocess({ mode: "fast" });
+    const err = await failure(chelsea.subarray(0, Math.floor(chelsea.length * 0.6)), fast);
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toMatch(/element 1: truncated or corrupt jpeg data/);
+  });
+});
+
+describe("bad requests do not disturb good ones", () => {
+  it("a good request running at the same time as a bad one succeeds, bit-identical", async () => {
+    const good = stage.infer(rawImageRequest([readImage("coffee.jpg"), chelsea]));
+    const bad = stage.infer(rawImageRequest([chelsea, readImage("truncated.jpg"), readImage("coffee.jpg")]));
+    const [g, b] = await Promise.allSettled([good, bad]);
+    expect(b.status).toBe("rejected");
+    expect(asStageError((b as PromiseRejectedResult).reason).rawMessage).toMatch(
+      /element 1: corrupt or truncated jpeg/,
+    );
+    expect(g.status).toBe("fulfilled");
+    const out = (g as PromiseFulfilledResult<Awaited<typeof good>>).value.outputs[0]!;
+    expect(out.shape).toEqual([2, 3, 224, 224]);
+    const data = out.data as Float32Array;
+    const plane = 3 * 224 * 224;
+    expect(diff(data.subarray(0, plane), readReference("coffee.jpg")).max).toBe(0);
+    expect(diff(data.subarray(plane), readReference("chelsea.jpg")).max).toBe(0);
+  });
+
+  it("counts failures and successes in the statistics", async () => {
+    const s = createPreprocess({ name: "stats" });
+    await s.infer(rawImageRequest([chelsea, chelsea, chelsea]));
+    await s.infer(rawImageRequest([new Uint8Array(0)])).catch(() => undefined);
+    const st = await s.statistics();
+    expect(st.inferenceCount).toBe(3n);
+    expect(st.executionCount).toBe(1n);
+    expect(st.inferenceStats?.success?.count).toBe(1n);
+    expect(st.inferenceStats?.fail?.count).toBe(1n);
+    expect(st.batchStats.map((b) => b.batchSize)).toEqual([3n]);
+  });
+});
+
+describe("encodings and request checks", () => {
+  it("accepts base64 text (auto-detected and declared) with the same result as raw bytes", async () => {
+    const b64 = Buffer.from(chelsea).toString("base64");
+    const expected = readReference("chelsea.jpg");
+    expect(diff(await preprocessOne(stage, b64), expected).max).toBe(0);
+    expect(diff(await preprocessOne(createPreprocess({ encoding: "base64" }), b64), expected).max).toBe(0);
+    expect(diff(await preprocessOne(stage, `data:image/jpeg;base64,${b64}`), expected).max).toBe(0);
+    // Line-wrapped base64, as some clients send it.
+    expect(diff(await preprocessOne(stage, b64.replace(/.{76}/g, "$&\n")), expected).max).toBe(0);
+  });
+
+  it("encoding raw does not try base64; encoding base64 refuses file bytes", async () => {
+    const raw = createPreprocess({ encoding: "raw" });
+    const e1 = asStageError(
+      await raw.infer(rawImageRequest([Buffer.from(chelsea).toString("base64")])).catch((e) => e),
+    );
+    expect(e1.rawMessage).toMatch(/element 0: not an image: no known image signature/);
+    const b64 = createPreprocess({ encoding: "base64" });
+    const e2 = asStageError(await b64.infer(rawImageRequest([chelsea])).catch((e) => e));
+    expect(e2.rawMessage).toMatch(/element 0: undecodable base64: invalid character 0xff at offset 0/);
+  });
+
+  it("checks the input tensor's name, datatype and shape", async () => {
+    const cases: [Parameters<typeof stage.infer>[0], RegExp][] = [
+      [{ inputs: [bytesTensor("IMAGE", [1, 1], [chelsea])] }, /missing input RAW_IMAGE \(got IMAGE\)/],
+      [
+        { inputs: [tensor("RAW_IMAGE", "UINT8", [1, 4], new Uint8Array(4))] },
+        /input RAW_IMAGE: expected datatype BYTES, got UINT8/,
+      ],
+      [{ inputs: [bytesTensor("RAW_IMAGE", [1, 2], [chelsea, chelsea])] }, /expected shape \[N,1\], got \[1,2\]/],
+      [{ ...rawImageRequest([chelsea]), outputs: [{ name: "LOGITS" }] }, /unknown output LOGITS/],
+    ];
+    for (const [req, msg] of cases) {
+      const err = asStageError(await stage.infer(req).catch((e) => e));
+      expect(err.code).toBe(Code.InvalidArgument);
+      expect(err.rawMessage).toMatch(msg);
+    }
+  });
+
+  it("handles any batch size, including an empty one", async () => {
+    const empty = await stage.infer(rawImageRequest([]));
+    expect(empty.outputs[0]!.shape).toEqual([0, 3, 224, 224]);
+    const eight = await stage.infer(rawImageRequest(Array.from({ length: 8 }, () => chelsea)));
+    const data = eight.outputs[0]!.data as Float32Array;
+    const plane = 3 * 224 * 224;
+    for (let i = 0; i < 8; i++)
+      expect(diff(data.subarray(i * plane, (i + 1) * plane), readReference("chelsea.jpg")).max).toBe(0);
+  });
+
+  it("a lossless PNG re-encode of a JPEG gives the JPEG's result", async () => {
+    const png = new Uint8Array(await sharp(chelsea).png().toBuffer());
+    expect(diff(await preprocessOne(stage, png), readReference("chelsea.jpg")).max).toBe(0);
+  });
+});
