@@ -1,0 +1,17 @@
+export {
+  type AutoCompleteOptions,
+  autoCompleteConfig,
+  checkConfigAgainstModel,
+  type ModelIO,
+  readOnnxMetadataProps,
+} from "./model.js";
+export { type InstancePlan, planInstances, sessionOptions } from "./options.js";
+export type { ModelTensorInfo } from "./protocol.js";
+export {
+  createOnnxStage,
+  createStage,
+  type OnnxStage,
+  type OnnxStageOptions,
+  SYNTHETIC_MARKER_FILE,
+  SYNTHETIC_METADATA_KEY,
+} from "./stage.js";

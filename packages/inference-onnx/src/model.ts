@@ -1,0 +1,231 @@
+/**
+ * What the ONNX model says about itself, checked against config.pbtxt:
+ * tensor names, datatypes and dims, the batch dimension, and Triton's
+ * auto-complete for configs that leave input/output out.
+ */
+import { open } from "node:fs/promises";
+import { clone, create } from "@bufbuild/protobuf";
+import {
+  type ModelConfig,
+  ModelConfigSchema,
+  ModelDynamicBatchingSchema,
+  ModelInputSchema,
+  ModelOutputSchema,
+} from "@trellis/protocol";
+import { Code, type DataType, datatypeFromConfig, datatypeToConfig, formatShape, StageError } from "@trellis/stage";
+import type { ModelTensorInfo } from "./protocol.js";
+
+const ORT_TO_KSERVE: Record<string, DataType> = {
+  float32: "FP32",
+  float64: "FP64",
+  float16: "FP16",
+  int8: "INT8",
+  uint8: "UINT8",
+  int16: "INT16",
+  uint16: "UINT16",
+  int32: "INT32",
+  uint32: "UINT32",
+  int64: "INT64",
+  uint64: "UINT64",
+  bool: "BOOL",
+  string: "BYTES",
+};
+
+const KSERVE_TO_ORT = Object.fromEntries(Object.entries(ORT_TO_KSERVE).map(([o, k]) => [k, o])) as Record<
+  string,
+  string
+>;
+
+/** KServe datatype of an ORT element type, or undefined when Trellis cannot carry it. */
+export function datatypeFromOrt(type: string): DataType | undefined {
+  return ORT_TO_KSERVE[type];
+}
+
+export function ortTypeOf(datatype: DataType): string {
+  const t = KSERVE_TO_ORT[datatype];
+  if (!t) throw new TypeError(`datatype ${datatype} has no onnxruntime-node tensor type`);
+  return t;
+}
+
+export interface ModelIO {
+  inputs: ModelTensorInfo[];
+  outputs: ModelTensorInfo[];
+}
+
+type Side = "input" | "output";
+
+function modelDatatype(stage: string, side: Side, t: ModelTensorInfo): DataType {
+  const dt = datatypeFromOrt(t.type);
+  if (!dt) {
+    throw new StageError(
+      Code.InvalidArgument,
+      stage,
+      `model ${side} ${t.name} has type ${t.type}, which is not supported`,
+    );
+  }
+  return dt;
+}
+
+/**
+ * Throws a load error naming the tensor, what the config expects and what
+ * the model has, for the first disagreement found.
+ */
+export function checkConfigAgainstModel(config: ModelConfig, model: ModelIO): void {
+  const stage = config.name;
+  const batching = config.maxBatchSize > 0;
+  const fail = (msg: string) => new StageError(Code.InvalidArgument, stage, `model does not match its config: ${msg}`);
+  const check = (side: Side, list: ModelConfig["input"] | ModelConfig["output"], modelList: ModelTensorInfo[]) => {
+    for (const c of list) {
+      if (c.reshape) throw fail(`${side} ${c.name}: reshape is not supported by the onnxruntime stage`);
+      const m = modelList.find((x) => x.name === c.name);
+      if (!m) {
+        throw fail(
+          `config ${side} ${c.name} is not a model ${side}; the model's ${side}s are ${modelList.map((x) => x.name).join(", ")}`,
+        );
+      }
+      const expected = datatypeFromConfig(c.dataType);
+      const got = modelDatatype(stage, side, m);
+      if (expected !== got) throw fail(`${side} ${c.name}: config datatype ${expected}, model datatype ${got}`);
+      const dims = c.dims.map(Number);
+      const configShape = batching ? [-1, ...dims] : dims;
+      const shapeMsg = `config dims ${formatShape(dims)}${batching ? ` with max_batch_size ${config.maxBatchSize} (full shape ${formatShape(configShape)})` : ""}, model shape ${formatShape(m.shape)}`;
+      if (m.shape.length !== configShape.length) throw fail(`${side} ${c.name}: rank differs: ${shapeMsg}`);
+      if (batching && m.shape[0] !== -1) {
+        throw fail(
+          `${side} ${c.name}: max_batch_size ${config.maxBatchSize} needs a dynamic first dimension, but the model fixes it to ${m.shape[0]} (model shape ${formatShape(m.shape)}); set max_batch_size: 0`,
+        );
+      }
+      for (let i = batching ? 1 : 0; i < m.shape.length; i++) {
+        const md = m.shape[i]!;
+        if (md !== -1 && configShape[i] !== md) throw fail(`${side} ${c.name}: dimension ${i} differs: ${shapeMsg}`);
+      }
+    }
+  };
+  check("input", config.input, model.inputs);
+  check("output", config.output, model.outputs);
+  for (const m of model.inputs) {
+    if (!config.input.some((c) => c.name === m.name)) {
+      throw fail(`model input ${m.name} (${m.type} ${formatShape(m.shape)}) is missing from the config's inputs`);
+    }
+  }
+}
+
+export interface AutoCompleteOptions {
+  /** max_batch_size given to a model whose tensors all have a dynamic first dim (Triton's default-max-batch-size). */
+  defaultMaxBatchSize?: number;
+}
+
+/**
+ * Triton's auto-complete (`--strict-model-config=false`): fills a missing
+ * input or output section, the platform, and for a model that can batch
+ * but whose config sets no max_batch_size, max_batch_size 4 with dynamic
+ * batching. Returns a new config; sections already present are kept.
+ */
+export function autoCompleteConfig(
+  config: ModelConfig,
+  model: ModelIO,
+  options: AutoCompleteOptions = {},
+): ModelConfig {
+  const out = clone(ModelConfigSchema, config);
+  if (!out.platform && !out.backend) out.platform = "onnxruntime_onnx";
+  const fillInputs = out.input.length === 0;
+  const fillOutputs = out.output.length === 0;
+  if (!fillInputs && !fillOutputs) return out;
+  const all = [...model.inputs, ...model.outputs];
+  const canBatch = all.length > 0 && all.every((t) => t.shape.length > 0 && t.shape[0] === -1);
+  if (out.maxBatchSize === 0 && canBatch && fillInputs && fillOutputs) {
+    out.maxBatchSize = options.defaultMaxBatchSize ?? 4;
+    if (out.schedulingChoice.case === undefined) {
+      out.schedulingChoice = { case: "dynamicBatching", value: create(ModelDynamicBatchingSchema) };
+    }
+  }
+  const dims = (t: ModelTensorInfo) => (out.maxBatchSize > 0 ? t.shape.slice(1) : t.shape).map(BigInt);
+  if (fillInputs) {
+    out.input = model.inputs.map((t) =>
+      create(ModelInputSchema, {
+        name: t.name,
+        dataType: datatypeToConfig(modelDatatype(out.name, "input", t)),
+        dims: dims(t),
+      }),
+    );
+  }
+  if (fillOutputs) {
+    out.output = model.outputs.map((t) =>
+      create(ModelOutputSchema, {
+        name: t.name,
+        dataType: datatypeToConfig(modelDatatype(out.name, "output", t)),
+        dims: dims(t),
+      }),
+    );
+  }
+  return out;
+}
+
+/**
+ * The ONNX ModelProto's metadata_props (field 14: key = 1, value = 2),
+ * read straight off the file's top-level protobuf fields so the (possibly
+ * 100 MB) graph is skipped, not decoded.
+ */
+export async function readOnnxMetadataProps(path: string): Promise<Record<string, string>> {
+  const file = await open(path, "r");
+  try {
+    const size = (await file.stat()).size;
+    const props: Record<string, string> = {};
+    let pos = 0;
+    const read = async (length: number, at: number) => {
+      const buf = Buffer.alloc(length);
+      const { bytesRead } = await file.read(buf, 0, length, at);
+      return buf.subarray(0, bytesRead);
+    };
+    const varint = (buf: Uint8Array, start: number): [number, number] => {
+      let value = 0;
+      let mul = 1;
+      let i = start;
+      for (;;) {
+        const b = buf[i];
+        if (b === undefined) throw new Error("truncated varint");
+        value += (b & 0x7f) * mul;
+        i++;
+        if (b < 0x80) return [value, i];
+        mul *= 128;
+      }
+    };
+    while (pos < size) {
+      const head = await read(20, pos);
+      const [tag, afterTag] = varint(head, 0);
+      const field = Math.floor(tag / 8);
+      const wire = tag & 7;
+      if (wire === 0) {
+        pos += varint(head, afterTag)[1];
+      } else if (wire === 2) {
+        const [len, afterLen] = varint(head, afterTag);
+        const start = pos + afterLen;
+        if (field === 14) {
+          const [key, value] = parseEntry(await read(len, start));
+          props[key] = value;
+        }
+        pos = start + len;
+      } else if (wire === 1) pos += afterTag + 8;
+      else if (wire === 5) pos += afterTag + 4;
+      else throw new Error(`unexpected wire type ${wire} at byte ${pos}`);
+    }
+    return props;
+
+    function parseEntry(buf: Uint8Array): [string, string] {
+      let key = "";
+      let value = "";
+      let i = 0;
+      while (i < buf.length) {
+        const [tag, a] = varint(buf, i);
+        const [len, b] = varint(buf, a);
+        const text = new TextDecoder().decode(buf.subarray(b, b + len));
+        if (tag === 0x0a) key = text;
+        else if (tag === 0x12) value = text;
+        i = b + len;
+      }
+      return [key, value];
+    }
+  } finally {
+    await file.close();
+  }
+}

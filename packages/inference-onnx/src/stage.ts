@@ -1,0 +1,353 @@
+/**
+ * The onnxruntime stage: Triton's onnxruntime backend as a Trellis Stage.
+ * One session per instance, each in its own worker thread; requests are
+ * validated against the config, then batched (or run alone) by the stage
+ * runtime's dynamic batcher.
+ */
+import { randomFillSync } from "node:crypto";
+import { existsSync } from "node:fs";
+import { readFile, stat } from "node:fs/promises";
+import { basename, join } from "node:path";
+import type { ModelConfig } from "@trellis/protocol";
+import {
+  allocate,
+  bytesOf,
+  Code,
+  createDynamicBatcher,
+  type DataType,
+  datatypeFromConfig,
+  elementCount,
+  elementSize,
+  formatShape,
+  type InferRequest,
+  metadataFromConfig,
+  nowNs,
+  type Stage,
+  StageError,
+  type StageFactoryOptions,
+  type StageLogger,
+  type StageMetadata,
+  StatisticsRecorder,
+  type Tensor,
+  type TensorData,
+  viewAs,
+} from "@trellis/stage";
+import {
+  autoCompleteConfig,
+  checkConfigAgainstModel,
+  datatypeFromOrt,
+  ortTypeOf,
+  readOnnxMetadataProps,
+} from "./model.js";
+import { planInstances, sessionOptions } from "./options.js";
+import type { WireTensor } from "./protocol.js";
+import { SessionWorker } from "./session-worker.js";
+
+export interface OnnxStageOptions {
+  config: ModelConfig;
+  /** `<repository>/<model>` */
+  modelDir: string;
+  /** Version being served; default "1". */
+  version?: string;
+  /** Folder holding the model file; default `<modelDir>/<version>`. */
+  versionDir?: string;
+  logger?: StageLogger;
+  /**
+   * Triton's --strict-model-config. False (the default, as the seed's Triton
+   * ran) fills a config's missing input/output sections from the model.
+   */
+  strictModelConfig?: boolean;
+  /** max_batch_size auto-complete gives a batchable model whose config has none (Triton: 4). */
+  defaultMaxBatchSize?: number;
+}
+
+export interface OnnxStage extends Stage {
+  /** The model carries Trellis's synthetic marker: its weights are random and its predictions meaningless. */
+  readonly synthetic: boolean;
+  /** The ONNX file loaded. */
+  readonly modelPath: string;
+}
+
+/** ONNX metadata_props key (or version-folder file) that marks a synthetic model (`pnpm models:synth`). */
+export const SYNTHETIC_METADATA_KEY = "trellis.synthetic";
+export const SYNTHETIC_MARKER_FILE = "SYNTHETIC";
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+async function resolveModelPath(stage: string, versionDir: string, filename: string): Promise<string> {
+  let path = join(versionDir, filename);
+  let info = await stat(path).catch(() => undefined);
+  // Triton also accepts a directory holding model.onnx (models with external data).
+  if (info?.isDirectory()) {
+    path = join(path, "model.onnx");
+    info = await stat(path).catch(() => undefined);
+  }
+  if (!info?.isFile()) {
+    throw new StageError(
+      Code.NotFound,
+      stage,
+      `no model file at ${path} (default_model_filename ${filename}); run pnpm models:fetch or pnpm models:synth`,
+    );
+  }
+  return path;
+}
+
+/** Request checks against the config, before anything reaches ORT. */
+function requestValidator(config: ModelConfig): (request: InferRequest) => void {
+  const stage = config.name;
+  const batching = config.maxBatchSize > 0;
+  const specs = config.input.map((c) => ({
+    name: c.name,
+    datatype: datatypeFromConfig(c.dataType),
+    shape: [...(batching ? [-1] : []), ...c.dims.map(Number)],
+    optional: c.optional,
+  }));
+  const outputNames = config.output.map((o) => o.name);
+  const bad = (msg: string) => new StageError(Code.InvalidArgument, stage, msg);
+  return (request) => {
+    const seen = new Set<string>();
+    for (const t of request.inputs) {
+      const spec = specs.find((s) => s.name === t.name);
+      if (!spec) {
+        throw bad(`unexpected input ${t.name}; expected inputs: ${specs.map((s) => s.name).join(", ")}`);
+      }
+      if (seen.has(t.name)) throw bad(`input ${t.name} is given more than once`);
+      seen.add(t.name);
+      if (t.datatype !== spec.datatype) {
+        throw bad(`input ${t.name}: expected datatype ${spec.datatype}, got ${t.datatype}`);
+      }
+      const shapeOk = t.shape.length === spec.shape.length && spec.shape.every((d, i) => d === -1 || d === t.shape[i]);
+      if (!shapeOk) {
+        throw bad(`input ${t.name}: expected shape ${formatShape(spec.shape)}, got ${formatShape(t.shape)}`);
+      }
+      const count = elementCount(t.shape);
+      const length = (t.data as TensorData).length;
+      if (length !== count) {
+        const size = elementSize(t.datatype);
+        throw bad(
+          size > 0
+            ? `input ${t.name}: ${t.datatype} shape ${formatShape(t.shape)} needs ${count * size} bytes, got ${length * size}`
+            : `input ${t.name}: BYTES shape ${formatShape(t.shape)} needs ${count} elements, got ${length}`,
+        );
+      }
+    }
+    for (const s of specs) {
+      if (!s.optional && !seen.has(s.name)) {
+        throw bad(`missing input ${s.name} (expected ${s.datatype} ${formatShape(s.shape)})`);
+      }
+    }
+    for (const o of request.outputs ?? []) {
+      if (!outputNames.includes(o.name)) {
+        throw bad(`unknown output ${o.name}; the model's outputs are ${outputNames.join(", ")}`);
+      }
+    }
+  };
+}
+
+/** Our tensor → a worker tensor whose buffer the worker may take. */
+function toWire(t: Tensor, owned: boolean): WireTensor {
+  const type = ortTypeOf(t.datatype);
+  if (t.datatype === "BYTES") {
+    return { name: t.name, type, dims: t.shape, data: (t.data as Uint8Array[]).map((b) => decoder.decode(b)) };
+  }
+  const data = t.data as Exclude<TensorData, Uint8Array[]>;
+  // A buffer we do not own (a view into a gRPC message, a caller's array) is copied, not transferred away.
+  const whole = owned && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
+  return { name: t.name, type, dims: t.shape, data: whole ? data : data.slice() };
+}
+
+function fromWire(stage: string, w: WireTensor): Tensor {
+  const datatype = datatypeFromOrt(w.type);
+  if (!datatype) throw new StageError(Code.Internal, stage, `output ${w.name}: unsupported ORT type ${w.type}`);
+  if (datatype === "BYTES") {
+    return { name: w.name, datatype, shape: w.dims, data: (w.data as string[]).map((s) => encoder.encode(s)) };
+  }
+  const view = w.data as ArrayBufferView;
+  const data = viewAs(datatype, new Uint8Array(view.buffer, view.byteOffset, view.byteLength));
+  return { name: w.name, datatype, shape: w.dims, data } as Tensor;
+}
+
+/** One warmup sample's feeds (fresh buffers each call: they are transferred). */
+async function warmupFeeds(config: ModelConfig, index: number, versionDir: string): Promise<WireTensor[]> {
+  const w = config.modelWarmup[index]!;
+  const batch = config.maxBatchSize > 0 ? [Math.max(1, w.batchSize)] : [];
+  const feeds: WireTensor[] = [];
+  for (const [name, spec] of Object.entries(w.inputs)) {
+    const datatype: DataType = datatypeFromConfig(spec.dataType);
+    const item = spec.dims.map(Number);
+    const shape = [...batch, ...item];
+    const count = elementCount(shape);
+    const choice = spec.inputDataType;
+    if (datatype === "BYTES") {
+      const s = choice.case === "randomData" ? "trellis-warmup" : "";
+      feeds.push({ name, type: "string", dims: shape, data: new Array<string>(count).fill(s) });
+      continue;
+    }
+    const data = allocate(datatype, count) as Exclude<TensorData, Uint8Array[]>;
+    if (choice.case === "randomData") {
+      if (data instanceof Float32Array || data instanceof Float64Array) {
+        for (let i = 0; i < data.length; i++) data[i] = Math.random() * 2 - 1;
+      } else if (datatype === "BOOL") {
+        for (let i = 0; i < data.length; i++) (data as Uint8Array)[i] = Math.random() < 0.5 ? 1 : 0;
+      } else if (datatype === "FP16" || datatype === "BF16") {
+        // Small finite values whatever the bit pattern means: 0x3c00 is 1.0 in FP16.
+        (data as Uint16Array).fill(0x3c00);
+      } else randomFillSync(bytesOf(data));
+    } else if (choice.case === "inputDataFile") {
+      // Triton reads <version>/warmup/<file> as one item's bytes, repeated for each batch item.
+      const file = await readFile(join(versionDir, "warmup", choice.value));
+      const itemBytes = elementCount(item) * elementSize(datatype);
+      if (file.byteLength !== itemBytes) {
+        throw new Error(
+          `warmup file ${choice.value}: ${datatype} ${formatShape(item)} needs ${itemBytes} bytes, got ${file.byteLength}`,
+        );
+      }
+      const bytes = bytesOf(data);
+      for (let b = 0; b < (batch[0] ?? 1); b++) bytes.set(file, b * itemBytes);
+    }
+    feeds.push({ name, type: ortTypeOf(datatype), dims: shape, data });
+  }
+  return feeds;
+}
+
+export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxStage> {
+  const version = options.version ?? "1";
+  const versionDir = options.versionDir ?? join(options.modelDir, version);
+  const given = options.config;
+  const name = given.name || basename(options.modelDir);
+  const log = options.logger;
+  const modelPath = await resolveModelPath(name, versionDir, given.defaultModelFilename || "model.onnx");
+
+  const plans = planInstances(given);
+  const cpuInstances = plans.filter((p) => p.kind === "CPU").length;
+  const started = await Promise.allSettled(
+    plans.map((plan) =>
+      SessionWorker.start(name, { modelPath, sessionOptions: sessionOptions(given, plan, cpuInstances) }),
+    ),
+  );
+  const workers = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
+  const failedAt = started.findIndex((s) => s.status === "rejected");
+  if (failedAt >= 0) {
+    await Promise.all(workers.map((w) => w.close()));
+    const plan = plans[failedAt]!;
+    const reason = (started[failedAt] as PromiseRejectedResult).reason;
+    const message = reason instanceof Error ? reason.message : String(reason);
+    if (plan.kind === "GPU") {
+      throw new StageError(
+        Code.Unavailable,
+        name,
+        `instance_group KIND_GPU (device ${plan.deviceId}) needs onnxruntime-node's ${plan.executionProviders.join(",")} execution provider, which could not be used here: ${message}`,
+      );
+    }
+    throw new StageError(Code.Internal, name, `onnxruntime could not load ${modelPath}: ${message}`);
+  }
+
+  let config: ModelConfig;
+  try {
+    const io = { inputs: workers[0]!.inputs, outputs: workers[0]!.outputs };
+    config = options.strictModelConfig ? given : autoCompleteConfig(given, io, options);
+    if (!config.name) config.name = name;
+    if (config.input.length === 0 || config.output.length === 0) {
+      throw new StageError(
+        Code.InvalidArgument,
+        name,
+        "strict model config needs input and output sections (or load with strictModelConfig: false)",
+      );
+    }
+    checkConfigAgainstModel(config, io);
+  } catch (err) {
+    await Promise.all(workers.map((w) => w.close()));
+    throw err;
+  }
+
+  const props = await readOnnxMetadataProps(modelPath).catch(() => ({}) as Record<string, string>);
+  const synthetic = props[SYNTHETIC_METADATA_KEY] === "true" || existsSync(join(versionDir, SYNTHETIC_MARKER_FILE));
+  const platform = config.platform || config.backend || "onnxruntime_onnx";
+  const metadata: StageMetadata = {
+    ...metadataFromConfig(config, [version]),
+    platform: synthetic ? `${platform} (synthetic weights)` : platform,
+  };
+  if (synthetic) {
+    log?.warn(
+      { model: name, version, path: modelPath },
+      "SYNTHETIC model: seeded random weights from pnpm models:synth; its predictions are meaningless (pnpm models:fetch gets the real one)",
+    );
+  }
+
+  const outputNames = config.output.map((o) => o.name);
+  const recorder = new StatisticsRecorder(name, version);
+  const dynamicBatching =
+    config.schedulingChoice.case === "dynamicBatching" ? config.schedulingChoice.value : undefined;
+  const batcher = createDynamicBatcher({
+    name,
+    version,
+    maxBatchSize: config.maxBatchSize,
+    dynamicBatching,
+    instances: workers.length,
+    recorder,
+    validate: requestValidator(config),
+    execute: async (batch, ctx) => {
+      const worker = workers[ctx.instance]!;
+      const t0 = nowNs();
+      const feeds = batch.inputs.map((t) => toWire(t, ctx.ownsInputs));
+      const fetches = batch.outputs?.length ? batch.outputs.map((o) => o.name) : outputNames;
+      const r = await worker.run(feeds, fetches);
+      const outputs = r.outputs.map((w) => fromWire(name, w));
+      const t1 = nowNs();
+      return {
+        outputs,
+        times: { computeInputNs: r.startNs - t0, computeInferNs: r.endNs - r.startNs, computeOutputNs: t1 - r.endNs },
+      };
+    },
+  });
+
+  // Warmup runs on every instance before the stage reports ready, outside the statistics (as Triton's).
+  try {
+    for (let i = 0; i < config.modelWarmup.length; i++) {
+      const w = config.modelWarmup[i]!;
+      for (const worker of workers) {
+        for (let n = 0; n < Math.max(1, w.count); n++) {
+          await worker.run(await warmupFeeds(config, i, versionDir), outputNames);
+        }
+      }
+    }
+  } catch (err) {
+    await batcher.close();
+    await Promise.all(workers.map((w) => w.close()));
+    const warmupName = config.modelWarmup.map((w) => w.name).join(", ");
+    throw new StageError(
+      Code.Internal,
+      name,
+      `warmup (${warmupName}) failed: ${err instanceof Error ? err.message : String(err)}`,
+    );
+  }
+
+  let closed = false;
+  log?.info(
+    { model: name, version, path: modelPath, instances: workers.length, maxBatchSize: config.maxBatchSize, synthetic },
+    "onnxruntime model loaded",
+  );
+  return {
+    name,
+    version,
+    config,
+    synthetic,
+    modelPath,
+    isReady: () => !closed && workers.every((w) => w.alive),
+    metadata: () => metadata,
+    infer: (request, opts) => batcher.infer(request, opts),
+    statistics: () => recorder.snapshot(),
+    async close() {
+      if (closed) return;
+      closed = true;
+      await batcher.close();
+      await Promise.all(workers.map((w) => w.close()));
+    },
+  };
+}
+
+/** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/inference-onnx). */
+export function createStage(options: StageFactoryOptions & { strictModelConfig?: boolean }): Promise<OnnxStage> {
+  return createOnnxStage(options);
+}

@@ -1,0 +1,66 @@
+/**
+ * One ONNX Runtime session per worker thread. InferenceSession.run blocks
+ * the thread it runs on for the whole inference, so it runs here and the
+ * main thread stays free for health, metadata and other models.
+ */
+import { parentPort, workerData } from "node:worker_threads";
+import * as ort from "onnxruntime-node";
+import {
+  type ModelTensorInfo,
+  transferList,
+  type WireTensor,
+  type WorkerInit,
+  type WorkerRequest,
+} from "./protocol.js";
+
+const port = parentPort;
+if (!port) throw new Error("worker.js runs as a worker thread of @trellis/inference-onnx");
+const init = workerData as WorkerInit;
+const hrNs = () => Number(process.hrtime.bigint());
+
+function info(list: readonly ort.InferenceSession.ValueMetadata[]): ModelTensorInfo[] {
+  return list.map((m) =>
+    m.isTensor
+      ? { name: m.name, type: m.type, shape: m.shape.map((d) => (typeof d === "number" && d >= 0 ? d : -1)) }
+      : { name: m.name, type: "non-tensor", shape: [] },
+  );
+}
+
+function toOrt(t: WireTensor): ort.Tensor {
+  return new ort.Tensor(t.type as ort.Tensor.Type, t.data as ort.Tensor.DataType, t.dims);
+}
+
+function fromOrt(name: string, t: ort.Tensor): WireTensor {
+  return { name, type: t.type, dims: [...t.dims], data: t.data as ArrayBufferView | string[] };
+}
+
+let session: ort.InferenceSession;
+try {
+  session = await ort.InferenceSession.create(
+    init.modelPath,
+    init.sessionOptions as ort.InferenceSession.SessionOptions,
+  );
+  port.postMessage({ type: "ready", inputs: info(session.inputMetadata), outputs: info(session.outputMetadata) });
+} catch (err) {
+  port.postMessage({ type: "load-error", message: err instanceof Error ? err.message : String(err) });
+  process.exit(0);
+}
+
+port.on("message", async (msg: WorkerRequest) => {
+  if (msg.type === "close") {
+    await session.release();
+    port.close();
+    return;
+  }
+  try {
+    const feeds: Record<string, ort.Tensor> = {};
+    for (const t of msg.feeds) feeds[t.name] = toOrt(t);
+    const startNs = hrNs();
+    const results = await session.run(feeds, msg.fetches);
+    const endNs = hrNs();
+    const outputs = msg.fetches.map((name) => fromOrt(name, results[name]!));
+    port.postMessage({ type: "result", id: msg.id, outputs, startNs, endNs }, transferList(outputs));
+  } catch (err) {
+    port.postMessage({ type: "error", id: msg.id, message: err instanceof Error ? err.message : String(err) });
+  }
+});
