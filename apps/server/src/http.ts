@@ -1,0 +1,369 @@
+/**
+ * The KServe v2 HTTP/REST frontend with Triton's extensions (binary tensor
+ * data, classification, statistics, model repository). Plain node:http: the
+ * route table is small and fixed.
+ */
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { toJson } from "@bufbuild/protobuf";
+import { type ModelConfig, ModelConfigSchema, ModelStatisticsSchema } from "@trellis/protocol";
+import {
+  Code,
+  type InferOptions,
+  type InferRequest,
+  type ModelRegistry,
+  type Parameters,
+  type RequestedOutput,
+  StageError,
+  toConnectError,
+} from "@trellis/stage";
+import {
+  type JsonInferRequest,
+  parametersFromJson,
+  tensorFromBinary,
+  tensorFromJson,
+  tensorToJsonData,
+  tensorToRaw,
+} from "./json.js";
+
+export interface RestContext {
+  registry: ModelRegistry;
+  serverName: string;
+  serverVersion: string;
+  extensions: string[];
+  logger: { debug(obj: object, msg?: string): void };
+}
+
+/** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
+export function httpStatus(code: Code): number {
+  switch (code) {
+    case Code.Internal:
+      return 500;
+    case Code.NotFound:
+      return 404;
+    case Code.Unavailable:
+    case Code.DeadlineExceeded:
+      return 503;
+    case Code.Unimplemented:
+      return 501;
+    default:
+      return 400;
+  }
+}
+
+class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+const HEADER_LENGTH = "inference-header-content-length";
+
+function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
+
+function sendEmpty(res: ServerResponse, status: number): void {
+  res.writeHead(status, { "content-length": 0 });
+  res.end();
+}
+
+function sendError(res: ServerResponse, err: unknown, status?: number): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  if (err instanceof HttpError) {
+    sendJson(res, err.status, { error: err.message });
+    return;
+  }
+  const ce = toConnectError(err);
+  sendJson(res, status ?? httpStatus(ce.code), { error: ce.rawMessage });
+}
+
+async function readBody(req: IncomingMessage): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of req) chunks.push(chunk as Buffer);
+  return chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks);
+}
+
+function parseJson(bytes: Uint8Array, what: string): unknown {
+  if (bytes.byteLength === 0) return {};
+  try {
+    return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("utf8"));
+  } catch (err) {
+    throw new StageError(Code.InvalidArgument, "", `failed to parse the ${what} JSON: ${(err as Error).message}`);
+  }
+}
+
+/** int64 fields that protobuf JSON writes as strings but Triton writes as numbers. */
+const INT64_KEYS = new Set([
+  "dims",
+  "shape",
+  "versions",
+  "model_version",
+  "max_queue_delay_microseconds",
+  "default_timeout_microseconds",
+  "max_sequence_idle_microseconds",
+  "count",
+  "ns",
+  "last_inference",
+  "inference_count",
+  "execution_count",
+  "batch_size",
+]);
+
+function numbersForInt64(value: unknown, key = ""): unknown {
+  if (Array.isArray(value)) return value.map((v) => numbersForInt64(v, key));
+  if (value && typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, numbersForInt64(v, k)]));
+  }
+  if (typeof value === "string" && INT64_KEYS.has(key) && /^-?\d+$/.test(value)) return Number(value);
+  return value;
+}
+
+export function configToJson(config: ModelConfig): unknown {
+  return numbersForInt64(toJson(ModelConfigSchema, config, { useProtoFieldName: true, alwaysEmitImplicit: true }));
+}
+
+const MODEL_ROUTE = /^\/v2\/models\/([^/]+)(?:\/versions\/([^/]+))?(?:\/(ready|config|stats|infer))?$/;
+const REPO_ROUTE = /^\/v2\/repository\/models\/([^/]+)\/(load|unload)$/;
+
+/** A request handler for the REST API; answers 404 for paths it does not know. */
+export function restHandler(ctx: RestContext) {
+  const { registry } = ctx;
+
+  const requireMethod = (req: IncomingMessage, method: string) => {
+    if (req.method !== method) throw new HttpError(405, "Method Not Allowed");
+  };
+
+  async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = decodeURI((req.url ?? "/").split("?")[0] ?? "/");
+    if (path === "/v2" || path === "/v2/") {
+      requireMethod(req, "GET");
+      return sendJson(res, 200, { name: ctx.serverName, version: ctx.serverVersion, extensions: ctx.extensions });
+    }
+    if (path === "/v2/health/live") {
+      requireMethod(req, "GET");
+      return sendEmpty(res, 200);
+    }
+    if (path === "/v2/health/ready") {
+      requireMethod(req, "GET");
+      const ready = registry.isReady
+        ? await registry.isReady()
+        : (await Promise.all(registry.list().map((s) => s.isReady()))).every(Boolean);
+      return sendEmpty(res, ready ? 200 : 400);
+    }
+    if (path === "/v2/models/stats") {
+      requireMethod(req, "GET");
+      return sendStats(res, registry.list());
+    }
+    if (path === "/v2/repository/index") {
+      requireMethod(req, "POST");
+      const body = parseJson(await readBody(req), "request") as { ready?: unknown };
+      const repo = registry.repository;
+      if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
+      const rows = await repo.index(body.ready === true);
+      return sendJson(
+        res,
+        200,
+        rows.map((r) => ({
+          name: r.name,
+          ...(r.version ? { version: r.version } : {}),
+          ...(r.state ? { state: r.state } : {}),
+          ...(r.reason ? { reason: r.reason } : {}),
+        })),
+      );
+    }
+    const repoMatch = REPO_ROUTE.exec(path);
+    if (repoMatch) {
+      requireMethod(req, "POST");
+      const [, name = "", action] = repoMatch;
+      const body = parseJson(await readBody(req), "request") as { parameters?: Record<string, unknown> };
+      const repo = registry.repository;
+      if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
+      if (action === "load") {
+        if (body.parameters && Object.keys(body.parameters).some((k) => k === "config" || k.startsWith("file:"))) {
+          throw new StageError(Code.Unimplemented, "", "loading with a config or file override is not supported");
+        }
+        await repo.load(name);
+      } else {
+        await repo.unload(name);
+      }
+      return sendEmpty(res, 200);
+    }
+    const m = MODEL_ROUTE.exec(path);
+    if (m) {
+      const [, name = "", version = "", action] = m;
+      if (action === "infer") {
+        requireMethod(req, "POST");
+        return infer(req, res, name, version);
+      }
+      requireMethod(req, "GET");
+      if (action === "ready") {
+        let ready = false;
+        try {
+          ready = await registry.resolve(name, version).isReady();
+        } catch {
+          ready = false;
+        }
+        return sendEmpty(res, ready ? 200 : 400);
+      }
+      const stage = registry.resolve(name, version);
+      if (action === "config") return sendJson(res, 200, configToJson(stage.config));
+      if (action === "stats") return sendStats(res, [stage]);
+      const md = await stage.metadata();
+      return sendJson(res, 200, {
+        name: md.name,
+        versions: md.versions,
+        platform: md.platform,
+        inputs: md.inputs,
+        outputs: md.outputs,
+      });
+    }
+    throw new HttpError(404, "Not Found");
+  }
+
+  async function sendStats(res: ServerResponse, stages: ReturnType<ModelRegistry["list"]>): Promise<void> {
+    const stats = await Promise.all(stages.map((s) => s.statistics()));
+    sendJson(res, 200, {
+      model_stats: stats.map((s) =>
+        numbersForInt64(toJson(ModelStatisticsSchema, s, { useProtoFieldName: true, alwaysEmitImplicit: true })),
+      ),
+    });
+  }
+
+  async function infer(req: IncomingMessage, res: ServerResponse, model: string, version: string): Promise<void> {
+    let stage: ReturnType<ModelRegistry["resolve"]>;
+    try {
+      stage = registry.resolve(model, version);
+    } catch (err) {
+      // Triton answers an infer on an unknown or unavailable model with 400 (HandleInfer's error callback).
+      return sendError(res, err, 400);
+    }
+    const body = await readBody(req);
+    const headerLength = req.headers[HEADER_LENGTH];
+    let jsonPart: Uint8Array = body;
+    let binary: Uint8Array = new Uint8Array(0);
+    if (headerLength !== undefined) {
+      const n = Number(headerLength);
+      if (!Number.isInteger(n) || n < 0 || n > body.byteLength) {
+        throw new StageError(
+          Code.InvalidArgument,
+          "",
+          `Inference-Header-Content-Length ${headerLength} is not within the ${body.byteLength}-byte body`,
+        );
+      }
+      jsonPart = body.subarray(0, n);
+      binary = body.subarray(n);
+    }
+    const parsed = parseJson(jsonPart, "inference request") as JsonInferRequest;
+    if (!Array.isArray(parsed.inputs)) throw new StageError(Code.InvalidArgument, "", "request has no 'inputs' array");
+
+    let offset = 0;
+    const inputs = parsed.inputs.map((t) => {
+      const size = t?.parameters?.binary_data_size;
+      if (size === undefined) return tensorFromJson(t);
+      if (!Number.isInteger(size) || (size as number) < 0) {
+        throw new StageError(Code.InvalidArgument, "", `input '${t.name}': binary_data_size must be a byte count`);
+      }
+      const end = offset + (size as number);
+      if (end > binary.byteLength) {
+        throw new StageError(
+          Code.InvalidArgument,
+          "",
+          `input '${t.name}': binary_data_size ${size} runs past the ${binary.byteLength}-byte binary section (at offset ${offset})`,
+        );
+      }
+      const tensor = tensorFromBinary(t, binary.subarray(offset, end));
+      offset = end;
+      return tensor;
+    });
+    if (offset !== binary.byteLength) {
+      throw new StageError(
+        Code.InvalidArgument,
+        "",
+        `unexpected additional input data: ${binary.byteLength - offset} binary bytes not claimed by any input`,
+      );
+    }
+
+    const params = parametersFromJson(parsed.parameters, "request") ?? {};
+    const { binary_data_output: binaryDefault, priority, timeout, ...stageParams } = params;
+    const options: InferOptions = {};
+    if (typeof priority === "number") options.priority = priority;
+    if (typeof timeout === "number") options.timeoutMicroseconds = timeout;
+
+    const binaryOutputs = new Map<string, boolean>();
+    const outputs: RequestedOutput[] | undefined = parsed.outputs?.map((o) => {
+      const p = parametersFromJson(o.parameters, `output '${o.name}'`) ?? {};
+      const { binary_data: bin, ...rest } = p;
+      if (bin !== undefined) binaryOutputs.set(o.name, bin === true);
+      return Object.keys(rest).length > 0 ? { name: o.name, parameters: rest as Parameters } : { name: o.name };
+    });
+
+    const abort = new AbortController();
+    res.on("close", () => {
+      if (!res.writableFinished) abort.abort(new StageError(Code.Canceled, model, "client closed the connection"));
+    });
+    options.signal = abort.signal;
+    const request: InferRequest = {
+      id: typeof parsed.id === "string" && parsed.id ? parsed.id : undefined,
+      inputs,
+      outputs,
+      parameters: Object.keys(stageParams).length > 0 ? stageParams : undefined,
+    };
+    const response = await stage.infer(request, options);
+
+    const chunks: Uint8Array[] = [];
+    const outJson = response.outputs.map((t) => {
+      const asBinary = binaryOutputs.get(t.name) ?? binaryDefault === true;
+      if (asBinary) {
+        const raw = tensorToRaw(t);
+        chunks.push(raw);
+        return { name: t.name, datatype: t.datatype, shape: t.shape, parameters: { binary_data_size: raw.byteLength } };
+      }
+      return { name: t.name, datatype: t.datatype, shape: t.shape, data: tensorToJsonData(t) };
+    });
+    const head = Buffer.from(
+      JSON.stringify({
+        ...(response.id ? { id: response.id } : {}),
+        model_name: response.modelName,
+        model_version: response.modelVersion,
+        ...(response.parameters && Object.keys(response.parameters).length > 0
+          ? {
+              parameters: Object.fromEntries(
+                Object.entries(response.parameters).map(([k, v]) => [k, typeof v === "bigint" ? Number(v) : v]),
+              ),
+            }
+          : {}),
+        outputs: outJson,
+      }),
+    );
+    if (chunks.length === 0) {
+      res.writeHead(200, { "content-type": "application/json", "content-length": head.byteLength });
+      res.end(head);
+      return;
+    }
+    let total = head.byteLength;
+    for (const c of chunks) total += c.byteLength;
+    res.writeHead(200, {
+      "content-type": "application/octet-stream",
+      "content-length": total,
+      "inference-header-content-length": head.byteLength,
+    });
+    res.write(head);
+    for (const c of chunks) res.write(c);
+    res.end();
+  }
+
+  return (req: IncomingMessage, res: ServerResponse): void => {
+    route(req, res).catch((err) => {
+      ctx.logger.debug({ url: req.url, err: String(err) }, "request failed");
+      sendError(res, err);
+    });
+  };
+}

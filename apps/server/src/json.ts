@@ -1,0 +1,152 @@
+/**
+ * KServe v2 HTTP/REST tensors: JSON `data` (flat or nested, typed per
+ * datatype, BYTES as strings) and Triton's binary-tensor extension. The
+ * byte-level work is @trellis/stage's codec; this file only maps JSON
+ * values onto InferTensorContents and back.
+ */
+import { create } from "@bufbuild/protobuf";
+import { type InferTensorContents, InferTensorContentsSchema } from "@trellis/protocol";
+import {
+  Code,
+  type DataType,
+  isDataType,
+  type Parameters,
+  StageError,
+  type Tensor,
+  tensorFromContents,
+  tensorFromRaw,
+  tensorToContents,
+  tensorToRaw,
+} from "@trellis/stage";
+
+export interface JsonTensor {
+  name: string;
+  datatype: string;
+  shape: number[];
+  data?: unknown;
+  parameters?: Record<string, unknown>;
+}
+
+export interface JsonInferRequest {
+  id?: string;
+  inputs: JsonTensor[];
+  outputs?: { name: string; parameters?: Record<string, unknown> }[];
+  parameters?: Record<string, unknown>;
+}
+
+const bad = (message: string) => new StageError(Code.InvalidArgument, "", message);
+
+/** Field of InferTensorContents per datatype (FP16/BF16 have none: binary only). */
+const FIELD: Partial<Record<DataType, keyof InferTensorContents>> = {
+  BOOL: "boolContents",
+  UINT8: "uintContents",
+  UINT16: "uintContents",
+  UINT32: "uintContents",
+  UINT64: "uint64Contents",
+  INT8: "intContents",
+  INT16: "intContents",
+  INT32: "intContents",
+  INT64: "int64Contents",
+  FP32: "fp32Contents",
+  FP64: "fp64Contents",
+  BYTES: "bytesContents",
+};
+
+function flatten(data: unknown, out: unknown[]): void {
+  if (Array.isArray(data)) for (const d of data) flatten(d, out);
+  else out.push(data);
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+function element(name: string, datatype: DataType, v: unknown, i: number): unknown {
+  const wrong = () =>
+    bad(`input '${name}': element ${i} of 'data' is ${JSON.stringify(v)}, not a valid ${datatype} value`);
+  switch (datatype) {
+    case "BYTES":
+      if (typeof v !== "string") throw wrong();
+      return encoder.encode(v);
+    case "BOOL":
+      if (typeof v !== "boolean") throw wrong();
+      return v;
+    case "INT64":
+    case "UINT64":
+      if (typeof v !== "number" || !Number.isInteger(v)) throw wrong();
+      return BigInt(v);
+    case "FP32":
+    case "FP64":
+      if (typeof v !== "number") throw wrong();
+      return v;
+    default:
+      if (typeof v !== "number" || !Number.isInteger(v)) throw wrong();
+      return v;
+  }
+}
+
+function header(t: JsonTensor): { name: string; datatype: string; shape: number[] } {
+  if (!t || typeof t.name !== "string") throw bad("every input needs a string 'name'");
+  if (typeof t.datatype !== "string") throw bad(`input '${t.name}': missing 'datatype'`);
+  if (!Array.isArray(t.shape) || !t.shape.every((d) => Number.isInteger(d))) {
+    throw bad(`input '${t.name}': 'shape' must be an array of integers`);
+  }
+  return { name: t.name, datatype: t.datatype, shape: t.shape };
+}
+
+/** An input from JSON `data`. */
+export function tensorFromJson(t: JsonTensor): Tensor {
+  const h = header(t);
+  if (!isDataType(h.datatype)) throw bad(`input '${h.name}': unknown datatype "${h.datatype}"`);
+  const field = FIELD[h.datatype];
+  if (!field) {
+    throw bad(
+      `receiving ${h.datatype} data via JSON is not supported. Please use the binary data format for input ${h.name}`,
+    );
+  }
+  if (t.data === undefined) throw bad(`input '${h.name}': no 'data' and no binary_data_size parameter`);
+  const flat: unknown[] = [];
+  flatten(t.data, flat);
+  const contents = create(InferTensorContentsSchema);
+  (contents[field] as unknown[]) = flat.map((v, i) => element(h.name, h.datatype as DataType, v, i));
+  return tensorFromContents("input", h, contents);
+}
+
+/** An input from the binary section of a request. */
+export function tensorFromBinary(t: JsonTensor, raw: Uint8Array): Tensor {
+  return tensorFromRaw("input", header(t), raw);
+}
+
+/** An output as JSON `data` (flat, as Triton returns it). */
+export function tensorToJsonData(t: Tensor): unknown[] {
+  if (t.datatype === "BYTES") return (t.data as Uint8Array[]).map((b) => decoder.decode(b));
+  if (t.datatype === "FP16" || t.datatype === "BF16") {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      `output ${t.name}: ${t.datatype} cannot be returned as JSON; request it with binary_data`,
+    );
+  }
+  const contents = tensorToContents(t);
+  const values = contents[FIELD[t.datatype] as keyof InferTensorContents] as unknown[];
+  return t.datatype === "INT64" || t.datatype === "UINT64" ? values.map(Number) : values;
+}
+
+export { tensorToRaw };
+
+/** JSON parameters as stage Parameters (strings, numbers, booleans only). */
+export function parametersFromJson(params: Record<string, unknown> | undefined, where: string): Parameters | undefined {
+  if (params === undefined) return undefined;
+  if (typeof params !== "object" || params === null || Array.isArray(params)) {
+    throw bad(`${where}: 'parameters' must be an object`);
+  }
+  const out: Parameters = {};
+  for (const [k, v] of Object.entries(params)) {
+    if (typeof v === "string" || typeof v === "number" || typeof v === "boolean") out[k] = v;
+    else {
+      throw bad(
+        `${where}: parameter '${k}' has invalid type. It should be either 'int', 'double', 'bool', or 'string'.`,
+      );
+    }
+  }
+  return out;
+}

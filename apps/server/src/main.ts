@@ -1,0 +1,159 @@
+#!/usr/bin/env node
+/**
+ * trellis server: serves a Triton-layout model repository over KServe v2
+ * gRPC and HTTP/REST, with Prometheus metrics, like `tritonserver`.
+ */
+import { resolve } from "node:path";
+import { Command, InvalidArgumentError, Option } from "commander";
+import { pino } from "pino";
+import { ensureSeedModels } from "./bootstrap.js";
+import { loadEndpoints, modelLoader } from "./loader.js";
+import { type ControlMode, RepositoryManager } from "./repository.js";
+import { SERVER_VERSION, startServer } from "./server.js";
+
+const port = (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0 || n > 65535)
+    throw new InvalidArgumentError("a port number 0-65535 (0 = any free port)");
+  return n;
+};
+const seconds = (v: string) => {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError("a number of seconds");
+  return n;
+};
+const collect = (v: string, prev: string[] = []) => [...prev, v];
+
+const program = new Command("trellis-server")
+  .description("Serve a Triton-layout model repository over KServe v2 gRPC and HTTP/REST, with Prometheus metrics.")
+  .version(SERVER_VERSION)
+  .requiredOption(
+    "--model-repository <path>",
+    "model repository directory (config.pbtxt + version folders per model); repeat for several",
+    collect,
+  )
+  .option("--http-port <port>", "HTTP/REST (KServe v2 + Triton extensions) port; 0 picks a free port", port, 8000)
+  .option(
+    "--grpc-port <port>",
+    "gRPC (inference.GRPCInferenceService + grpc.health.v1) port; 0 picks a free port",
+    port,
+    8001,
+  )
+  .option("--metrics-port <port>", "Prometheus /metrics port; 0 picks a free port", port, 8002)
+  .option("--host <address>", "address every listener binds to", "127.0.0.1")
+  .addOption(
+    new Option(
+      "--model-control-mode <mode>",
+      "none: load every model at start; explicit: load only --load-model, then load/unload by API; poll: also rescan the repository",
+    )
+      .choices(["none", "explicit", "poll"])
+      .default("none"),
+  )
+  .option("--load-model <name>", 'model to load at start in explicit mode ("*" = all); repeatable', collect, [])
+  .option("--repository-poll-secs <secs>", "rescan interval in poll mode", seconds, 15)
+  .option(
+    "--strict-model-config [bool]",
+    "require a complete config.pbtxt (no filling in from the model file)",
+    (v: string) => v !== "false",
+    false,
+  )
+  .option(
+    "--endpoints <file>",
+    'JSON file mapping model names to KServe v2 gRPC URLs ({"resnet50_preprocess": "http://host:8001"}); ensemble steps listed there are called remotely instead of loaded',
+  )
+  .option(
+    "--exit-timeout-secs <secs>",
+    "on SIGINT/SIGTERM, how long in-flight requests may take to finish",
+    seconds,
+    30,
+  )
+  .option("--log-verbose [level]", "verbose (debug) logging", false)
+  .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start");
+
+interface Flags {
+  modelRepository: string[];
+  httpPort: number;
+  grpcPort: number;
+  metricsPort: number;
+  host: string;
+  modelControlMode: ControlMode;
+  loadModel: string[];
+  repositoryPollSecs: number;
+  strictModelConfig: boolean;
+  endpoints?: string;
+  exitTimeoutSecs: number;
+  logVerbose: boolean | string;
+  fetchModels: boolean;
+}
+
+async function main(): Promise<void> {
+  const flags = program.parse().opts<Flags>();
+  const verbose = flags.logVerbose !== false && flags.logVerbose !== "0";
+  const logger = pino({ level: verbose ? "debug" : "info", base: { pid: process.pid } });
+  const repositories = flags.modelRepository.map((r) => resolve(r));
+
+  if (flags.fetchModels) await ensureSeedModels(repositories, logger);
+  const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;
+
+  const manager = new RepositoryManager({
+    repositories,
+    loader: await modelLoader(),
+    mode: flags.modelControlMode,
+    loadModels: flags.loadModel,
+    strictModelConfig: flags.strictModelConfig,
+    endpoints,
+    logger,
+    pollIntervalMs: flags.repositoryPollSecs * 1000,
+  });
+  const server = await startServer(manager, {
+    host: flags.host,
+    httpPort: flags.httpPort,
+    grpcPort: flags.grpcPort,
+    metricsPort: flags.metricsPort,
+    logger,
+  });
+
+  let shuttingDown = false;
+  const stop = (signal: string) => {
+    if (shuttingDown) {
+      logger.warn({ signal }, "second signal: exiting now");
+      process.exit(1);
+    }
+    shuttingDown = true;
+    logger.info({ signal }, "shutting down");
+    server.shutdown(flags.exitTimeoutSecs * 1000).then(
+      ({ timedOut }) => {
+        logger.info({ timedOut }, "stopped");
+        process.exit(0);
+      },
+      (err) => {
+        logger.error({ err: String(err) }, "shutdown failed");
+        process.exit(1);
+      },
+    );
+  };
+  process.on("SIGINT", () => stop("SIGINT"));
+  process.on("SIGTERM", () => stop("SIGTERM"));
+
+  await manager.start();
+  const index = manager.index(false);
+  for (const m of index)
+    logger.info({ model: m.name, version: m.version, state: m.state, reason: m.reason }, "model status");
+  logger.info(
+    {
+      ready: await manager.isReady(),
+      models: index.filter((m) => m.state === "READY").length,
+      failed: index.filter((m) => m.state === "UNAVAILABLE").length,
+      http: server.httpPort,
+      grpc: server.grpcPort,
+      metrics: server.metricsPort,
+    },
+    "server started",
+  );
+}
+
+main().catch((err) => {
+  // Before the logger exists (bad flags) commander has already printed; this is for everything after.
+  console.error(err instanceof Error ? err.stack : err);
+  process.exit(1);
+});

@@ -1,0 +1,150 @@
+/**
+ * ManagedStage: how the repository manager hands a loaded stage to the
+ * frontends. It counts in-flight requests (for the pending-request metric,
+ * graceful unload and shutdown) and implements Triton's classification
+ * extension, so HTTP and gRPC behave the same without each stage knowing.
+ */
+import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import {
+  Code,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  type RequestedOutput,
+  type Stage,
+  StageError,
+  type StageMetadata,
+  type Tensor,
+} from "@trellis/stage";
+
+export class ManagedStage implements Stage {
+  private inflightCount = 0;
+  private idleWaiters: (() => void)[] = [];
+
+  /**
+   * @param labels class labels per output name (from config `label_filename`), for classification.
+   */
+  constructor(
+    readonly inner: Stage,
+    private readonly labels: ReadonlyMap<string, string[]> = new Map(),
+  ) {}
+
+  get name(): string {
+    return this.inner.name;
+  }
+  get version(): string {
+    return this.inner.version;
+  }
+  get config(): ModelConfig {
+    return this.inner.config;
+  }
+  /** Requests this stage is executing right now. */
+  get inflight(): number {
+    return this.inflightCount;
+  }
+
+  isReady(): boolean | Promise<boolean> {
+    return this.inner.isReady();
+  }
+  metadata(): StageMetadata | Promise<StageMetadata> {
+    return this.inner.metadata();
+  }
+  statistics(): ModelStatistics | Promise<ModelStatistics> {
+    return this.inner.statistics();
+  }
+
+  async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+    this.inflightCount++;
+    try {
+      const classify = classificationRequests(this.name, request.outputs);
+      // The request goes through unchanged: a stage that implements classification itself
+      // (postprocess does, on its probabilities) answers with BYTES and is left alone.
+      const response = await this.inner.infer(request, options);
+      if (classify.size === 0) return response;
+      const batched = this.config.maxBatchSize > 0;
+      return {
+        ...response,
+        outputs: response.outputs.map((t) => {
+          const k = classify.get(t.name);
+          if (k === undefined || t.datatype === "BYTES") return t;
+          return classification(this.name, t, k, batched, this.labels.get(t.name));
+        }),
+      };
+    } finally {
+      this.inflightCount--;
+      if (this.inflightCount === 0) {
+        const waiters = this.idleWaiters;
+        this.idleWaiters = [];
+        for (const w of waiters) w();
+      }
+    }
+  }
+
+  /** Resolves once no request is in flight. */
+  drained(): Promise<void> {
+    if (this.inflightCount === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  close(): Promise<void> {
+    return this.inner.close();
+  }
+}
+
+/** Output name -> k for each requested output carrying the `classification` parameter. */
+function classificationRequests(model: string, outputs: RequestedOutput[] | undefined): Map<string, number> {
+  const classify = new Map<string, number>();
+  for (const o of outputs ?? []) {
+    const k = o.parameters?.classification;
+    if (k === undefined) continue;
+    const count = Number(k);
+    if (!Number.isInteger(count) || count < 1) {
+      throw new StageError(
+        Code.InvalidArgument,
+        model,
+        `output ${o.name}: classification must be a positive integer, got ${String(k)}`,
+      );
+    }
+    classify.set(o.name, count);
+  }
+  return classify;
+}
+
+const encoder = new TextEncoder();
+
+/**
+ * Triton's classification output: per batch item the top-k classes as
+ * "score:index[:label]" strings (score printed like C++ std::to_string),
+ * shape [batch, k] (or [k] for a model without batching).
+ */
+export function classification(
+  model: string,
+  t: Tensor,
+  k: number,
+  batched: boolean,
+  labels: string[] | undefined,
+): Tensor {
+  if (t.datatype === "FP16" || t.datatype === "BF16") {
+    throw new StageError(
+      Code.InvalidArgument,
+      model,
+      `output ${t.name}: classification of ${t.datatype} is not supported`,
+    );
+  }
+  const values = t.data as ArrayLike<number | bigint>;
+  const items = batched ? (t.shape[0] ?? 1) : 1;
+  const classes = items === 0 ? 0 : values.length / items;
+  const topk = Math.min(k, classes);
+  const out: Uint8Array[] = [];
+  for (let b = 0; b < items; b++) {
+    const base = b * classes;
+    const order = Array.from({ length: classes }, (_, i) => i);
+    order.sort((i, j) => Number(values[base + j]) - Number(values[base + i]) || i - j);
+    for (const index of order.slice(0, topk)) {
+      const score = Number(values[base + index]).toFixed(6);
+      const label = labels?.[index];
+      out.push(encoder.encode(label !== undefined ? `${score}:${index}:${label}` : `${score}:${index}`));
+    }
+  }
+  return { name: t.name, datatype: "BYTES", shape: batched ? [items, topk] : [topk], data: out };
+}

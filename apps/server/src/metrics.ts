@@ -1,0 +1,107 @@
+/**
+ * Prometheus metrics with Triton's names and labels. The nv_inference_*
+ * values are read from each stage's ModelStatistics at scrape time, so the
+ * metrics and the statistics API can never disagree.
+ */
+import type { ModelStatistics } from "@trellis/protocol";
+import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client";
+import type { ManagedStage } from "./managed.js";
+
+export interface MetricsSource {
+  list(): ManagedStage[];
+}
+
+type StatsRow = { labels: { model: string; version: string }; stats: ModelStatistics; pending: number };
+
+const usOf = (ns: bigint | undefined) => Number((ns ?? 0n) / 1000n);
+
+export interface Metrics {
+  register: Registry;
+  /** The Prometheus text for one scrape. */
+  scrape(): Promise<string>;
+}
+
+export function createMetrics(source: MetricsSource): Metrics {
+  const register = new Registry();
+  collectDefaultMetrics({ register });
+
+  // One statistics snapshot per scrape, shared by every metric's collect().
+  let scrape: Promise<StatsRow[]> | undefined;
+  const rows = () => {
+    if (!scrape) {
+      scrape = Promise.all(
+        source.list().map(async (stage) => ({
+          labels: { model: stage.name, version: stage.version },
+          stats: await stage.statistics(),
+          pending: stage.inflight,
+        })),
+      );
+    }
+    return scrape;
+  };
+
+  const counter = (name: string, help: string, value: (s: ModelStatistics) => number) =>
+    new Counter({
+      name,
+      help,
+      labelNames: ["model", "version"],
+      registers: [register],
+      async collect() {
+        this.reset();
+        for (const r of await rows()) this.inc(r.labels, value(r.stats));
+      },
+    });
+
+  counter("nv_inference_request_success", "Number of successful inference requests, all batch sizes", (s) =>
+    Number(s.inferenceStats?.success?.count ?? 0n),
+  );
+  counter("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", (s) =>
+    Number(s.inferenceStats?.fail?.count ?? 0n),
+  );
+  counter("nv_inference_count", "Number of inferences performed (a batch of n counts n)", (s) =>
+    Number(s.inferenceCount),
+  );
+  counter("nv_inference_exec_count", "Number of model executions performed (a batch counts once)", (s) =>
+    Number(s.executionCount),
+  );
+  counter(
+    "nv_inference_request_duration_us",
+    "Cumulative inference request duration in microseconds (includes cached requests)",
+    (s) => usOf(s.inferenceStats?.success?.ns),
+  );
+  counter("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", (s) =>
+    usOf(s.inferenceStats?.queue?.ns),
+  );
+  counter("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds", (s) =>
+    usOf(s.inferenceStats?.computeInput?.ns),
+  );
+  counter("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds", (s) =>
+    usOf(s.inferenceStats?.computeInfer?.ns),
+  );
+  counter(
+    "nv_inference_compute_output_duration_us",
+    "Cumulative inference compute output duration in microseconds",
+    (s) => usOf(s.inferenceStats?.computeOutput?.ns),
+  );
+  new Gauge({
+    name: "nv_inference_pending_request_count",
+    help: "Instantaneous number of pending requests awaiting execution per-model.",
+    labelNames: ["model", "version"],
+    registers: [register],
+    async collect() {
+      this.reset();
+      for (const r of await rows()) this.set(r.labels, r.pending);
+    },
+  });
+  return {
+    register,
+    scrape: async () => {
+      scrape = undefined;
+      try {
+        return await register.metrics();
+      } finally {
+        scrape = undefined;
+      }
+    },
+  };
+}

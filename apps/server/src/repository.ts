@@ -1,0 +1,512 @@
+/**
+ * The model repository manager: scans Triton-layout repositories, loads the
+ * versions each model's version policy selects, tracks per-version state
+ * (READY / UNAVAILABLE / LOADING / UNLOADING) and serves them as a
+ * ModelRegistry to both frontends.
+ */
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { ModelConfig } from "@trellis/protocol";
+import {
+  Code,
+  type ModelIndexEntry,
+  type ModelRegistry,
+  type ModelRepositoryControl,
+  type Stage,
+  StageError,
+  type StageLogger,
+} from "@trellis/stage";
+import { ManagedStage } from "./managed.js";
+
+/** What the manager needs from a model loader (@trellis/ensemble-runner's scanRepository/loadStage). */
+export interface RepositoryModel {
+  name: string;
+  repository: string;
+  modelDir: string;
+  configPath: string;
+  config: ModelConfig;
+  versions: string[];
+}
+export interface RepositoryScan {
+  models: RepositoryModel[];
+  errors: { name: string; modelDir: string; error: Error }[];
+}
+export interface LoadStageOptions {
+  version: string;
+  resolveStep?: (model: string, version: bigint) => Stage | Promise<Stage>;
+  repositories?: string[];
+  endpoints?: Record<string, string>;
+  strictModelConfig?: boolean;
+  logger?: StageLogger;
+}
+export interface ModelLoader {
+  scanRepository(repositories: string[]): Promise<RepositoryScan>;
+  loadStage(model: RepositoryModel, options: LoadStageOptions): Promise<Stage>;
+  /** A remote model over KServe v2 gRPC (for ensemble steps only reachable through --endpoints). */
+  connectRemote(name: string, url: string, version?: string): Promise<Stage>;
+}
+
+export type ControlMode = "none" | "explicit" | "poll";
+type State = "READY" | "UNAVAILABLE" | "LOADING" | "UNLOADING";
+
+export interface RepositoryManagerOptions {
+  repositories: string[];
+  loader: ModelLoader;
+  mode?: ControlMode;
+  /** Models to load at start in explicit mode ("*" = all). */
+  loadModels?: string[];
+  strictModelConfig?: boolean;
+  /** Remote steps: model name -> KServe v2 gRPC URL. */
+  endpoints?: Record<string, string>;
+  logger: StageLogger & { debug?(obj: object | string, msg?: string): void };
+  pollIntervalMs?: number;
+}
+
+interface VersionEntry {
+  version: string;
+  state: State;
+  reason: string;
+  stage?: ManagedStage;
+}
+
+interface ModelEntry {
+  name: string;
+  model?: RepositoryModel;
+  /** Why the model could not even be read (bad config.pbtxt). */
+  scanError?: string;
+  versions: Map<string, VersionEntry>;
+  /** Serialises load/unload of one model. */
+  queue: Promise<void>;
+  /** Versions and config text the model was last loaded from (poll mode compares them). */
+  loadedFrom?: string;
+}
+
+const isEnsemble = (config: ModelConfig) => config.schedulingChoice.case === "ensembleScheduling";
+
+function ensembleSteps(config: ModelConfig): { model: string; version: bigint }[] {
+  const s = config.schedulingChoice;
+  return s.case === "ensembleScheduling"
+    ? s.value.step.map((st) => ({ model: st.modelName, version: st.modelVersion }))
+    : [];
+}
+
+const byVersion = (a: string, b: string) => Number(a) - Number(b) || a.localeCompare(b);
+
+/** The versions a model's version_policy selects (default: latest 1), ascending. */
+export function selectVersions(config: ModelConfig, available: string[]): string[] {
+  const sorted = [...available].sort(byVersion);
+  const policy = config.versionPolicy?.policyChoice;
+  if (policy?.case === "all") return sorted;
+  if (policy?.case === "specific") {
+    const wanted = new Set(policy.value.versions.map(String));
+    return sorted.filter((v) => wanted.has(v));
+  }
+  const n = policy?.case === "latest" ? Math.max(1, policy.value.numVersions) : 1;
+  return sorted.slice(-n);
+}
+
+export class RepositoryManager implements ModelRegistry {
+  private readonly models = new Map<string, ModelEntry>();
+  private readonly opts: Required<Omit<RepositoryManagerOptions, "endpoints">> & {
+    endpoints: Record<string, string>;
+  };
+  private started = false;
+  private closed = false;
+  private pollTimer?: NodeJS.Timeout;
+  private readonly remoteSteps: Stage[] = [];
+  readonly repository: ModelRepositoryControl;
+
+  constructor(options: RepositoryManagerOptions) {
+    this.opts = {
+      mode: "none",
+      loadModels: [],
+      strictModelConfig: false,
+      pollIntervalMs: 15_000,
+      endpoints: {},
+      ...options,
+    };
+    this.repository = {
+      index: (readyOnly) => this.index(readyOnly),
+      load: (name) => this.requestControl(() => this.load(name)),
+      unload: (name) => this.requestControl(() => this.unload(name)),
+    };
+  }
+
+  get mode(): ControlMode {
+    return this.opts.mode;
+  }
+
+  /** Scans the repositories and loads what the control mode says to load. */
+  async start(): Promise<void> {
+    const scan = await this.scan();
+    if (this.opts.mode === "explicit") {
+      const names = this.opts.loadModels.includes("*") ? scan.models.map((m) => m.name) : this.opts.loadModels;
+      await this.loadMany(names);
+    } else {
+      await this.loadMany(scan.models.map((m) => m.name));
+    }
+    this.started = true;
+    if (this.opts.mode === "poll") this.schedulePoll();
+  }
+
+  /** Unloads everything (after in-flight requests finish). */
+  async close(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.pollTimer);
+    // Ensembles first: they may still be calling their steps.
+    const entries = [...this.models.values()].sort(
+      (a, b) => Number(b.model ? isEnsemble(b.model.config) : 0) - Number(a.model ? isEnsemble(a.model.config) : 0),
+    );
+    for (const e of entries) await this.enqueue(e, () => this.unloadEntry(e));
+    await Promise.all(this.remoteSteps.map((s) => s.close()));
+  }
+
+  // ---- ModelRegistry ----
+
+  resolve(name: string, version?: string): ManagedStage {
+    const entry = this.models.get(name);
+    if (!entry || entry.versions.size === 0) {
+      throw new StageError(Code.NotFound, "", `Request for unknown model: '${name}' is not found`);
+    }
+    if (version) {
+      const v = entry.versions.get(version);
+      if (!v)
+        throw new StageError(Code.NotFound, "", `Request for unknown model: '${name}' version ${version} is not found`);
+      if (v.state !== "READY" || !v.stage) {
+        throw new StageError(
+          Code.Unavailable,
+          "",
+          `Request for unknown model: '${name}' version ${version} is not at ready state`,
+        );
+      }
+      return v.stage;
+    }
+    const ready = [...entry.versions.values()].filter((v) => v.state === "READY" && v.stage);
+    const latest = ready.sort((a, b) => byVersion(a.version, b.version)).at(-1);
+    if (!latest?.stage) {
+      throw new StageError(Code.Unavailable, "", `Request for unknown model: '${name}' has no available versions`);
+    }
+    return latest.stage;
+  }
+
+  list(): ManagedStage[] {
+    const out: ManagedStage[] = [];
+    for (const e of this.models.values()) {
+      for (const v of e.versions.values()) if (v.state === "READY" && v.stage) out.push(v.stage);
+    }
+    return out;
+  }
+
+  /**
+   * Ready once the initial load is done, nothing is mid-load/unload and
+   * every loaded version reports ready. Versions that failed to load are
+   * reported in the index but do not hold the server's readiness hostage.
+   */
+  async isReady(): Promise<boolean> {
+    if (!this.started || this.closed) return false;
+    const checks: (boolean | Promise<boolean>)[] = [];
+    for (const e of this.models.values()) {
+      for (const v of e.versions.values()) {
+        if (v.state === "LOADING" || v.state === "UNLOADING") return false;
+        if (v.state === "READY" && v.stage) checks.push(v.stage.isReady());
+      }
+    }
+    return (await Promise.all(checks)).every(Boolean);
+  }
+
+  /** Requests in flight per loaded stage, for the pending-request metric. */
+  inflight(): { stage: ManagedStage; count: number }[] {
+    return this.list().map((stage) => ({ stage, count: stage.inflight }));
+  }
+
+  index(readyOnly: boolean): ModelIndexEntry[] {
+    const rows: ModelIndexEntry[] = [];
+    for (const e of [...this.models.values()].sort((a, b) => a.name.localeCompare(b.name))) {
+      if (e.versions.size === 0) {
+        if (readyOnly) continue;
+        rows.push(
+          e.scanError
+            ? { name: e.name, version: "", state: "UNAVAILABLE", reason: e.scanError }
+            : { name: e.name, version: "", state: "", reason: "" },
+        );
+        continue;
+      }
+      for (const v of [...e.versions.values()].sort((a, b) => byVersion(a.version, b.version))) {
+        if (readyOnly && v.state !== "READY") continue;
+        rows.push({ name: e.name, version: v.version, state: v.state, reason: v.reason });
+      }
+    }
+    return rows;
+  }
+
+  // ---- loading ----
+
+  private requestControl(fn: () => Promise<void>): Promise<void> {
+    if (this.opts.mode !== "explicit") {
+      throw new StageError(
+        Code.Unavailable,
+        "",
+        "explicit model load / unload is not allowed if polling is enabled or model control mode is not explicit",
+      );
+    }
+    return fn();
+  }
+
+  private async scan(): Promise<RepositoryScan> {
+    const scan = await this.opts.loader.scanRepository(this.opts.repositories);
+    for (const m of scan.models) {
+      const e = this.entry(m.name);
+      e.model = m;
+      e.scanError = undefined;
+    }
+    for (const err of scan.errors) {
+      const e = this.entry(err.name);
+      e.scanError = err.error.message;
+      this.opts.logger.error({ model: err.name, reason: err.error.message }, "model configuration invalid");
+    }
+    return scan;
+  }
+
+  private entry(name: string): ModelEntry {
+    let e = this.models.get(name);
+    if (!e) {
+      e = { name, versions: new Map(), queue: Promise.resolve() };
+      this.models.set(name, e);
+    }
+    return e;
+  }
+
+  private enqueue<T>(e: ModelEntry, fn: () => Promise<T>): Promise<T> {
+    const run = e.queue.then(fn);
+    e.queue = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    return run;
+  }
+
+  /** Loads non-ensembles concurrently, then ensembles (their steps must exist first). */
+  private async loadMany(names: string[]): Promise<void> {
+    const wanted = [...new Set(names)];
+    const ensembles = wanted.filter((n) => {
+      const m = this.models.get(n)?.model;
+      return m && isEnsemble(m.config);
+    });
+    const plain = wanted.filter((n) => !ensembles.includes(n));
+    await Promise.all(plain.map((n) => this.load(n, false).catch(() => undefined)));
+    for (const n of ensembles) await this.load(n, false).catch(() => undefined);
+  }
+
+  /**
+   * Loads (or reloads) `name` from the repository, its ensemble steps
+   * first. Throws if any version fails; the failure stays in the index.
+   */
+  async load(name: string, rescan = true): Promise<void> {
+    if (rescan) await this.scan();
+    const e = this.models.get(name);
+    if (!e || (!e.model && !e.scanError)) {
+      throw new StageError(Code.NotFound, "", `failed to load '${name}': no such model in the model repository`);
+    }
+    if (!e.model) throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
+    const model = e.model;
+    if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name]));
+    await this.enqueue(e, () => this.loadEntry(e, model));
+    const failed = [...e.versions.values()].filter((v) => v.state !== "READY");
+    if (failed.length > 0) {
+      throw new StageError(
+        Code.InvalidArgument,
+        "",
+        `failed to load '${name}': ${failed.map((v) => `version ${v.version}: ${v.reason}`).join("; ")}`,
+      );
+    }
+  }
+
+  /** Loads the local (non-remote) steps of an ensemble that are not loaded yet. */
+  private async loadSteps(model: RepositoryModel, seen: Set<string>): Promise<void> {
+    for (const step of ensembleSteps(model.config)) {
+      if (seen.has(step.model)) continue;
+      seen.add(step.model);
+      const e = this.models.get(step.model);
+      if (e && [...e.versions.values()].some((v) => v.state === "READY")) continue;
+      if (!e?.model) continue; // the ensemble's own load reports the missing step
+      if (isEnsemble(e.model.config)) await this.loadSteps(e.model, seen);
+      const stepModel = e.model;
+      await this.enqueue(e, () => this.loadEntry(e, stepModel));
+    }
+  }
+
+  private async loadEntry(e: ModelEntry, model: RepositoryModel): Promise<void> {
+    const wanted = selectVersions(model.config, model.versions);
+    if (wanted.length === 0) {
+      const reason = `no version is available (version folders: [${model.versions.join(", ")}])`;
+      e.versions.set("", { version: "", state: "UNAVAILABLE", reason });
+      e.loadedFrom = undefined;
+      this.opts.logger.error({ model: model.name, state: "UNAVAILABLE", reason }, "model failed to load");
+      return;
+    }
+    e.versions.delete("");
+    e.loadedFrom = `${model.versions.join(",")}\n${await readFile(model.configPath, "utf8").catch(() => "")}`;
+    const labels = await readLabels(model);
+    // Versions no longer selected go first (e.g. a newer one appeared under "latest 1").
+    for (const v of [...e.versions.values()]) {
+      if (!wanted.includes(v.version)) await this.unloadVersion(e, v);
+    }
+    await Promise.all(
+      wanted.map(async (version) => {
+        const previous = e.versions.get(version);
+        if (previous?.state === "READY" && previous.stage) return;
+        const entry: VersionEntry = { version, state: "LOADING", reason: "" };
+        e.versions.set(version, entry);
+        try {
+          const stage = await this.opts.loader.loadStage(model, {
+            version,
+            resolveStep: (step, stepVersion) => this.stepStage(step, stepVersion),
+            repositories: this.opts.repositories,
+            endpoints: this.opts.endpoints,
+            strictModelConfig: this.opts.strictModelConfig,
+            logger: this.opts.logger,
+          });
+          if (!(await stage.isReady())) await waitReady(stage);
+          entry.stage = new ManagedStage(stage, labels);
+          entry.state = "READY";
+          this.opts.logger.info({ model: model.name, version, state: "READY" }, "model loaded");
+        } catch (err) {
+          entry.state = "UNAVAILABLE";
+          entry.reason = err instanceof Error ? err.message : String(err);
+          this.opts.logger.error(
+            { model: model.name, version, state: "UNAVAILABLE", reason: entry.reason },
+            "model failed to load",
+          );
+        }
+      }),
+    );
+  }
+
+  /**
+   * An ensemble's view of one of its steps: every call goes to whatever
+   * version is loaded now, so reloading a step does not strand the ensemble.
+   */
+  private async stepStage(name: string, version: bigint): Promise<Stage> {
+    const v = version > 0n ? String(version) : "";
+    const url = this.opts.endpoints[name];
+    if (url && !this.models.get(name)?.versions.size) {
+      // A remote step that this server does not load itself.
+      const remote = await this.opts.loader.connectRemote(name, url, v);
+      this.remoteSteps.push(remote);
+      return remote;
+    }
+    const current = this.resolve(name, v);
+    return {
+      name,
+      get version() {
+        return current.version;
+      },
+      config: current.config,
+      isReady: async () => {
+        try {
+          return await this.resolve(name, v).isReady();
+        } catch {
+          return false;
+        }
+      },
+      metadata: () => this.resolve(name, v).metadata(),
+      infer: (request, options) => this.resolve(name, v).infer(request, options),
+      statistics: () => this.resolve(name, v).statistics(),
+      // The step is the manager's to close, not the ensemble's.
+      close: async () => {},
+    };
+  }
+
+  async unload(name: string): Promise<void> {
+    const e = this.models.get(name);
+    if (!e) throw new StageError(Code.NotFound, "", `failed to unload '${name}': no such model`);
+    await this.enqueue(e, () => this.unloadEntry(e));
+  }
+
+  private async unloadEntry(e: ModelEntry): Promise<void> {
+    await Promise.all([...e.versions.values()].map((v) => this.unloadVersion(e, v)));
+  }
+
+  /** New requests are refused at once; in-flight ones finish before the stage closes. */
+  private async unloadVersion(e: ModelEntry, v: VersionEntry): Promise<void> {
+    const stage = v.stage;
+    if (!stage) {
+      if (v.state !== "UNAVAILABLE") v.state = "UNAVAILABLE";
+      return;
+    }
+    v.state = "UNLOADING";
+    v.reason = "";
+    await stage.drained();
+    try {
+      await stage.close();
+    } catch (err) {
+      this.opts.logger.warn({ model: e.name, version: v.version, err: String(err) }, "error closing model");
+    }
+    v.stage = undefined;
+    v.state = "UNAVAILABLE";
+    v.reason = "unloaded";
+    this.opts.logger.info({ model: e.name, version: v.version, state: "UNAVAILABLE" }, "model unloaded");
+  }
+
+  // ---- poll mode ----
+
+  private schedulePoll(): void {
+    this.pollTimer = setTimeout(() => {
+      this.poll()
+        .catch((err) => this.opts.logger.error({ err: String(err) }, "repository poll failed"))
+        .finally(() => {
+          if (!this.closed) this.schedulePoll();
+        });
+    }, this.opts.pollIntervalMs);
+    this.pollTimer.unref();
+  }
+
+  /** Loads new models, unloads removed ones, reloads ones whose config or versions changed. */
+  async poll(): Promise<void> {
+    const scan = await this.opts.loader.scanRepository(this.opts.repositories);
+    const present = new Set([...scan.models.map((m) => m.name), ...scan.errors.map((x) => x.name)]);
+    for (const e of this.models.values()) {
+      if (!present.has(e.name)) {
+        await this.enqueue(e, () => this.unloadEntry(e));
+        this.models.delete(e.name);
+      }
+    }
+    const changed: string[] = [];
+    for (const m of scan.models) {
+      const e = this.models.get(m.name);
+      const text = await readFile(m.configPath, "utf8").catch(() => "");
+      if (!e || e.loadedFrom !== `${m.versions.join(",")}\n${text}`) changed.push(m.name);
+    }
+    await this.scan();
+    for (const name of changed) {
+      const e = this.entry(name);
+      await this.enqueue(e, () => this.unloadEntry(e));
+      e.versions.clear();
+    }
+    await this.loadMany(changed);
+  }
+}
+
+/** Waits for a stage that loaded but is still warming up. */
+async function waitReady(stage: Stage, timeoutMs = 600_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await stage.isReady())) {
+    if (Date.now() > deadline) throw new Error(`not ready after ${timeoutMs / 1000}s of warmup`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Labels for outputs that name a `label_filename` (read from the model directory, as Triton does). */
+async function readLabels(model: RepositoryModel): Promise<Map<string, string[]>> {
+  const labels = new Map<string, string[]>();
+  for (const out of model.config.output) {
+    if (!out.labelFilename) continue;
+    try {
+      const text = await readFile(join(model.modelDir, out.labelFilename), "utf8");
+      labels.set(out.name, text.split(/\r?\n/));
+    } catch {
+      // Classification still works without labels ("score:index").
+    }
+  }
+  return labels;
+}

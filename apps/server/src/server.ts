@@ -1,0 +1,175 @@
+/**
+ * The three listeners of a Triton-style server over one RepositoryManager:
+ * gRPC (HTTP/2, Connect's adapter: gRPC, gRPC-Web, Connect), HTTP/REST
+ * (HTTP/1.1, the REST API plus the same Connect routes for gRPC-Web and
+ * Connect clients) and Prometheus metrics. Also graceful shutdown.
+ */
+import http from "node:http";
+import http2 from "node:http2";
+import type { AddressInfo } from "node:net";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+
+// Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
+type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
+
+import { serveStage } from "@trellis/stage";
+import { restHandler } from "./http.js";
+import { createMetrics } from "./metrics.js";
+import type { RepositoryManager } from "./repository.js";
+
+export const SERVER_NAME = "trellis";
+export const SERVER_VERSION = "0.1.0";
+export const EXTENSIONS = [
+  "classification",
+  "model_repository",
+  "model_configuration",
+  "schedule_policy",
+  "statistics",
+  "binary_tensor_data",
+];
+
+export interface Logger {
+  info(obj: object | string, msg?: string): void;
+  warn(obj: object | string, msg?: string): void;
+  error(obj: object | string, msg?: string): void;
+  debug(obj: object | string, msg?: string): void;
+}
+
+export interface ServerOptions {
+  host?: string;
+  httpPort?: number;
+  grpcPort?: number;
+  metricsPort?: number;
+  logger: Logger;
+}
+
+export interface RunningServer {
+  httpPort: number;
+  grpcPort: number;
+  metricsPort: number;
+  /** Requests being served right now, over either protocol. */
+  inflight(): number;
+  /**
+   * Stops accepting, lets in-flight requests finish (at most timeoutMs),
+   * then closes every connection and unloads every model.
+   */
+  shutdown(timeoutMs: number): Promise<{ timedOut: boolean }>;
+}
+
+function listen(server: http.Server | http2.Http2Server, port: number, host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => {
+      server.off("error", reject);
+      resolve((server.address() as AddressInfo).port);
+    });
+  });
+}
+
+export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
+  const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
+  const routes = serveStage(manager, {
+    serverName: SERVER_NAME,
+    serverVersion: SERVER_VERSION,
+    extensions: EXTENSIONS,
+  });
+  let active = 0;
+  let stopping = false;
+  let onIdle: (() => void) | undefined;
+  const done = () => {
+    active--;
+    if (active === 0) onIdle?.();
+  };
+
+  // gRPC: each HTTP/2 stream is one call.
+  const grpc = http2.createServer(connectNodeAdapter({ routes }));
+  const sessions = new Set<http2.ServerHttp2Session>();
+  grpc.on("session", (s) => {
+    sessions.add(s);
+    s.on("close", () => sessions.delete(s));
+    // A session opened while stopping gets GOAWAY straight away.
+    if (stopping) s.close();
+  });
+  grpc.on("stream", (stream) => {
+    active++;
+    stream.on("close", done);
+  });
+
+  // HTTP/1.1: REST, with the Connect routes mounted too (gRPC-Web / Connect over HTTP/1.1).
+  const rest = restHandler({
+    registry: manager,
+    serverName: SERVER_NAME,
+    serverVersion: SERVER_VERSION,
+    extensions: EXTENSIONS,
+    logger,
+  });
+  const httpServer = http.createServer(connectNodeAdapter({ routes, fallback: rest as NodeHandlerFn }));
+  httpServer.on("request", (_req, res) => {
+    active++;
+    // Keep-alive connections would otherwise keep bringing new requests during shutdown.
+    if (stopping) res.setHeader("connection", "close");
+    res.on("close", done);
+  });
+
+  const metrics = createMetrics(manager);
+  const metricsServer = http.createServer((req, res) => {
+    if (req.method === "GET" && (req.url ?? "").split("?")[0] === "/metrics") {
+      metrics.scrape().then(
+        (text) => {
+          res.writeHead(200, { "content-type": metrics.register.contentType });
+          res.end(text);
+        },
+        (err) => {
+          res.writeHead(500, { "content-type": "text/plain" });
+          res.end(String(err));
+        },
+      );
+      return;
+    }
+    res.writeHead(404, { "content-type": "text/plain" });
+    res.end("Not Found");
+  });
+
+  const ports = {
+    grpcPort: await listen(grpc, grpcPort, host),
+    httpPort: await listen(httpServer, httpPort, host),
+    metricsPort: await listen(metricsServer, metricsPort, host),
+  };
+  logger.info({ protocol: "grpc", host, port: ports.grpcPort }, "listening");
+  logger.info({ protocol: "http", host, port: ports.httpPort }, "listening");
+  logger.info({ protocol: "metrics", host, port: ports.metricsPort }, "listening");
+
+  const close = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
+
+  return {
+    ...ports,
+    inflight: () => active,
+    async shutdown(timeoutMs) {
+      stopping = true;
+      const closed = Promise.all([close(grpc), close(httpServer)]);
+      for (const s of sessions) s.close();
+      httpServer.closeIdleConnections();
+      let timedOut = false;
+      if (active > 0) {
+        logger.info({ inflight: active, timeoutSecs: timeoutMs / 1000 }, "waiting for in-flight requests to complete");
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(() => {
+            timedOut = true;
+            resolve();
+          }, timeoutMs);
+          onIdle = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+      }
+      if (timedOut) logger.warn({ inflight: active }, "exit timeout expired; closing with requests still in flight");
+      for (const s of sessions) s.destroy();
+      httpServer.closeAllConnections();
+      await closed;
+      await manager.close();
+      await close(metricsServer);
+      return { timedOut };
+    },
+  };
+}
