@@ -78,9 +78,18 @@ export function neverSent(err: unknown): boolean {
   });
 }
 
-/** A connection that dropped under an in-flight request: UNAVAILABLE, like gRPC's own clients report it. */
+/**
+ * A connection that dropped under an in-flight request (the server died or
+ * went away): UNAVAILABLE, as gRPC's own clients report it. Node closes the
+ * orphaned HTTP/2 streams with CANCEL, which must not read as the caller's
+ * cancellation; a status the server actually sent (a wire error) is kept.
+ */
 function connectionLost(err: unknown): boolean {
-  return chain(err).some((e) => {
+  const errors = chain(err);
+  if (errors.some((e) => e instanceof ConnectError && e.isWireError)) return false;
+  const ce = ConnectError.from(err);
+  if (ce.code === Code.Canceled || ce.code === Code.Aborted) return true;
+  return errors.some((e) => {
     const code = prop(e, "code");
     return (
       code === "ECONNRESET" ||
@@ -91,6 +100,20 @@ function connectionLost(err: unknown): boolean {
       code === "ERR_HTTP2_INVALID_SESSION"
     );
   });
+}
+
+/** The error's message plus the system error code under it (ECONNREFUSED and the like). */
+function describe(err: unknown): string {
+  // The innermost ConnectError: outer ones (remoteError) already carry our own prefix.
+  const msg = (
+    chain(err)
+      .filter((e) => e instanceof ConnectError)
+      .at(-1) ?? ConnectError.from(err)
+  ).rawMessage;
+  const sys = chain(err)
+    .map((e) => prop(e, "code"))
+    .find((c): c is string => typeof c === "string" && /^E[A-Z]/.test(c));
+  return sys && !msg.includes(sys) ? `${msg} (${sys})` : msg;
 }
 
 const sleep = (ms: number, signal: AbortSignal) =>
@@ -134,7 +157,9 @@ async function waitReady(
       const server = await client.serverReady({}, { timeoutMs: rpcTimeout }).catch(() => ({ ready: false }));
       reason = server.ready ? `server is ready but model ${name} is not (loaded? name right?)` : "server is not ready";
     } catch (err) {
-      reason = ConnectError.from(err).rawMessage;
+      const ce = ConnectError.from(err);
+      // A poll cut short by the end of the wait says less than the failure before it.
+      if (!(ce.code === Code.DeadlineExceeded && reason)) reason = describe(err);
     }
     const elapsed = Date.now() - start;
     if (elapsed >= readyTimeoutMs) {
@@ -211,7 +236,6 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
         return await remote.infer(request, { signal });
       } catch (err) {
         if (signal.aborted) throw abortError(signal);
-        const ce = ConnectError.from(err);
         if (neverSent(err) && attempt < retries.max) {
           const delay = retries.baseDelayMs * 2 ** attempt;
           if (Date.now() - started + delay < timeoutMs) {
@@ -224,15 +248,15 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
           throw new StageError(
             Code.Unavailable,
             remoteName,
-            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${ce.rawMessage}`,
+            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describe(err)}`,
             { cause: err },
           );
         }
-        if (connectionLost(err) && ce.code !== Code.Unavailable) {
+        if (connectionLost(err)) {
           throw new StageError(
             Code.Unavailable,
             remoteName,
-            `${remoteLabel}: connection lost with the request in flight (not resent: it may have reached the server): ${ce.rawMessage}`,
+            `${remoteLabel}: connection lost with the request in flight (not resent: it may have reached the server): ${describe(err)}`,
             { cause: err },
           );
         }

@@ -90,6 +90,6 @@ export function bridgeOptionsFromConfig(options: StageFactoryOptions): TrtBridge
 }
 
 /** The StageFactory entry point (`parameters { key: "module" value: { string_value: "@trellis/inference-trt-bridge" } }`). */
-export function createStage(options: StageFactoryOptions): Promise<Stage> {
+export async function createStage(options: StageFactoryOptions): Promise<Stage> {
   return createTrtBridge(bridgeOptionsFromConfig(options));
 }
