@@ -1,0 +1,49 @@
+/**
+ * What a server runs at start on a fresh machine: the real models when the
+ * network allows, else the synthetic stand-in, loudly labelled.
+ */
+import { access } from "node:fs/promises";
+import { join } from "node:path";
+import { type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
+import { synthesizeResNet50, writeSyntheticLabels } from "./synth.js";
+
+export const INFERENCE_MODEL = "resnet50_inference/1/model.onnx";
+export const LABELS_FILE = "resnet50_postprocess/1/imagenet_classes.txt";
+
+export interface EnsureModelsResult {
+  /** "present": nothing to do; "fetched": real artifacts; "synthetic": offline fallback. */
+  source: "present" | "fetched" | "synthetic";
+  modelPath: string;
+  labelsPath: string;
+}
+
+async function present(path: string): Promise<boolean> {
+  try {
+    await access(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Fetches the real artifacts if the model is missing; offline, synthesises a stand-in instead. */
+export async function ensureModels(options: FetchModelsOptions & { seed?: number }): Promise<EnsureModelsResult> {
+  const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
+  const modelPath = join(options.repository, INFERENCE_MODEL);
+  const labelsPath = join(options.repository, LABELS_FILE);
+  if ((await present(modelPath)) && (await present(labelsPath))) return { source: "present", modelPath, labelsPath };
+  try {
+    await fetchModels({ ...options, log });
+    return { source: "fetched", modelPath, labelsPath };
+  } catch (err) {
+    if (!(err instanceof OfflineError)) throw err;
+    log(`WARNING: ${err.message}. Falling back to a SYNTHETIC ResNet-50 (random weights, meaningless predictions).`);
+    await synthesizeResNet50({ seed: options.seed ?? 0, path: modelPath });
+    if (await writeSyntheticLabels(labelsPath)) {
+      log(
+        `WARNING: wrote placeholder labels synthetic_class_<i> to ${labelsPath}; run \`pnpm models:fetch\` for the real ones.`,
+      );
+    }
+    return { source: "synthetic", modelPath, labelsPath };
+  }
+}

@@ -1,0 +1,287 @@
+/**
+ * `pnpm models:fetch`: downloads the real ResNet-50 (ONNX Model Zoo
+ * resnet50-v1-12) and the ImageNet labels into the model repository, with
+ * a progress bar, SHA-256 verification and a `.part` file renamed into
+ * place only once verified.
+ */
+import { createHash } from "node:crypto";
+import { createReadStream, createWriteStream } from "node:fs";
+import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import cliProgress from "cli-progress";
+import {
+  type GraphProto,
+  ModelProtoSchema,
+  readOnnxMetadata,
+  StringStringEntryProtoSchema,
+  SYNTHETIC_METADATA_KEY,
+} from "./onnx.js";
+
+/**
+ * ONNX Model Zoo ResNet-50 v1 (opset 12), MXNet-trained, ImageNet-1k,
+ * 102,576,419 bytes. The hash is the Git LFS object id (oid sha256) that
+ * onnx/models records for vision/classification/resnet/model/resnet50-v1-12.onnx;
+ * it was read from the LFS pointer, not from a download (no network here).
+ */
+export const RESNET50_ZOO_URL =
+  "https://github.com/onnx/models/raw/main/validated/vision/classification/resnet/model/resnet50-v1-12.onnx";
+export const RESNET50_ZOO_SHA256 = "ab65bdc02c5b3123eb3cdf6dac01742438517d8635d4f233913b2be1c70db3b6";
+export const RESNET50_ZOO_BYTES = 102_576_419;
+/** The Zoo model's tensor names, renamed on download to what resnet50_inference/config.pbtxt says. */
+export const RESNET50_ZOO_INPUT = "data";
+export const RESNET50_ZOO_OUTPUT = "resnetv17_dense0_fwd";
+
+/**
+ * pytorch/hub's imagenet_classes.txt (1000 lines, no trailing newline).
+ * The hash is that of the copy in the shared fixtures, which came from
+ * this file; it could not be checked against the live URL here.
+ */
+export const IMAGENET_LABELS_URL = "https://raw.githubusercontent.com/pytorch/hub/master/imagenet_classes.txt";
+export const IMAGENET_LABELS_SHA256 = "1f386e0d1cb6e28b9c2dac651c3dea6801e98ad1b41a14ce6bb1a093d72069f5";
+
+/** Metadata key on a renamed model: the SHA-256 of the file as downloaded (lets a re-run skip it). */
+export const SOURCE_SHA256_KEY = "trellis.source_sha256";
+
+export class OfflineError extends Error {
+  override name = "OfflineError";
+  constructor(
+    readonly host: string,
+    options?: { cause?: unknown },
+  ) {
+    super(`cannot reach ${host}: offline? run \`pnpm models:synth\` for a synthetic stand-in`, options);
+  }
+}
+
+export class ChecksumError extends Error {
+  override name = "ChecksumError";
+}
+
+export interface Artifact {
+  /** Short name for messages and the progress bar. */
+  name: string;
+  url: string;
+  sha256: string;
+  /** Destination relative to the repository root. */
+  dest: string;
+  /** For ONNX models: rename the graph's input/output to these names. */
+  rename?: { input: [from: string, to: string]; output: [from: string, to: string] };
+}
+
+/** What `models:fetch` downloads into a Triton-layout repository. */
+export function defaultArtifacts(): Artifact[] {
+  return [
+    {
+      name: "resnet50 (ONNX Model Zoo resnet50-v1-12)",
+      url: RESNET50_ZOO_URL,
+      sha256: RESNET50_ZOO_SHA256,
+      dest: "resnet50_inference/1/model.onnx",
+      rename: { input: [RESNET50_ZOO_INPUT, "input"], output: [RESNET50_ZOO_OUTPUT, "output"] },
+    },
+    {
+      name: "imagenet_classes.txt",
+      url: IMAGENET_LABELS_URL,
+      sha256: IMAGENET_LABELS_SHA256,
+      dest: "resnet50_postprocess/1/imagenet_classes.txt",
+    },
+  ];
+}
+
+export interface FetchModelsOptions {
+  /** The model repository root (e.g. `models/`). */
+  repository: string;
+  /** Fetch every artifact from `<baseUrl>/<file name>` instead (a mirror, or a test server). */
+  baseUrl?: string;
+  /** Defaults to defaultArtifacts(). */
+  artifacts?: Artifact[];
+  /** Show a cli-progress bar on stderr (default: when stderr is a TTY). */
+  progress?: boolean;
+  /** Re-download even when a verified copy is already there. */
+  force?: boolean;
+  signal?: AbortSignal;
+  log?: (line: string) => void;
+}
+
+export interface FetchedArtifact {
+  name: string;
+  path: string;
+  sha256: string;
+  bytes: number;
+  /** False when an already-verified copy was kept. */
+  downloaded: boolean;
+  renamed: boolean;
+}
+
+const NETWORK_CODES = new Set([
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ENETUNREACH",
+  "EHOSTUNREACH",
+  "ETIMEDOUT",
+  "UND_ERR_CONNECT_TIMEOUT",
+  "UND_ERR_SOCKET",
+]);
+
+function networkCode(err: unknown): string | undefined {
+  for (let e = err as { code?: string; cause?: unknown } | undefined, depth = 0; e && depth < 5; depth++) {
+    if (e.code && NETWORK_CODES.has(e.code)) return e.code;
+    // AggregateError from happy-eyeballs connects
+    const errors = (e as { errors?: unknown[] }).errors;
+    if (errors?.some((x) => networkCode(x))) return "ECONNREFUSED";
+    e = e.cause as typeof e;
+  }
+  return undefined;
+}
+
+async function sha256File(path: string): Promise<string> {
+  const hash = createHash("sha256");
+  await pipeline(createReadStream(path), hash);
+  return hash.digest("hex");
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Renames a graph input and output everywhere they are referenced. */
+export function renameGraphTensors(graph: GraphProto, renames: [string, string][]): void {
+  const map = new Map(renames.filter(([a, b]) => a !== b));
+  if (map.size === 0) return;
+  const r = (n: string) => map.get(n) ?? n;
+  for (const [from] of map) {
+    const known = [...graph.input, ...graph.output].some((v) => v.name === from);
+    if (!known) throw new Error(`the model has no graph input or output named ${from}`);
+  }
+  for (const v of [...graph.input, ...graph.output, ...graph.valueInfo]) v.name = r(v.name ?? "");
+  for (const n of graph.node) {
+    n.input = n.input.map(r);
+    n.output = n.output.map(r);
+  }
+}
+
+/** Downloads `url` to `part`, hashing as it goes; returns the hex digest and size. */
+async function download(
+  url: string,
+  part: string,
+  label: string,
+  showProgress: boolean,
+  signal?: AbortSignal,
+): Promise<{ sha256: string; bytes: number }> {
+  const host = new URL(url).host;
+  let res: Response;
+  try {
+    res = await fetch(url, { signal, redirect: "follow" });
+  } catch (err) {
+    if (networkCode(err)) throw new OfflineError(host, { cause: err });
+    throw new Error(`GET ${url} failed: ${(err as Error).message}`, { cause: err });
+  }
+  if (!res.ok || !res.body) {
+    throw new Error(`GET ${url}: HTTP ${res.status} ${res.statusText}`);
+  }
+  const total = Number(res.headers.get("content-length") ?? 0);
+  const bar = showProgress
+    ? new cliProgress.SingleBar(
+        { format: `${label} [{bar}] {percentage}% | {value}/{total} bytes | {eta}s left`, stream: process.stderr },
+        cliProgress.Presets.shades_classic,
+      )
+    : undefined;
+  bar?.start(total || 1, 0);
+  const hash = createHash("sha256");
+  let bytes = 0;
+  const body = Readable.fromWeb(res.body as import("node:stream/web").ReadableStream<Uint8Array>);
+  body.on("data", (chunk: Buffer) => {
+    hash.update(chunk);
+    bytes += chunk.length;
+    if (bar) {
+      if (!total) bar.setTotal(bytes);
+      bar.update(bytes);
+    }
+  });
+  try {
+    await pipeline(body, createWriteStream(part));
+  } catch (err) {
+    await rm(part, { force: true });
+    if (networkCode(err)) throw new OfflineError(host, { cause: err });
+    throw err;
+  } finally {
+    bar?.stop();
+  }
+  return { sha256: hash.digest("hex"), bytes };
+}
+
+/** Downloads, verifies and installs every artifact; returns what it did for each. */
+export async function fetchModels(options: FetchModelsOptions): Promise<FetchedArtifact[]> {
+  const artifacts = options.artifacts ?? defaultArtifacts();
+  const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
+  const showProgress = options.progress ?? process.stderr.isTTY === true;
+  const results: FetchedArtifact[] = [];
+  for (const a of artifacts) {
+    const url = options.baseUrl ? `${options.baseUrl.replace(/\/+$/, "")}/${basename(new URL(a.url).pathname)}` : a.url;
+    const dest = join(options.repository, a.dest);
+    await mkdir(dirname(dest), { recursive: true });
+
+    if (!options.force && (await exists(dest))) {
+      const kept = await alreadyInstalled(a, dest);
+      if (kept) {
+        log(`${a.name}: already installed and verified at ${dest}`);
+        results.push({ ...kept, name: a.name, path: dest, downloaded: false });
+        continue;
+      }
+    }
+
+    const part = `${dest}.part`;
+    log(`${a.name}: downloading ${url}`);
+    const got = await download(url, part, a.name, showProgress, options.signal);
+    if (got.sha256 !== a.sha256) {
+      await rm(part, { force: true });
+      throw new ChecksumError(
+        `${a.name}: SHA-256 mismatch for ${url}: expected ${a.sha256}, got ${got.sha256} (${got.bytes} bytes); the partial download was deleted`,
+      );
+    }
+    let renamed = false;
+    if (a.rename) {
+      // Keep config.pbtxt as it is: give the graph the names it expects.
+      const model = fromBinary(ModelProtoSchema, await readFile(part));
+      if (!model.graph) throw new Error(`${a.name}: the download has no graph`);
+      renameGraphTensors(model.graph, [a.rename.input, a.rename.output]);
+      model.metadataProps = model.metadataProps.filter(
+        (p) => p.key !== SYNTHETIC_METADATA_KEY && p.key !== SOURCE_SHA256_KEY,
+      );
+      model.metadataProps.push(create(StringStringEntryProtoSchema, { key: SOURCE_SHA256_KEY, value: got.sha256 }));
+      await writeFile(part, toBinary(ModelProtoSchema, model));
+      renamed = true;
+    }
+    await rename(part, dest);
+    log(`${a.name}: verified sha256 ${got.sha256}${renamed ? ", graph tensors renamed" : ""} -> ${dest}`);
+    results.push({ name: a.name, path: dest, sha256: got.sha256, bytes: got.bytes, downloaded: true, renamed });
+  }
+  return results;
+}
+
+/** An existing destination that provably came from this artifact, or undefined. */
+async function alreadyInstalled(
+  a: Artifact,
+  dest: string,
+): Promise<{ sha256: string; bytes: number; renamed: boolean } | undefined> {
+  const bytes = (await stat(dest)).size;
+  if (a.rename) {
+    try {
+      const meta = await readOnnxMetadata(dest);
+      if (meta.metadata[SOURCE_SHA256_KEY] === a.sha256) return { sha256: a.sha256, bytes, renamed: true };
+    } catch {
+      // not a readable ONNX file: download again
+    }
+    return undefined;
+  }
+  const sha = await sha256File(dest);
+  return sha === a.sha256 ? { sha256: sha, bytes, renamed: false } : undefined;
+}

@@ -1,0 +1,29 @@
+export { type EnsureModelsResult, ensureModels, INFERENCE_MODEL, LABELS_FILE } from "./ensure.js";
+export {
+  type Artifact,
+  ChecksumError,
+  defaultArtifacts,
+  type FetchedArtifact,
+  type FetchModelsOptions,
+  fetchModels,
+  IMAGENET_LABELS_SHA256,
+  IMAGENET_LABELS_URL,
+  OfflineError,
+  RESNET50_ZOO_INPUT,
+  RESNET50_ZOO_OUTPUT,
+  RESNET50_ZOO_SHA256,
+  RESNET50_ZOO_URL,
+  renameGraphTensors,
+  SOURCE_SHA256_KEY,
+} from "./fetch.js";
+export { isSyntheticModel, type OnnxFileMetadata, readOnnxMetadata, SYNTHETIC_METADATA_KEY } from "./onnx.js";
+export { DEFAULT_REPOSITORY } from "./paths.js";
+export {
+  buildResNet50,
+  countParameters,
+  RESNET50_PARAMETERS,
+  type SynthesizeOptions,
+  type SynthesizeResult,
+  synthesizeResNet50,
+  writeSyntheticLabels,
+} from "./synth.js";
