@@ -1,0 +1,81 @@
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import * as ort from "onnxruntime-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createPreprocess } from "../src/index.js";
+import { fixtureNames, rawImageRequest, readImage, referenceDir, shared } from "./helpers.js";
+
+interface Top5 {
+  top5_index: number[];
+  top5_labels: string[];
+  top5_probs: number[];
+}
+const expected: Record<string, Top5> = JSON.parse(readFileSync(join(referenceDir, "mobilenetv2_top5.json"), "utf8"));
+
+function softmaxTop5(logits: Float32Array): { index: number[]; probs: number[] } {
+  let max = Number.NEGATIVE_INFINITY;
+  for (const v of logits) max = Math.max(max, v);
+  const exp = Array.from(logits, (v) => Math.exp(v - max));
+  const sum = exp.reduce((a, b) => a + b, 0);
+  const order = exp.map((e, i) => [e / sum, i] as const).sort((a, b) => b[0] - a[0] || a[1] - b[1]);
+  return { index: order.slice(0, 5).map(([, i]) => i), probs: order.slice(0, 5).map(([p]) => p) };
+}
+
+describe("MobileNetV2 (onnxruntime-node) on the preprocessed photos", () => {
+  let session: ort.InferenceSession;
+  beforeAll(async () => {
+    session = await ort.InferenceSession.create(join(shared, "models/mobilenetv2-12-int8.onnx"));
+  });
+  afterAll(async () => {
+    await session?.release();
+  });
+
+  /** Top-5 per fixture for one preprocessing mode, one batched request. */
+  async function classify(mode: "seed" | "fast", names: string[]) {
+    const stage = createPreprocess({ mode });
+    const res = await stage.infer(rawImageRequest(names.map(readImage)));
+    const out = res.outputs[0]!;
+    const feeds = { input: new ort.Tensor("float32", out.data as Float32Array, out.shape) };
+    const logits = (await session.run(feeds)).output!.data as Float32Array;
+    return names.map((_, i) => softmaxTop5(logits.subarray(i * 1000, (i + 1) * 1000)));
+  }
+
+  it("seed mode: every photo's top-5 matches the reference (indices, probabilities within 1e-3)", async () => {
+    const got = await classify("seed", fixtureNames);
+    fixtureNames.forEach((name, i) => {
+      const want = expected[name]!;
+      const g = got[i]!;
+      expect(g.index[0], name).toBe(want.top5_index[0]);
+      // Quantised logits tie; compare the set of classes, and probabilities rank by rank.
+      expect([...g.index].sort(), name).toEqual([...want.top5_index].sort());
+      for (const [k, p] of g.probs.entries()) {
+        expect(Math.abs(p - want.top5_probs[k]!), `${name} rank ${k}`).toBeLessThan(1e-3);
+      }
+    });
+  });
+
+  it("fast mode: same top-1 on chelsea, coffee, camera and motorcycle_left (agreement printed)", async () => {
+    const got = await classify("fast", fixtureNames);
+    const lines: string[] = [];
+    let top1 = 0;
+    let top5overlap = 0;
+    fixtureNames.forEach((name, i) => {
+      const want = expected[name]!;
+      const g = got[i]!;
+      const same = g.index[0] === want.top5_index[0];
+      const overlap = g.index.filter((x) => want.top5_index.includes(x)).length;
+      top1 += same ? 1 : 0;
+      top5overlap += overlap;
+      lines.push(
+        `${name.padEnd(20)} top-1 ${same ? "same" : `DIFFERS (${g.index[0]} vs ${want.top5_index[0]})`}, top-5 overlap ${overlap}/5`,
+      );
+    });
+    console.log(
+      `fast mode vs reference top-5:\n${lines.join("\n")}\ntop-1 agreement ${top1}/${fixtureNames.length}, top-5 overlap ${top5overlap}/${5 * fixtureNames.length}`,
+    );
+    for (const name of ["chelsea.jpg", "coffee.jpg", "camera.jpg", "motorcycle_left.jpg"]) {
+      const i = fixtureNames.indexOf(name);
+      expect(got[i]!.index[0], name).toBe(expected[name]!.top5_index[0]);
+    }
+  });
+});
