@@ -1,0 +1,63 @@
+/**
+ * Hand-encodes tiny ONNX models (Identity graphs) so tests can exercise
+ * datatypes, fixed batch dims and metadata_props without model files.
+ */
+
+const ELEM: Record<string, number> = {
+  float32: 1,
+  uint8: 2,
+  int8: 3,
+  int32: 6,
+  int64: 7,
+  string: 8,
+  bool: 9,
+  float64: 11,
+};
+
+function varint(n: number): number[] {
+  const out: number[] = [];
+  while (n >= 0x80) {
+    out.push((n % 128) | 0x80);
+    n = Math.floor(n / 128);
+  }
+  out.push(n);
+  return out;
+}
+
+const enc = new TextEncoder();
+const num = (field: number, n: number) => [...varint(field * 8), ...varint(n)];
+const bytes = (field: number, b: number[] | Uint8Array) => [...varint(field * 8 + 2), ...varint(b.length), ...b];
+const str = (field: number, s: string) => bytes(field, enc.encode(s));
+
+export interface ToyTensor {
+  name: string;
+  type: keyof typeof ELEM;
+  /** Numbers are fixed dims, strings symbolic (dynamic). */
+  shape: (number | string)[];
+}
+
+function valueInfo(t: ToyTensor): number[] {
+  const dims = t.shape.flatMap((d) => bytes(1, typeof d === "number" ? num(1, d) : str(2, d)));
+  const tensorType = [...num(1, ELEM[t.type]!), ...bytes(2, dims)];
+  return [...str(1, t.name), ...bytes(2, bytes(1, tensorType))];
+}
+
+/** A model whose output i is Identity(input i), named `${input}_out`. */
+export function identityModel(inputs: ToyTensor[], metadata: Record<string, string> = {}): Uint8Array {
+  const graph: number[] = [];
+  inputs.forEach((t, i) => {
+    const node = [...str(1, t.name), ...str(2, `${t.name}_out`), ...str(3, `id${i}`), ...str(4, "Identity")];
+    graph.push(...bytes(1, node));
+  });
+  graph.push(...str(2, "toy"));
+  for (const t of inputs) graph.push(...bytes(11, valueInfo(t)));
+  for (const t of inputs) graph.push(...bytes(12, valueInfo({ ...t, name: `${t.name}_out` })));
+  const model = [
+    ...num(1, 8),
+    ...str(2, "trellis-test"),
+    ...bytes(7, graph),
+    ...bytes(8, [...str(1, ""), ...num(2, 13)]),
+    ...Object.entries(metadata).flatMap(([k, v]) => bytes(14, [...str(1, k), ...str(2, v)])),
+  ];
+  return Uint8Array.from(model);
+}

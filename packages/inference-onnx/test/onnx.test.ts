@@ -1,0 +1,486 @@
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { parseModelConfig } from "@trellis/protocol";
+import {
+  bytesTensor,
+  bytesToStrings,
+  Code,
+  connectStage,
+  grpcTransport,
+  type InferRequest,
+  type ListeningServer,
+  listenStage,
+  type Stage,
+  StageError,
+  type StageLogger,
+  tensor,
+} from "@trellis/stage";
+import * as ort from "onnxruntime-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  autoCompleteConfig,
+  createOnnxStage,
+  createStage,
+  type OnnxStage,
+  readOnnxMetadataProps,
+  SYNTHETIC_METADATA_KEY,
+} from "../dist/index.js";
+import { identityModel } from "./onnx-writer.js";
+
+const MOBILENET = join(import.meta.dirname, "..", "..", "..", "..", "shared", "models", "mobilenetv2-12-int8.onnx");
+const IMAGE = 3 * 224 * 224;
+const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-test-"));
+const stages: Stage[] = [];
+
+afterAll(async () => {
+  await Promise.all(stages.map((s) => s.close()));
+  rmSync(repo, { recursive: true, force: true });
+});
+
+/** A model folder in the temp repository: config text and the model (a file to copy, or bytes). */
+function modelDir(name: string, model: string | Uint8Array): string {
+  const dir = join(repo, name);
+  mkdirSync(join(dir, "1"), { recursive: true });
+  if (typeof model === "string") copyFileSync(model, join(dir, "1", "model.onnx"));
+  else writeFileSync(join(dir, "1", "model.onnx"), model);
+  return dir;
+}
+
+async function load(name: string, model: string | Uint8Array, config: string, extra: object = {}): Promise<OnnxStage> {
+  const stage = await createOnnxStage({
+    config: parseModelConfig(`name: "${name}"\n${config}`),
+    modelDir: modelDir(name, model),
+    ...extra,
+  });
+  stages.push(stage);
+  return stage;
+}
+
+async function loadError(name: string, model: string | Uint8Array, config: string, extra: object = {}) {
+  const err = await load(name, model, config, extra).then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(StageError);
+  return err as StageError;
+}
+
+/** Deterministic pseudo-random floats in [-2, 2), like normalised image pixels. */
+function images(n: number, seed: number): Float32Array {
+  let s = seed >>> 0 || 1;
+  const out = new Float32Array(n * IMAGE);
+  for (let i = 0; i < out.length; i++) {
+    s = (s * 1664525 + 1013904223) >>> 0;
+    out[i] = (s / 2 ** 32) * 4 - 2;
+  }
+  return out;
+}
+
+const imageRequest = (n: number, seed: number): InferRequest => ({
+  inputs: [tensor("input", "FP32", [n, 3, 224, 224], images(n, seed))],
+});
+
+function expectClose(got: Float32Array, want: Float32Array) {
+  expect(got.length).toBe(want.length);
+  let worst = 0;
+  for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i]! - want[i]!));
+  expect(worst).toBeLessThanOrEqual(1e-5);
+}
+
+async function rejection(p: Promise<unknown>): Promise<StageError> {
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(StageError);
+  return err as StageError;
+}
+
+describe("MobileNetV2 int8 (../shared/models)", () => {
+  let reference: ort.InferenceSession;
+  /** What a direct InferenceSession.run gives for these images. */
+  const direct = async (data: Float32Array, n: number) =>
+    (await reference.run({ input: new ort.Tensor("float32", data, [n, 3, 224, 224]) })).output!.data as Float32Array;
+
+  beforeAll(async () => {
+    reference = await ort.InferenceSession.create(MOBILENET);
+  });
+  afterAll(async () => {
+    await reference.release();
+  });
+
+  it("equals a direct InferenceSession.run for batch 1, 3 and 8, each request run alone", async () => {
+    const stage = await load(
+      "mnet_plain",
+      MOBILENET,
+      `platform: "onnxruntime_onnx"
+       max_batch_size: 8
+       input [{ name: "input" data_type: TYPE_FP32 dims: [3, 224, 224] }]
+       output [{ name: "output" data_type: TYPE_FP32 dims: [1000] }]`,
+    );
+    expect(await stage.isReady()).toBe(true);
+    for (const [n, seed] of [
+      [1, 11],
+      [3, 12],
+      [8, 13],
+    ] as const) {
+      const req = imageRequest(n, seed);
+      const res = await stage.infer(req);
+      expect(res.modelName).toBe("mnet_plain");
+      expect(res.outputs[0]!.shape).toEqual([n, 1000]);
+      expectClose(res.outputs[0]!.data as Float32Array, await direct(req.inputs[0]!.data as Float32Array, n));
+    }
+    const stats = await stage.statistics();
+    expect(stats.executionCount).toBe(3n);
+    expect(stats.inferenceCount).toBe(12n);
+    expect(stats.batchStats.map((b) => b.batchSize)).toEqual([1n, 3n, 8n]);
+    expect(Number(stats.inferenceStats?.computeInfer?.ns)).toBeGreaterThan(0);
+  });
+
+  it("with dynamic batching, mixes requests of sizes 1..4 and each output equals its own direct run", async () => {
+    const stage = await load(
+      "mnet_batched",
+      MOBILENET,
+      `platform: "onnxruntime_onnx"
+       max_batch_size: 8
+       dynamic_batching { preferred_batch_size: [8] max_queue_delay_microseconds: 5000000 }`,
+    );
+    const sizes = [1, 2, 3, 4, 1, 3];
+    const requests = sizes.map((n, i) => imageRequest(n, 100 + i));
+    const responses = await Promise.all(requests.map((r) => stage.infer(r)));
+    for (const [i, res] of responses.entries()) {
+      const n = sizes[i]!;
+      expect(res.outputs[0]!.shape).toEqual([n, 1000]);
+      expectClose(res.outputs[0]!.data as Float32Array, await direct(requests[i]!.inputs[0]!.data as Float32Array, n));
+    }
+    // 1+2+3 (4 would pass 8), then 4+1+3 = 8: two executions, not six.
+    const stats = await stage.statistics();
+    expect(stats.executionCount).toBe(2n);
+    expect(stats.inferenceCount).toBe(14n);
+    expect(stats.batchStats.map((b) => b.batchSize)).toEqual([6n, 8n]);
+    expect(stats.inferenceStats?.success?.count).toBe(6n);
+  });
+
+  describe("queue policy and request checks", () => {
+    let stage: OnnxStage;
+    beforeAll(async () => {
+      stage = await load(
+        "mnet_queue",
+        MOBILENET,
+        `platform: "onnxruntime_onnx"
+         max_batch_size: 16
+         dynamic_batching { default_queue_policy { max_queue_size: 2 allow_timeout_override: true } }`,
+      );
+    });
+
+    it("answers RESOURCE_EXHAUSTED at once when the queue is full", async () => {
+      const running = stage.infer(imageRequest(16, 1));
+      const queued = [stage.infer(imageRequest(16, 2)), stage.infer(imageRequest(16, 3))];
+      const err = await rejection(stage.infer(imageRequest(1, 4)));
+      expect(err.code).toBe(Code.ResourceExhausted);
+      expect(err.message).toMatch(/maximum queue size: 2/);
+      await Promise.all([running, ...queued]);
+    });
+
+    it("fails a request whose queue timeout expires, and only that one", async () => {
+      const running = stage.infer(imageRequest(16, 5));
+      const late = stage.infer(imageRequest(1, 6), { timeoutMicroseconds: 1000 });
+      const patient = stage.infer(imageRequest(1, 7));
+      const err = await rejection(late);
+      expect(err.code).toBe(Code.Unavailable);
+      expect(err.message).toMatch(/Request timeout expired.*1000 µs/);
+      expect((await patient).outputs[0]!.shape).toEqual([1, 1000]);
+      await running;
+    });
+
+    it("rejects wrong name, datatype, shape, size and outputs with INVALID_ARGUMENT naming expected and got", async () => {
+      const cases: [InferRequest, RegExp][] = [
+        [
+          { inputs: [tensor("image", "FP32", [1, 3, 224, 224], images(1, 1))] },
+          /unexpected input image; expected inputs: input/,
+        ],
+        [
+          { inputs: [tensor("input", "FP64", [1, 3, 224, 224], new Float64Array(IMAGE))] },
+          /input input: expected datatype FP32, got FP64/,
+        ],
+        [
+          { inputs: [tensor("input", "FP32", [1, 3, 224, 225], new Float32Array(3 * 224 * 225))] },
+          /input input: expected shape \[-1,3,224,224\], got \[1,3,224,225\]/,
+        ],
+        [
+          { inputs: [tensor("input", "FP32", [1, 224, 224], new Float32Array(224 * 224))] },
+          /expected shape \[-1,3,224,224\], got \[1,224,224\]/,
+        ],
+        [
+          { inputs: [{ name: "input", datatype: "FP32", shape: [2, 3, 224, 224], data: images(1, 1) }] },
+          /shape \[2,3,224,224\] needs 1204224 bytes, got 602112/,
+        ],
+        [{ inputs: [] }, /missing input input \(expected FP32 \[-1,3,224,224\]\)/],
+        [
+          { ...imageRequest(1, 1), outputs: [{ name: "probs" }] },
+          /unknown output probs; the model's outputs are output/,
+        ],
+        [imageRequest(17, 1), /batch size 17 exceeds the model's max_batch_size 16/],
+      ];
+      for (const [req, message] of cases) {
+        const err = await rejection(stage.infer(req));
+        expect(err.code).toBe(Code.InvalidArgument);
+        expect(err.message).toMatch(message);
+      }
+    });
+
+    it("keeps the event loop free: health and metadata over gRPC are answered while a batch of 16 runs", async () => {
+      let posted!: () => void;
+      const batchPosted = new Promise<void>((r) => {
+        posted = r;
+      });
+      // Same stage; only notes when the batch has been handed to its session worker.
+      const observed: Stage = {
+        name: stage.name,
+        version: stage.version,
+        config: stage.config,
+        isReady: () => stage.isReady(),
+        metadata: () => stage.metadata(),
+        statistics: () => stage.statistics(),
+        close: () => stage.close(),
+        infer: (r, o) => {
+          const p = stage.infer(r, o);
+          posted();
+          return p;
+        },
+      };
+      const server: ListeningServer = await listenStage(observed);
+      try {
+        const remote = await connectStage(grpcTransport(server.url), stage.name);
+        const order: string[] = [];
+        const big = remote.infer(imageRequest(16, 42)).then((r) => {
+          order.push("batch of 16");
+          return r;
+        });
+        await batchPosted;
+        expect(await remote.isReady()).toBe(true);
+        order.push("ModelReady");
+        const again = await connectStage(grpcTransport(server.url), stage.name); // ModelConfig + ModelMetadata RPCs
+        expect((await again.metadata()).inputs[0]!.shape).toEqual([-1, 3, 224, 224]);
+        order.push("ModelMetadata");
+        expect((await big).outputs[0]!.shape).toEqual([16, 1000]);
+        expect(order).toEqual(["ModelReady", "ModelMetadata", "batch of 16"]);
+      } finally {
+        await server.close();
+      }
+    });
+  });
+
+  it("auto-completes a config without inputs and outputs from the model, as Triton's non-strict mode", async () => {
+    const stage = await load("mnet_auto", MOBILENET, "");
+    expect(stage.config.platform).toBe("onnxruntime_onnx");
+    expect(stage.config.maxBatchSize).toBe(4);
+    expect(stage.config.schedulingChoice.case).toBe("dynamicBatching");
+    expect(stage.config.input.map((i) => [i.name, i.dims.map(Number)])).toEqual([["input", [3, 224, 224]]]);
+    expect(stage.config.output.map((o) => [o.name, o.dims.map(Number)])).toEqual([["output", [1000]]]);
+    expect((await stage.metadata()).outputs).toEqual([{ name: "output", datatype: "FP32", shape: [-1, 1000] }]);
+    expect((await stage.infer(imageRequest(2, 3))).outputs[0]!.shape).toEqual([2, 1000]);
+
+    const strict = await loadError("mnet_strict", MOBILENET, "", { strictModelConfig: true });
+    expect(strict.message).toMatch(/strict model config needs input and output sections/);
+  });
+
+  it("refuses a config that disagrees with the model, naming the tensor, expected and got", async () => {
+    const head = `max_batch_size: 8\noutput [{ name: "output" data_type: TYPE_FP32 dims: [1000] }]\n`;
+    const cases: [string, RegExp][] = [
+      [
+        `input [{ name: "input" data_type: TYPE_FP32 dims: [3, 224, 225] }]`,
+        /input input: dimension 3 differs: config dims \[3,224,225\].*model shape \[-1,3,224,224\]/,
+      ],
+      [
+        `input [{ name: "input" data_type: TYPE_INT32 dims: [3, 224, 224] }]`,
+        /input input: config datatype INT32, model datatype FP32/,
+      ],
+      [
+        `input [{ name: "pixels" data_type: TYPE_FP32 dims: [3, 224, 224] }]`,
+        /config input pixels is not a model input; the model's inputs are input/,
+      ],
+      [`input [{ name: "input" data_type: TYPE_FP32 dims: [224, 224] }]`, /input input: rank differs/],
+    ];
+    for (const [i, [input, message]] of cases.entries()) {
+      const err = await loadError(`mnet_bad${i}`, MOBILENET, head + input);
+      expect(err.code).toBe(Code.InvalidArgument);
+      expect(err.message).toMatch(message);
+    }
+    const missing = (await createOnnxStage({
+      config: parseModelConfig(`name: "nothing"`),
+      modelDir: join(repo, "nothing"),
+    }).then(
+      () => undefined,
+      (e: unknown) => e,
+    )) as StageError;
+    expect(missing.code).toBe(Code.NotFound);
+    expect(missing.message).toMatch(/no model file at .*nothing.1.model\.onnx/);
+  });
+
+  it("warms up every instance before it is ready, outside the statistics", async () => {
+    const stage = await load(
+      "mnet_warm",
+      MOBILENET,
+      `max_batch_size: 8
+       instance_group [{ count: 2 kind: KIND_CPU }]
+       model_warmup [{ name: "zeros" batch_size: 2 count: 2 inputs { key: "input" value { data_type: TYPE_FP32 dims: [3, 224, 224] zero_data: true } } },
+                     { name: "noise" batch_size: 1 inputs { key: "input" value { data_type: TYPE_FP32 dims: [3, 224, 224] random_data: true } } }]`,
+    );
+    expect(await stage.isReady()).toBe(true);
+    expect((await stage.statistics()).executionCount).toBe(0n);
+    const res = await Promise.all([stage.infer(imageRequest(1, 1)), stage.infer(imageRequest(1, 2))]);
+    expect(res.map((r) => r.outputs[0]!.shape)).toEqual([
+      [1, 1000],
+      [1, 1000],
+    ]);
+    const bad = await loadError(
+      "mnet_badwarm",
+      MOBILENET,
+      `max_batch_size: 8
+       model_warmup [{ name: "wrong" batch_size: 1 inputs { key: "input" value { data_type: TYPE_FP32 dims: [3, 10, 10] zero_data: true } } }]`,
+    );
+    expect(bad.message).toMatch(/warmup \(wrong\) failed/);
+  });
+
+  it("KIND_GPU uses the CUDA execution provider, or fails to load saying it is missing", async () => {
+    const ortDir = dirname(createRequire(import.meta.url).resolve("onnxruntime-node"));
+    const hasCuda = existsSync(
+      join(ortDir, "..", "bin", "napi-v6", "linux", "x64", "libonnxruntime_providers_cuda.so"),
+    );
+    const config = `max_batch_size: 8\ninstance_group [{ count: 1 kind: KIND_GPU gpus: [0] }]`;
+    if (hasCuda) {
+      const stage = await load("mnet_gpu", MOBILENET, config);
+      expect((await stage.infer(imageRequest(1, 1))).outputs[0]!.shape).toEqual([1, 1000]);
+    } else {
+      const err = await loadError("mnet_gpu", MOBILENET, config);
+      expect(err.code).toBe(Code.Unavailable);
+      expect(err.message).toMatch(/KIND_GPU \(device 0\) needs onnxruntime-node's cuda execution provider/);
+    }
+  });
+});
+
+describe("hand-built ONNX models", () => {
+  const toy = identityModel([
+    { name: "a", type: "float32", shape: ["N", 4] },
+    { name: "b", type: "int64", shape: ["N", 2] },
+    { name: "s", type: "string", shape: ["N", 1] },
+  ]);
+
+  it("batches FP32, INT64 and BYTES requests of sizes 1..4 and splits them back exactly", async () => {
+    const stage = await load(
+      "toy",
+      toy,
+      `max_batch_size: 16
+       dynamic_batching { max_queue_delay_microseconds: 5000000 preferred_batch_size: [10] }`,
+    );
+    expect(stage.config.input.map((i) => i.name)).toEqual(["a", "b", "s"]);
+    const requests = [1, 2, 3, 4].map(
+      (n): InferRequest => ({
+        inputs: [
+          tensor(
+            "a",
+            "FP32",
+            [n, 4],
+            Float32Array.from({ length: n * 4 }, (_, i) => n * 100 + i + 0.5),
+          ),
+          tensor(
+            "b",
+            "INT64",
+            [n, 2],
+            BigInt64Array.from({ length: n * 2 }, (_, i) => BigInt(n) * 1000000000000n + BigInt(i)),
+          ),
+          bytesTensor(
+            "s",
+            [n, 1],
+            Array.from({ length: n }, (_, i) => `req${n}-item${i}`),
+          ),
+        ],
+        outputs: n === 2 ? [{ name: "s_out" }] : undefined,
+      }),
+    );
+    const responses = await Promise.all(requests.map((r) => stage.infer(r)));
+    for (const [i, res] of responses.entries()) {
+      const req = requests[i]!;
+      const n = i + 1;
+      if (n === 2) {
+        expect(res.outputs.map((t) => t.name)).toEqual(["s_out"]);
+      } else {
+        const [a, b, s] = res.outputs;
+        expect(a!.shape).toEqual([n, 4]);
+        expect(Array.from(a!.data as Float32Array)).toEqual(Array.from(req.inputs[0]!.data as Float32Array));
+        expect(Array.from(b!.data as BigInt64Array)).toEqual(Array.from(req.inputs[1]!.data as BigInt64Array));
+        expect(bytesToStrings(s!)).toEqual(bytesToStrings(req.inputs[2]!));
+      }
+    }
+    expect((await stage.statistics()).batchStats.map((b) => b.batchSize)).toEqual([10n]);
+  });
+
+  it("refuses max_batch_size on a model whose batch dimension is fixed", async () => {
+    const fixed = identityModel([{ name: "a", type: "float32", shape: [1, 4] }]);
+    const err = await loadError(
+      "toy_fixed",
+      fixed,
+      `max_batch_size: 4\ninput [{ name: "a" data_type: TYPE_FP32 dims: [4] }]\noutput [{ name: "a_out" data_type: TYPE_FP32 dims: [4] }]`,
+    );
+    expect(err.message).toMatch(
+      /input a: max_batch_size 4 needs a dynamic first dimension, but the model fixes it to 1/,
+    );
+    // Auto-complete leaves such a model unbatched, with its full shape in dims.
+    const ok = await load("toy_fixed_auto", fixed, "");
+    expect(ok.config.maxBatchSize).toBe(0);
+    expect(ok.config.input[0]!.dims.map(Number)).toEqual([1, 4]);
+    const res = await ok.infer({ inputs: [tensor("a", "FP32", [1, 4], Float32Array.of(1, 2, 3, 4))] });
+    expect(Array.from(res.outputs[0]!.data as Float32Array)).toEqual([1, 2, 3, 4]);
+  });
+
+  it("labels a synthetic model in its metadata and log", async () => {
+    const synthetic = identityModel([{ name: "a", type: "float32", shape: ["N", 4] }], {
+      [SYNTHETIC_METADATA_KEY]: "true",
+      note: "seeded",
+    });
+    const dir = modelDir("toy_synth_props", synthetic);
+    expect(await readOnnxMetadataProps(join(dir, "1", "model.onnx"))).toEqual({
+      "trellis.synthetic": "true",
+      note: "seeded",
+    });
+    expect(await readOnnxMetadataProps(MOBILENET)).not.toHaveProperty(SYNTHETIC_METADATA_KEY);
+    const warnings: string[] = [];
+    const logger: StageLogger = {
+      info: () => {},
+      warn: (_obj, msg) => warnings.push(String(msg)),
+      error: () => {},
+    };
+    const stage = await createStage({
+      config: parseModelConfig(`name: "toy_synth"`),
+      modelDir: dir,
+      version: "1",
+      versionDir: join(dir, "1"),
+      logger,
+    });
+    stages.push(stage);
+    expect(stage.synthetic).toBe(true);
+    expect((await stage.metadata()).platform).toBe("onnxruntime_onnx (synthetic weights)");
+    expect(warnings.join("\n")).toMatch(/SYNTHETIC model/);
+
+    const plain = await load("toy_plain", identityModel([{ name: "a", type: "float32", shape: ["N", 4] }]), "");
+    expect(plain.synthetic).toBe(false);
+    expect((await plain.metadata()).platform).toBe("onnxruntime_onnx");
+  });
+
+  it("autoCompleteConfig keeps sections that are present", () => {
+    const config = parseModelConfig(
+      `name: "x"\nmax_batch_size: 2\ninput [{ name: "a" data_type: TYPE_FP32 dims: [4] }]`,
+    );
+    const done = autoCompleteConfig(config, {
+      inputs: [{ name: "a", type: "float32", shape: [-1, 4] }],
+      outputs: [{ name: "a_out", type: "int64", shape: [-1, 7] }],
+    });
+    expect(done.maxBatchSize).toBe(2);
+    expect(done.schedulingChoice.case).toBeUndefined();
+    expect(done.output.map((o) => [o.name, o.dims.map(Number)])).toEqual([["a_out", [7]]]);
+    expect(config.output).toHaveLength(0);
+  });
+});
