@@ -27,6 +27,8 @@ export class ManagedStage implements Stage {
   constructor(
     readonly inner: Stage,
     private readonly labels: ReadonlyMap<string, string[]> = new Map(),
+    /** Every version of this model being served, for metadata (Triton lists them all). */
+    private readonly versions?: () => string[],
   ) {}
 
   get name(): string {
@@ -46,8 +48,10 @@ export class ManagedStage implements Stage {
   isReady(): boolean | Promise<boolean> {
     return this.inner.isReady();
   }
-  metadata(): StageMetadata | Promise<StageMetadata> {
-    return this.inner.metadata();
+  async metadata(): Promise<StageMetadata> {
+    const md = await this.inner.metadata();
+    const versions = this.versions?.();
+    return versions && versions.length > 0 ? { ...md, versions } : md;
   }
   statistics(): ModelStatistics | Promise<ModelStatistics> {
     return this.inner.statistics();

@@ -122,8 +122,8 @@ export class RepositoryManager implements ModelRegistry {
       loadModels: [],
       strictModelConfig: false,
       pollIntervalMs: 15_000,
-      endpoints: {},
       ...options,
+      endpoints: options.endpoints ?? {},
     };
     this.repository = {
       index: (readyOnly) => this.index(readyOnly),
@@ -187,6 +187,16 @@ export class RepositoryManager implements ModelRegistry {
       throw new StageError(Code.Unavailable, "", `Request for unknown model: '${name}' has no available versions`);
     }
     return latest.stage;
+  }
+
+  /** Versions of `name` that are READY, ascending (what model metadata lists). */
+  readyVersions(name: string): string[] {
+    const e = this.models.get(name);
+    if (!e) return [];
+    return [...e.versions.values()]
+      .filter((v) => v.state === "READY")
+      .map((v) => v.version)
+      .sort(byVersion);
   }
 
   list(): ManagedStage[] {
@@ -367,7 +377,7 @@ export class RepositoryManager implements ModelRegistry {
             logger: this.opts.logger,
           });
           if (!(await stage.isReady())) await waitReady(stage);
-          entry.stage = new ManagedStage(stage, labels);
+          entry.stage = new ManagedStage(stage, labels, () => this.readyVersions(model.name));
           entry.state = "READY";
           this.opts.logger.info({ model: model.name, version, state: "READY" }, "model loaded");
         } catch (err) {

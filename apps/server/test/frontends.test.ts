@@ -1,0 +1,479 @@
+/**
+ * The real server process over a repository of small test models: HTTP/REST
+ * (JSON and binary), gRPC (Connect and @grpc/grpc-js), gRPC-Web/Connect on
+ * the HTTP port, metrics, statistics, version policy, a model that fails to load.
+ */
+import { join } from "node:path";
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import {
+  GRPCInferenceService,
+  Health,
+  HealthCheckResponse_ServingStatus,
+  ModelInferRequestSchema,
+} from "@trellis/protocol";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  binaryRequest,
+  binaryResponse,
+  echoConfig,
+  makeRepository,
+  metricValue,
+  postJson,
+  REPO_ROOT,
+  removeDir,
+  type ServerProcess,
+  scrape,
+  startServerProcess,
+} from "./helpers.js";
+
+let repo: string;
+let server: ServerProcess;
+
+const f32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
+
+beforeAll(async () => {
+  repo = await makeRepository({
+    echo: { config: echoConfig("echo") },
+    counted: { config: echoConfig("counted") },
+    echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
+    echo_int: { config: echoConfig("echo_int", { datatype: "TYPE_INT64", dims: [2] }) },
+    echo_str: { config: echoConfig("echo_str", { datatype: "TYPE_STRING", dims: [1] }) },
+    labelled: {
+      config: echoConfig("labelled").replace(
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt" } ]',
+      ),
+      files: { "labels.txt": "zero\none\ntwo\nthree" },
+    },
+    multi: {
+      config: echoConfig("multi", {
+        params: { scale_by_version: "1" },
+        extra: "version_policy: { latest: { num_versions: 2 } }",
+      }),
+      versions: ["1", "2", "3"],
+    },
+    chain: {
+      config: `name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "echo" model_version: -1 input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "mid" } },
+  { model_name: "echo10" model_version: -1 input_map { key: "INPUT" value: "mid" } output_map { key: "OUTPUT" value: "OUT" } }
+] }
+`,
+    },
+    broken: { config: echoConfig("broken", { params: { module: "./does-not-exist.js" } }) },
+  });
+  server = await startServerProcess(["--model-repository", repo]);
+});
+
+afterAll(async () => {
+  expect(await server?.stop()).toBe(0);
+  await removeDir(repo);
+});
+
+describe("startup", () => {
+  it("logs one line per model loaded and per listening port, and stays up when a model fails", async () => {
+    const loaded = server.logs.filter((l) => l.msg === "model loaded").map((l) => `${l.model}:${l.version}`);
+    expect(loaded.sort()).toEqual(
+      [
+        "chain:1",
+        "counted:1",
+        "echo10:1",
+        "echo:1",
+        "echo_int:1",
+        "echo_str:1",
+        "labelled:1",
+        "multi:2",
+        "multi:3",
+      ].sort(),
+    );
+    expect(server.logs.filter((l) => l.msg === "listening").map((l) => l.protocol)).toEqual([
+      "grpc",
+      "http",
+      "metrics",
+    ]);
+    const failed = server.logs.find((l) => l.msg === "model failed to load");
+    expect(failed).toMatchObject({ model: "broken", state: "UNAVAILABLE" });
+    expect(String(failed?.reason)).toContain("does-not-exist.js");
+
+    expect((await fetch(`${server.http}/v2/health/live`)).status).toBe(200);
+    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
+    expect((await fetch(`${server.http}/v2/models/echo/ready`)).status).toBe(200);
+    expect((await fetch(`${server.http}/v2/models/broken/ready`)).status).toBe(400);
+  });
+
+  it("reports every model's state and reason in the repository index", async () => {
+    const { status, json } = await postJson(`${server.http}/v2/repository/index`, {});
+    expect(status).toBe(200);
+    const broken = json.find((m: { name: string }) => m.name === "broken");
+    expect(broken).toMatchObject({ name: "broken", version: "1", state: "UNAVAILABLE" });
+    expect(broken.reason).toContain("does-not-exist.js");
+    expect(json.filter((m: { name: string }) => m.name === "multi")).toEqual([
+      { name: "multi", version: "2", state: "READY" },
+      { name: "multi", version: "3", state: "READY" },
+    ]);
+    const ready = await postJson(`${server.http}/v2/repository/index`, { ready: true });
+    expect(ready.json.some((m: { name: string }) => m.name === "broken")).toBe(false);
+    expect(ready.json).toHaveLength(json.length - 1);
+  });
+});
+
+describe("HTTP/REST", () => {
+  it("serves server and model metadata, config and statistics", async () => {
+    const meta = await (await fetch(`${server.http}/v2`)).json();
+    expect(meta.name).toBe("trellis");
+    expect(meta.extensions).toContain("binary_tensor_data");
+    const model = await (await fetch(`${server.http}/v2/models/echo`)).json();
+    expect(model).toEqual({
+      name: "echo",
+      versions: ["1"],
+      platform: "typescript",
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [-1, 4] }],
+      outputs: [{ name: "OUTPUT", datatype: "FP32", shape: [-1, 4] }],
+    });
+    const config = await (await fetch(`${server.http}/v2/models/echo/config`)).json();
+    expect(config.max_batch_size).toBe(8);
+    expect(config.input[0]).toMatchObject({ name: "INPUT", data_type: "TYPE_FP32", dims: [4] });
+    const versioned = await fetch(`${server.http}/v2/models/multi/versions/2/config`);
+    expect((await versioned.json()).name).toBe("multi");
+    const stats = await (await fetch(`${server.http}/v2/models/stats`)).json();
+    expect(stats.model_stats.map((s: { name: string }) => s.name)).toContain("chain");
+  });
+
+  it("infers with JSON data, flat or nested, batched [N,4]", async () => {
+    for (const n of [1, 3, 8]) {
+      const rows = Array.from({ length: n }, (_, i) => [i, i + 0.5, -i, 2 * i]);
+      const nested = await postJson(`${server.http}/v2/models/echo10/infer`, {
+        id: `nested-${n}`,
+        inputs: [{ name: "INPUT", datatype: "FP32", shape: [n, 4], data: rows }],
+      });
+      expect(nested.status).toBe(200);
+      expect(nested.json).toEqual({
+        id: `nested-${n}`,
+        model_name: "echo10",
+        model_version: "1",
+        outputs: [{ name: "OUTPUT", datatype: "FP32", shape: [n, 4], data: rows.flat().map((v) => v * 10 + 0) }],
+      });
+      const flat = await postJson(`${server.http}/v2/models/echo10/infer`, {
+        inputs: [{ name: "INPUT", datatype: "FP32", shape: [n, 4], data: rows.flat() }],
+      });
+      expect(flat.json.outputs).toEqual(nested.json.outputs);
+    }
+  });
+
+  it("types JSON data by datatype: INT64 as numbers, BYTES as strings", async () => {
+    const ints = await postJson(`${server.http}/v2/models/echo_int/infer`, {
+      inputs: [
+        {
+          name: "INPUT",
+          datatype: "INT64",
+          shape: [2, 2],
+          data: [
+            [1, -2],
+            [3, 2 ** 40],
+          ],
+        },
+      ],
+    });
+    expect(ints.json.outputs[0]).toEqual({
+      name: "OUTPUT",
+      datatype: "INT64",
+      shape: [2, 2],
+      data: [1, -2, 3, 2 ** 40],
+    });
+    const strs = await postJson(`${server.http}/v2/models/echo_str/infer`, {
+      inputs: [{ name: "INPUT", datatype: "BYTES", shape: [2, 1], data: ["tabby", "ünïcode ✓"] }],
+    });
+    expect(strs.json.outputs[0]).toEqual({
+      name: "OUTPUT",
+      datatype: "BYTES",
+      shape: [2, 1],
+      data: ["tabby", "ünïcode ✓"],
+    });
+  });
+
+  it("speaks the binary tensor extension both ways, and mixes it with JSON", async () => {
+    const values = [1.5, -2, 0.25, 3, 4, 5, 6, 7];
+    const { body, headerLength } = binaryRequest(
+      { inputs: [{ name: "INPUT", datatype: "FP32", shape: [2, 4] }], parameters: { binary_data_output: true } },
+      [f32(values)],
+    );
+    const res = await fetch(`${server.http}/v2/models/echo10/infer`, {
+      method: "POST",
+      body,
+      headers: { "inference-header-content-length": String(headerLength) },
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("content-type")).toBe("application/octet-stream");
+    const { json, outputs } = await binaryResponse(res);
+    expect(json.outputs[0]).toEqual({
+      name: "OUTPUT",
+      datatype: "FP32",
+      shape: [2, 4],
+      parameters: { binary_data_size: 32 },
+    });
+    expect([...new Float32Array((outputs.get("OUTPUT") as Uint8Array).buffer)]).toEqual(values.map((v) => v * 10));
+
+    // Binary in, JSON out (binary_data: false on the output).
+    const mixed = binaryRequest(
+      {
+        inputs: [{ name: "INPUT", datatype: "FP32", shape: [2, 4] }],
+        outputs: [{ name: "OUTPUT", parameters: { binary_data: false } }],
+      },
+      [f32(values)],
+    );
+    const res2 = await fetch(`${server.http}/v2/models/echo10/infer`, {
+      method: "POST",
+      body: mixed.body,
+      headers: { "inference-header-content-length": String(mixed.headerLength) },
+    });
+    expect(res2.headers.get("inference-header-content-length")).toBeNull();
+    expect((await res2.json()).outputs[0].data).toEqual(values.map((v) => v * 10));
+  });
+
+  it("implements the classification extension with the output's labels", async () => {
+    const { status, json } = await postJson(`${server.http}/v2/models/labelled/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [2, 4], data: [0.1, 0.7, 0.2, 0.05, 3, 2, 1, 4] }],
+      outputs: [{ name: "OUTPUT", parameters: { classification: 2 } }],
+    });
+    expect(status).toBe(200);
+    expect(json.outputs[0]).toEqual({
+      name: "OUTPUT",
+      datatype: "BYTES",
+      shape: [2, 2],
+      data: ["0.700000:1:one", "0.200000:2:two", "4.000000:3:three", "3.000000:0:zero"],
+    });
+  });
+
+  it("maps errors to Triton's statuses with {error} bodies", async () => {
+    const unknown = await postJson(`${server.http}/v2/models/nope/infer`, { inputs: [] });
+    expect(unknown).toEqual({ status: 400, json: { error: "Request for unknown model: 'nope' is not found" } });
+    const meta = await fetch(`${server.http}/v2/models/nope`);
+    expect(meta.status).toBe(404);
+    expect((await meta.json()).error).toContain("'nope'");
+    const oldVersion = await postJson(`${server.http}/v2/models/multi/versions/1/infer`, { inputs: [] });
+    expect(oldVersion.status).toBe(400);
+    expect(oldVersion.json.error).toContain("version 1");
+
+    const badShape = await postJson(`${server.http}/v2/models/echo/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3] }],
+    });
+    expect(badShape.status).toBe(400);
+    expect(badShape.json.error).toContain("INPUT");
+    const badType = await postJson(`${server.http}/v2/models/echo/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, "x", 3, 4] }],
+    });
+    expect(badType.status).toBe(400);
+    expect(badType.json.error).toContain("element 1");
+    const fp16 = await postJson(`${server.http}/v2/models/echo/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP16", shape: [1, 4], data: [1, 2, 3, 4] }],
+    });
+    expect(fp16.status).toBe(400);
+    expect(fp16.json.error).toContain("binary data format");
+    const notJson = await fetch(`${server.http}/v2/models/echo/infer`, { method: "POST", body: "{nope" });
+    expect(notJson.status).toBe(400);
+    expect((await notJson.json()).error).toContain("JSON");
+    const short = binaryRequest({ inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4] }] }, [f32([1, 2, 3, 4])]);
+    const truncated = await fetch(`${server.http}/v2/models/echo/infer`, {
+      method: "POST",
+      body: short.body.subarray(0, short.body.byteLength - 4),
+      headers: { "inference-header-content-length": String(short.headerLength) },
+    });
+    expect(truncated.status).toBe(400);
+    expect((await truncated.json()).error).toContain("binary_data_size 16");
+
+    const stageFailure = await postJson(`${server.http}/v2/models/echo/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+      parameters: { fail: true },
+    });
+    expect(stageFailure).toEqual({ status: 400, json: { error: "echo: asked to fail" } });
+
+    const load = await postJson(`${server.http}/v2/repository/models/echo/load`, {});
+    expect(load.status).toBe(503);
+    expect(load.json.error).toContain("explicit model load / unload is not allowed");
+    expect((await fetch(`${server.http}/v2/nowhere`)).status).toBe(404);
+    expect((await fetch(`${server.http}/v2/models/echo/infer`)).status).toBe(405);
+  });
+
+  it("applies the version policy: latest 2 of versions 1,2,3", async () => {
+    const infer = (path: string) =>
+      postJson(`${server.http}${path}/infer`, {
+        inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+      });
+    expect((await infer("/v2/models/multi")).json).toMatchObject({
+      model_version: "3",
+      outputs: [{ data: [3, 6, 9, 12] }],
+    });
+    expect((await infer("/v2/models/multi/versions/2")).json).toMatchObject({
+      model_version: "2",
+      outputs: [{ data: [2, 4, 6, 8] }],
+    });
+  });
+});
+
+describe("gRPC", () => {
+  const request = (model: string, name: string, rows: number[][]) =>
+    create(ModelInferRequestSchema, {
+      modelName: model,
+      inputs: [{ name, datatype: "FP32", shape: [BigInt(rows.length), 4n] }],
+      rawInputContents: [f32(rows.flat())],
+    });
+
+  it("serves the whole service to a Connect gRPC client, ensembles included", async () => {
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    expect((await client.serverReady({})).ready).toBe(true);
+    expect((await client.modelReady({ name: "chain" })).ready).toBe(true);
+    expect((await client.modelReady({ name: "broken" })).ready).toBe(false);
+    const rows = [
+      [1, 2, 3, 4],
+      [5, 6, 7, 8],
+      [9, 10, 11, 12],
+    ];
+    const res = await client.modelInfer(request("chain", "IN", rows));
+    expect(res.modelName).toBe("chain");
+    expect(res.outputs.map((o) => [o.name, o.datatype, o.shape])).toEqual([["OUT", "FP32", [3n, 4n]]]);
+    const raw = res.rawOutputContents[0] as Uint8Array;
+    expect([...new Float32Array(raw.slice().buffer)]).toEqual(rows.flat().map((v) => v * 10));
+
+    const index = await client.repositoryIndex({});
+    expect(index.models.find((m) => m.name === "broken")?.state).toBe("UNAVAILABLE");
+    const err = await client.modelInfer(request("nope", "IN", rows)).catch((e: Error) => e);
+    expect(String(err)).toContain("Request for unknown model: 'nope' is not found");
+
+    const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
+    expect((await health.check({ service: "" })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+  });
+
+  it("serves @grpc/grpc-js with the proto loaded at runtime", async () => {
+    const def = protoLoader.loadSync("grpc_service.proto", {
+      includeDirs: [join(REPO_ROOT, "packages", "protocol", "proto")],
+      keepCase: true,
+      longs: Number,
+      defaults: true,
+    });
+    const pkg = grpc.loadPackageDefinition(def) as unknown as {
+      inference: { GRPCInferenceService: new (addr: string, creds: grpc.ChannelCredentials) => grpc.Client };
+    };
+    const client = new pkg.inference.GRPCInferenceService(
+      `127.0.0.1:${server.grpcPort}`,
+      grpc.credentials.createInsecure(),
+    );
+    const call = (method: string, msg: object) =>
+      new Promise<Record<string, unknown>>((resolve, reject) =>
+        (client as unknown as Record<string, (m: object, cb: (e: Error | null, r: unknown) => void) => void>)[method]?.(
+          msg,
+          (err, res) => (err ? reject(err) : resolve(res as Record<string, unknown>)),
+        ),
+      );
+    const res = await call("ModelInfer", {
+      model_name: "echo10",
+      id: "grpc-js",
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [2, 4] }],
+      raw_input_contents: [Buffer.from(f32([1, 2, 3, 4, 5, 6, 7, 8]))],
+    });
+    expect(res.id).toBe("grpc-js");
+    expect(res.model_version).toBe("1");
+    const out = (res.raw_output_contents as Buffer[])[0] as Buffer;
+    expect([...new Float32Array(new Uint8Array(out).buffer)]).toEqual([10, 20, 30, 40, 50, 60, 70, 80]);
+    const meta = await call("ModelMetadata", { name: "multi" });
+    expect(meta.versions).toEqual(["2", "3"]);
+    const failure = await call("ModelInfer", { model_name: "nope", inputs: [] }).catch((e: grpc.ServiceError) => e);
+    expect((failure as grpc.ServiceError).code).toBe(grpc.status.NOT_FOUND);
+    client.close();
+  });
+
+  it("serves gRPC-Web and Connect clients on the HTTP port (HTTP/1.1)", async () => {
+    for (const transport of [
+      createGrpcWebTransport({ baseUrl: server.http, httpVersion: "1.1" }),
+      createConnectTransport({ baseUrl: server.http, httpVersion: "1.1" }),
+    ]) {
+      const client = createClient(GRPCInferenceService, transport);
+      const res = await client.modelInfer(request("echo10", "INPUT", [[1, 1, 2, 2]]));
+      expect([...new Float32Array((res.rawOutputContents[0] as Uint8Array).slice().buffer)]).toEqual([10, 10, 20, 20]);
+    }
+  });
+});
+
+describe("metrics and statistics under concurrent clients", () => {
+  it("move by exactly the requests sent, over HTTP JSON, HTTP binary and gRPC at once", async () => {
+    const before = await scrape(server);
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const batches = Array.from({ length: 36 }, (_, i) => 1 + (i % 8));
+    const rowsOf = (n: number, i: number) => Array.from({ length: n }, (_, r) => [i, r, i + r, 1]);
+    const answers = await Promise.all(
+      batches.map(async (n, i) => {
+        const rows = rowsOf(n, i);
+        if (i % 3 === 0) {
+          const { json } = await postJson(`${server.http}/v2/models/counted/infer`, {
+            inputs: [{ name: "INPUT", datatype: "FP32", shape: [n, 4], data: rows }],
+          });
+          return json.outputs[0].data as number[];
+        }
+        if (i % 3 === 1) {
+          const { body, headerLength } = binaryRequest(
+            { inputs: [{ name: "INPUT", datatype: "FP32", shape: [n, 4] }], parameters: { binary_data_output: true } },
+            [f32(rows.flat())],
+          );
+          const res = await fetch(`${server.http}/v2/models/counted/infer`, {
+            method: "POST",
+            body,
+            headers: { "inference-header-content-length": String(headerLength) },
+          });
+          const { outputs } = await binaryResponse(res);
+          return [...new Float32Array((outputs.get("OUTPUT") as Uint8Array).buffer)];
+        }
+        const res = await client.modelInfer(
+          create(ModelInferRequestSchema, {
+            modelName: "counted",
+            inputs: [{ name: "INPUT", datatype: "FP32", shape: [BigInt(n), 4n] }],
+            rawInputContents: [f32(rows.flat())],
+          }),
+        );
+        return [...new Float32Array((res.rawOutputContents[0] as Uint8Array).slice().buffer)];
+      }),
+    );
+    answers.forEach((a, i) => {
+      expect(a).toEqual(rowsOf(batches[i] as number, i).flat());
+    });
+
+    const after = await scrape(server);
+    const delta = (name: string) => metricValue(after, name, "counted") - metricValue(before, name, "counted");
+    expect(delta("nv_inference_request_success")).toBe(36);
+    expect(delta("nv_inference_request_failure")).toBe(0);
+    expect(delta("nv_inference_count")).toBe(batches.reduce((a, b) => a + b, 0));
+    expect(delta("nv_inference_exec_count")).toBe(36);
+    expect(metricValue(after, "nv_inference_pending_request_count", "counted")).toBe(0);
+    expect(after).toContain("process_cpu_seconds_total");
+    expect(after).toContain("process_resident_memory_bytes");
+
+    // ModelStatistics, over gRPC and HTTP, says the same as the metrics.
+    const stats = (await client.modelStatistics({ name: "counted" })).modelStats[0];
+    expect(Number(stats?.inferenceStats?.success?.count)).toBe(
+      metricValue(after, "nv_inference_request_success", "counted"),
+    );
+    expect(Number(stats?.inferenceCount)).toBe(metricValue(after, "nv_inference_count", "counted"));
+    expect(Number(stats?.executionCount)).toBe(metricValue(after, "nv_inference_exec_count", "counted"));
+    expect(Math.floor(Number(stats?.inferenceStats?.computeInfer?.ns) / 1000)).toBe(
+      metricValue(after, "nv_inference_compute_infer_duration_us", "counted"),
+    );
+    const http = await (await fetch(`${server.http}/v2/models/counted/stats`)).json();
+    expect(http.model_stats[0].inference_count).toBe(Number(stats?.inferenceCount));
+
+    // A failing request moves the failure counter by one.
+    await postJson(`${server.http}/v2/models/counted/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+      parameters: { fail: true },
+    });
+    const failed = await scrape(server);
+    expect(metricValue(failed, "nv_inference_request_failure", "counted")).toBe(
+      metricValue(after, "nv_inference_request_failure", "counted") + 1,
+    );
+  });
+});
