@@ -17,6 +17,7 @@ import {
   type StageLogger,
   tensor,
 } from "@trellis/stage";
+import { synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -98,71 +99,90 @@ async function rejection(p: Promise<unknown>): Promise<StageError> {
   return err as StageError;
 }
 
+/**
+ * The acceptance checks on one real model: the stage's outputs equal a
+ * direct InferenceSession.run, run alone and dynamically batched.
+ */
+function equalityTests(label: string, key: string, modelPath: () => string) {
+  describe(`${label}: outputs equal a direct InferenceSession.run`, () => {
+    let reference: ort.InferenceSession;
+    const direct = async (data: Float32Array, n: number) =>
+      (await reference.run({ input: new ort.Tensor("float32", data, [n, 3, 224, 224]) })).output!.data as Float32Array;
+
+    beforeAll(async () => {
+      reference = await ort.InferenceSession.create(modelPath());
+    });
+    afterAll(async () => {
+      await reference.release();
+    });
+
+    it("equals a direct InferenceSession.run for batch 1, 3 and 8, each request run alone", async () => {
+      const stage = await load(
+        `${key}_plain`,
+        modelPath(),
+        `platform: "onnxruntime_onnx"
+         max_batch_size: 8
+         input [{ name: "input" data_type: TYPE_FP32 dims: [3, 224, 224] }]
+         output [{ name: "output" data_type: TYPE_FP32 dims: [1000] }]`,
+      );
+      expect(await stage.isReady()).toBe(true);
+      for (const [n, seed] of [
+        [1, 11],
+        [3, 12],
+        [8, 13],
+      ] as const) {
+        const req = imageRequest(n, seed);
+        const res = await stage.infer(req);
+        expect(res.modelName).toBe(`${key}_plain`);
+        expect(res.outputs[0]!.shape).toEqual([n, 1000]);
+        expectClose(res.outputs[0]!.data as Float32Array, await direct(req.inputs[0]!.data as Float32Array, n));
+      }
+      const stats = await stage.statistics();
+      expect(stats.executionCount).toBe(3n);
+      expect(stats.inferenceCount).toBe(12n);
+      expect(stats.batchStats.map((b) => b.batchSize)).toEqual([1n, 3n, 8n]);
+      expect(Number(stats.inferenceStats?.computeInfer?.ns)).toBeGreaterThan(0);
+    });
+
+    it("with dynamic batching, mixes requests of sizes 1..4 and each output equals its own direct run", async () => {
+      const stage = await load(
+        `${key}_batched`,
+        modelPath(),
+        `platform: "onnxruntime_onnx"
+         max_batch_size: 8
+         dynamic_batching { preferred_batch_size: [8] max_queue_delay_microseconds: 5000000 }`,
+      );
+      const sizes = [1, 2, 3, 4, 1, 3];
+      const requests = sizes.map((n, i) => imageRequest(n, 100 + i));
+      const responses = await Promise.all(requests.map((r) => stage.infer(r)));
+      for (const [i, res] of responses.entries()) {
+        const n = sizes[i]!;
+        expect(res.outputs[0]!.shape).toEqual([n, 1000]);
+        expectClose(
+          res.outputs[0]!.data as Float32Array,
+          await direct(requests[i]!.inputs[0]!.data as Float32Array, n),
+        );
+      }
+      // 1+2+3 (4 would pass 8), then 4+1+3 = 8: two executions, not six.
+      const stats = await stage.statistics();
+      expect(stats.executionCount).toBe(2n);
+      expect(stats.inferenceCount).toBe(14n);
+      expect(stats.batchStats.map((b) => b.batchSize)).toEqual([6n, 8n]);
+      expect(stats.inferenceStats?.success?.count).toBe(6n);
+    });
+  });
+}
+
+equalityTests("MobileNetV2 int8 (../shared/models)", "mnet", () => MOBILENET);
+
+let resnetPath = "";
+beforeAll(async () => {
+  // The synthetic ResNet-50 (tooling's models:synth), generated into the temp repository.
+  resnetPath = (await synthesizeResNet50({ seed: 7, path: join(repo, "synth", "model.onnx") })).path;
+}, 300_000);
+equalityTests("synthetic ResNet-50", "resnet", () => resnetPath);
+
 describe("MobileNetV2 int8 (../shared/models)", () => {
-  let reference: ort.InferenceSession;
-  /** What a direct InferenceSession.run gives for these images. */
-  const direct = async (data: Float32Array, n: number) =>
-    (await reference.run({ input: new ort.Tensor("float32", data, [n, 3, 224, 224]) })).output!.data as Float32Array;
-
-  beforeAll(async () => {
-    reference = await ort.InferenceSession.create(MOBILENET);
-  });
-  afterAll(async () => {
-    await reference.release();
-  });
-
-  it("equals a direct InferenceSession.run for batch 1, 3 and 8, each request run alone", async () => {
-    const stage = await load(
-      "mnet_plain",
-      MOBILENET,
-      `platform: "onnxruntime_onnx"
-       max_batch_size: 8
-       input [{ name: "input" data_type: TYPE_FP32 dims: [3, 224, 224] }]
-       output [{ name: "output" data_type: TYPE_FP32 dims: [1000] }]`,
-    );
-    expect(await stage.isReady()).toBe(true);
-    for (const [n, seed] of [
-      [1, 11],
-      [3, 12],
-      [8, 13],
-    ] as const) {
-      const req = imageRequest(n, seed);
-      const res = await stage.infer(req);
-      expect(res.modelName).toBe("mnet_plain");
-      expect(res.outputs[0]!.shape).toEqual([n, 1000]);
-      expectClose(res.outputs[0]!.data as Float32Array, await direct(req.inputs[0]!.data as Float32Array, n));
-    }
-    const stats = await stage.statistics();
-    expect(stats.executionCount).toBe(3n);
-    expect(stats.inferenceCount).toBe(12n);
-    expect(stats.batchStats.map((b) => b.batchSize)).toEqual([1n, 3n, 8n]);
-    expect(Number(stats.inferenceStats?.computeInfer?.ns)).toBeGreaterThan(0);
-  });
-
-  it("with dynamic batching, mixes requests of sizes 1..4 and each output equals its own direct run", async () => {
-    const stage = await load(
-      "mnet_batched",
-      MOBILENET,
-      `platform: "onnxruntime_onnx"
-       max_batch_size: 8
-       dynamic_batching { preferred_batch_size: [8] max_queue_delay_microseconds: 5000000 }`,
-    );
-    const sizes = [1, 2, 3, 4, 1, 3];
-    const requests = sizes.map((n, i) => imageRequest(n, 100 + i));
-    const responses = await Promise.all(requests.map((r) => stage.infer(r)));
-    for (const [i, res] of responses.entries()) {
-      const n = sizes[i]!;
-      expect(res.outputs[0]!.shape).toEqual([n, 1000]);
-      expectClose(res.outputs[0]!.data as Float32Array, await direct(requests[i]!.inputs[0]!.data as Float32Array, n));
-    }
-    // 1+2+3 (4 would pass 8), then 4+1+3 = 8: two executions, not six.
-    const stats = await stage.statistics();
-    expect(stats.executionCount).toBe(2n);
-    expect(stats.inferenceCount).toBe(14n);
-    expect(stats.batchStats.map((b) => b.batchSize)).toEqual([6n, 8n]);
-    expect(stats.inferenceStats?.success?.count).toBe(6n);
-  });
-
   describe("queue policy and request checks", () => {
     let stage: OnnxStage;
     beforeAll(async () => {
