@@ -1,0 +1,72 @@
+#!/usr/bin/env node
+// CLI: pnpm trt:plan [--onnx FILE] [--config FILE] [--ensemble FILE] [--out DIR] [--opt-batch N] ...
+// Prints the trtexec command for the GPU machine and writes the GPU model repositories.
+import { join, relative } from "node:path";
+import { Command } from "commander";
+import { DEFAULT_REPOSITORY } from "./paths.js";
+import { planTrt, TrtPlanError, writeTrtPlan } from "./trt-plan-recipe.js";
+
+// pnpm runs scripts in tooling/; paths on the command line mean the caller's directory.
+if (process.env.INIT_CWD) process.chdir(process.env.INIT_CWD);
+const rel = (p: string) => relative(process.cwd(), p) || ".";
+const int = (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n)) throw new Error(`expected an integer, got ${v}`);
+  return n;
+};
+
+const program = new Command("trt:plan")
+  .description(
+    "print the trtexec command that builds the TensorRT engine, and write the GPU model repositories (Triton + Trellis bridge)",
+  )
+  .option("--onnx <file>", "ONNX model", rel(join(DEFAULT_REPOSITORY, "resnet50_inference", "1", "model.onnx")))
+  .option("--config <file>", "its config.pbtxt", rel(join(DEFAULT_REPOSITORY, "resnet50_inference", "config.pbtxt")))
+  .option(
+    "--ensemble <file>",
+    "the ensemble to vary",
+    rel(join(DEFAULT_REPOSITORY, "resnet50_ensemble", "config.pbtxt")),
+  )
+  .option(
+    "--out <dir>",
+    "GPU repositories root (writes <out>/triton and <out>/trellis)",
+    rel(join(DEFAULT_REPOSITORY, "..", "models-gpu")),
+  )
+  .option("--triton-model <name>", "engine's model name in Triton", "resnet50_trt")
+  .option("--endpoint <url>", "Triton's gRPC URL, as the bridge reaches it", "http://127.0.0.1:8101")
+  .option("--min-batch <n>", "profile min batch (default 1)", int)
+  .option("--opt-batch <n>", "profile opt batch (default max_batch_size)", int)
+  .option("--max-batch <n>", "profile max batch (default 2 x max_batch_size)", int)
+  .option("--instances <n>", "GPU instances in Triton", int, 1)
+  .option("--no-fp16", "build an FP32 engine (no --fp16)")
+  .option("--dry-run", "print the command only, write nothing", false)
+  .parse();
+const o = program.opts<{
+  onnx: string;
+  config: string;
+  ensemble: string;
+  out: string;
+  tritonModel: string;
+  endpoint: string;
+  minBatch?: number;
+  optBatch?: number;
+  maxBatch?: number;
+  instances: number;
+  fp16: boolean;
+  dryRun: boolean;
+}>();
+
+try {
+  const plan = await planTrt({ ...o });
+  if (!o.dryRun) {
+    const written = await writeTrtPlan(plan, o.out);
+    for (const p of written) console.error(`wrote ${rel(p)}`);
+  }
+  console.error("build the engine on the GPU machine (TensorRT matching the Triton that serves it) with:");
+  console.log(plan.command);
+} catch (err) {
+  if (err instanceof TrtPlanError || (err instanceof Error && err.name === "ModelConfigError")) {
+    console.error(`trt:plan: ${err.message}`);
+    process.exit(1);
+  }
+  throw err;
+}
