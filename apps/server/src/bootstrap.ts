@@ -1,7 +1,8 @@
 /**
  * First start on a fresh machine: the seed repository ships configs but no
- * weights. If resnet50_inference has no model.onnx, fetch it; offline, write
- * the synthetic stand-in and say so loudly.
+ * weights. If resnet50_inference has no model.onnx (or postprocess no
+ * labels), fetch them; offline, tooling writes the synthetic stand-in, and
+ * we say so loudly.
  */
 import { stat } from "node:fs/promises";
 import { join } from "node:path";
@@ -9,30 +10,27 @@ import type { Logger } from "./server.js";
 
 const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
 
-interface Tooling {
-  fetchModels(options: { repository: string; logger?: unknown }): Promise<unknown>;
-  synthesizeResNet50(options: { repository: string; logger?: unknown }): Promise<unknown>;
-}
-
-// Loaded only when weights are missing: the common start path never pays for it.
-const TOOLING = "@trellis/tooling";
-
 export async function ensureSeedModels(repositories: string[], logger: Logger): Promise<void> {
   for (const repository of repositories) {
-    const config = join(repository, "resnet50_inference", "config.pbtxt");
-    const weights = join(repository, "resnet50_inference", "1", "model.onnx");
-    if (!(await exists(config)) || (await exists(weights))) continue;
-    logger.info({ repository, missing: weights }, "ResNet-50 weights missing; fetching them");
-    const tooling = (await import(TOOLING)) as Tooling;
-    try {
-      await tooling.fetchModels({ repository, logger });
-      logger.info({ repository }, "model fetch complete");
-    } catch (err) {
-      logger.warn(
-        { repository, err: err instanceof Error ? err.message : String(err) },
-        "!!! could not fetch the ResNet-50 weights (offline?): writing a SYNTHETIC ResNet-50 with random weights. The server will run, but its classifications are meaningless. Run `pnpm models:fetch` when online. !!!",
-      );
-      await tooling.synthesizeResNet50({ repository, logger });
+    if (!(await exists(join(repository, "resnet50_inference", "config.pbtxt")))) continue;
+    const model = join(repository, "resnet50_inference", "1", "model.onnx");
+    const labels = join(repository, "resnet50_postprocess", "1", "imagenet_classes.txt");
+    if ((await exists(model)) && (await exists(labels))) continue;
+    logger.info({ repository }, "ResNet-50 weights or labels missing; fetching them (pnpm models:fetch)");
+    // Loaded only now: a normal start never pays for the tooling.
+    const { ensureModels } = await import("@trellis/tooling");
+    const result = await ensureModels({
+      repository,
+      progress: false,
+      log: (line) => logger.info({ repository }, line),
+    });
+    if (result.source === "synthetic") {
+      const banner =
+        "!!! OFFLINE: serving a SYNTHETIC ResNet-50 with random weights. Classifications are meaningless. Run `pnpm models:fetch` when online, then restart. !!!";
+      logger.warn({ repository, model: result.modelPath }, banner);
+      process.stderr.write(`\n${banner}\n\n`);
+    } else {
+      logger.info({ repository, model: result.modelPath, source: result.source }, "model weights ready");
     }
   }
 }

@@ -20,6 +20,7 @@ import {
   binaryRequest,
   binaryResponse,
   echoConfig,
+  floats,
   makeRepository,
   metricValue,
   postJson,
@@ -340,7 +341,7 @@ describe("gRPC", () => {
     expect(res.modelName).toBe("chain");
     expect(res.outputs.map((o) => [o.name, o.datatype, o.shape])).toEqual([["OUT", "FP32", [3n, 4n]]]);
     const raw = res.rawOutputContents[0] as Uint8Array;
-    expect([...new Float32Array(raw.slice().buffer)]).toEqual(rows.flat().map((v) => v * 10));
+    expect([...floats(raw)]).toEqual(rows.flat().map((v) => v * 10));
 
     const index = await client.repositoryIndex({});
     expect(index.models.find((m) => m.name === "broken")?.state).toBe("UNAVAILABLE");
@@ -381,7 +382,7 @@ describe("gRPC", () => {
     expect(res.id).toBe("grpc-js");
     expect(res.model_version).toBe("1");
     const out = (res.raw_output_contents as Buffer[])[0] as Buffer;
-    expect([...new Float32Array(new Uint8Array(out).buffer)]).toEqual([10, 20, 30, 40, 50, 60, 70, 80]);
+    expect([...floats(out)]).toEqual([10, 20, 30, 40, 50, 60, 70, 80]);
     const meta = await call("ModelMetadata", { name: "multi" });
     expect(meta.versions).toEqual(["2", "3"]);
     const failure = await call("ModelInfer", { model_name: "nope", inputs: [] }).catch((e: grpc.ServiceError) => e);
@@ -396,7 +397,7 @@ describe("gRPC", () => {
     ]) {
       const client = createClient(GRPCInferenceService, transport);
       const res = await client.modelInfer(request("echo10", "INPUT", [[1, 1, 2, 2]]));
-      expect([...new Float32Array((res.rawOutputContents[0] as Uint8Array).slice().buffer)]).toEqual([10, 10, 20, 20]);
+      expect([...floats(res.rawOutputContents[0] as Uint8Array)]).toEqual([10, 10, 20, 20]);
     }
   });
 });
@@ -436,7 +437,7 @@ describe("metrics and statistics under concurrent clients", () => {
             rawInputContents: [f32(rows.flat())],
           }),
         );
-        return [...new Float32Array((res.rawOutputContents[0] as Uint8Array).slice().buffer)];
+        return [...floats(res.rawOutputContents[0] as Uint8Array)];
       }),
     );
     answers.forEach((a, i) => {

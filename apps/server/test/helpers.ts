@@ -214,3 +214,6 @@ export function binaryRequest(
   }
   return { body, headerLength: json.byteLength };
 }
+
+/** FP32 values of raw bytes (copied: gRPC clients hand out views into pooled buffers). */
+export const floats = (raw: Uint8Array) => new Float32Array(Uint8Array.from(raw).buffer);

@@ -1,0 +1,277 @@
+/**
+ * Acceptance on the seed's repository (models/*\/config.pbtxt) with the
+ * shared MobileNetV2 as resnet50_inference: the real server process, real
+ * photos, every protocol, the ensemble and each of its models.
+ */
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { frameBytes } from "@trellis/stage";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  binaryRequest,
+  binaryResponse,
+  floats,
+  makeSeedRepository,
+  metricValue,
+  postJson,
+  REPO_ROOT,
+  removeDir,
+  type ServerProcess,
+  SHARED,
+  scrape,
+  startServerProcess,
+} from "./helpers.js";
+
+interface Reference {
+  top5_index: number[];
+  top5_labels: string[];
+  top5_probs: number[];
+}
+const IMAGES = join(SHARED, "fixtures", "images");
+const references = JSON.parse(
+  await readFile(join(SHARED, "fixtures", "reference", "mobilenetv2_top5.json"), "utf8"),
+) as Record<string, Reference>;
+const photos = Object.keys(references).sort();
+const photoBytes = new Map<string, Uint8Array>();
+for (const p of photos) photoBytes.set(p, new Uint8Array(await readFile(join(IMAGES, p))));
+const bytesOf = (p: string) => photoBytes.get(p) as Uint8Array;
+const decoder = new TextDecoder();
+
+let repo: string;
+let server: ServerProcess;
+
+beforeAll(async () => {
+  repo = await makeSeedRepository();
+  server = await startServerProcess(["--model-repository", repo]);
+});
+afterAll(async () => {
+  expect(await server?.stop()).toBe(0);
+  await removeDir(repo);
+});
+
+/** The ensemble over HTTP with RAW_IMAGE in binary; the answer's OUTPUT_RESULTS strings. */
+async function httpEnsemble(images: Uint8Array[], binaryOut: boolean): Promise<string[]> {
+  const { body, headerLength } = binaryRequest(
+    {
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [images.length, 1] }],
+      outputs: [{ name: "OUTPUT_RESULTS", parameters: { binary_data: binaryOut } }],
+    },
+    [frameBytes(images)],
+  );
+  const res = await fetch(`${server.http}/v2/models/resnet50_ensemble/infer`, {
+    method: "POST",
+    body,
+    headers: { "inference-header-content-length": String(headerLength) },
+  });
+  expect(res.status).toBe(200);
+  if (!binaryOut) {
+    const json = await res.json();
+    expect(json.outputs[0]).toMatchObject({ name: "OUTPUT_RESULTS", datatype: "BYTES", shape: [images.length, 1] });
+    return json.outputs[0].data;
+  }
+  const { json, outputs } = await binaryResponse(res);
+  expect(json.outputs[0]).toMatchObject({ name: "OUTPUT_RESULTS", datatype: "BYTES", shape: [images.length, 1] });
+  return unframe(outputs.get("OUTPUT_RESULTS") as Uint8Array);
+}
+
+function unframe(raw: Uint8Array): string[] {
+  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+  const out: string[] = [];
+  for (let off = 0; off < raw.byteLength; ) {
+    const n = view.getUint32(off, true);
+    out.push(decoder.decode(raw.subarray(off + 4, off + 4 + n)));
+    off += 4 + n;
+  }
+  return out;
+}
+
+async function grpcEnsemble(images: Uint8Array[]): Promise<string[]> {
+  const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+  const res = await client.modelInfer(
+    create(ModelInferRequestSchema, {
+      modelName: "resnet50_ensemble",
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [BigInt(images.length), 1n] }],
+      rawInputContents: [frameBytes(images)],
+    }),
+  );
+  expect(res.outputs[0]?.shape).toEqual([BigInt(images.length), 1n]);
+  return unframe(res.rawOutputContents[0] as Uint8Array);
+}
+
+const top1 = (answer: string) => (JSON.parse(answer) as { top5_labels: string[] }).top5_labels[0];
+
+describe("the seed ensemble", () => {
+  it("classifies every fixture photo as the reference does, identically over HTTP JSON, HTTP binary and gRPC", async () => {
+    for (const p of photos) {
+      const image = bytesOf(p);
+      const [json] = await httpEnsemble([image], false);
+      const [binary] = await httpEnsemble([image], true);
+      const [viaGrpc] = await grpcEnsemble([image]);
+      expect(binary, p).toBe(json);
+      expect(viaGrpc, p).toBe(json);
+      expect(top1(json as string), p).toBe(references[p]?.top5_labels[0]);
+    }
+  });
+
+  it("answers a batched [N,1] request per item as single requests do, over gRPC and @grpc/grpc-js", async () => {
+    const images = photos.map(bytesOf);
+    const batched = await grpcEnsemble(images);
+    expect(batched.map(top1)).toEqual(photos.map((p) => references[p]?.top5_labels[0]));
+    expect(await httpEnsemble(images, true)).toEqual(batched);
+
+    const def = protoLoader.loadSync("grpc_service.proto", {
+      includeDirs: [join(REPO_ROOT, "packages", "protocol", "proto")],
+      keepCase: true,
+      longs: Number,
+      defaults: true,
+    });
+    const pkg = grpc.loadPackageDefinition(def) as unknown as {
+      inference: { GRPCInferenceService: new (addr: string, creds: grpc.ChannelCredentials) => grpc.Client };
+    };
+    const client = new pkg.inference.GRPCInferenceService(
+      `127.0.0.1:${server.grpcPort}`,
+      grpc.credentials.createInsecure(),
+    ) as unknown as Record<string, (m: object, cb: (e: Error | null, r: Record<string, unknown>) => void) => void>;
+    const res = await new Promise<Record<string, unknown>>((resolve, reject) =>
+      client.ModelInfer?.(
+        {
+          model_name: "resnet50_ensemble",
+          inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [images.length, 1] }],
+          raw_input_contents: [Buffer.from(frameBytes(images))],
+        },
+        (err, r) => (err ? reject(err) : resolve(r)),
+      ),
+    );
+    expect(unframe(new Uint8Array((res.raw_output_contents as Buffer[])[0] as Buffer))).toEqual(batched);
+    (client as unknown as grpc.Client).close();
+  });
+
+  it("serves concurrent clients on all protocols, and the metrics count exactly the requests sent", async () => {
+    const before = await scrape(server);
+    const chelsea = bytesOf("chelsea.jpg");
+    const coffee = bytesOf("coffee.jpg");
+    const calls = Array.from({ length: 12 }, (_, i) => {
+      const images = i % 2 === 0 ? [chelsea] : [coffee, chelsea];
+      const run = i % 3 === 0 ? grpcEnsemble(images) : httpEnsemble(images, i % 3 === 1);
+      return run.then((answers) => ({ images, answers }));
+    });
+    const results = await Promise.all(calls);
+    let items = 0;
+    for (const { images, answers } of results) {
+      items += images.length;
+      expect(answers.map(top1)).toEqual(images.map((im) => (im === chelsea ? "Egyptian cat" : "espresso")));
+    }
+    const after = await scrape(server);
+    const delta = (name: string, model: string) => metricValue(after, name, model) - metricValue(before, name, model);
+    expect(delta("nv_inference_request_success", "resnet50_ensemble")).toBe(12);
+    expect(delta("nv_inference_request_failure", "resnet50_ensemble")).toBe(0);
+    expect(delta("nv_inference_count", "resnet50_ensemble")).toBe(items);
+    expect(delta("nv_inference_count", "resnet50_inference")).toBe(items);
+    expect(delta("nv_inference_count", "resnet50_preprocess")).toBe(items);
+
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const { modelStats } = await client.modelStatistics({});
+    for (const model of ["resnet50_ensemble", "resnet50_preprocess", "resnet50_inference", "resnet50_postprocess"]) {
+      const s = modelStats.find((m) => m.name === model);
+      expect(Number(s?.inferenceStats?.success?.count), model).toBe(
+        metricValue(after, "nv_inference_request_success", model),
+      );
+      expect(Number(s?.inferenceCount), model).toBe(metricValue(after, "nv_inference_count", model));
+      expect(Number(s?.executionCount), model).toBe(metricValue(after, "nv_inference_exec_count", model));
+    }
+  });
+});
+
+describe("each seed model on its own", () => {
+  it("preprocess: image bytes to the reference FP32 [1,3,224,224] tensor", async () => {
+    const { body, headerLength } = binaryRequest(
+      {
+        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
+        parameters: { binary_data_output: true },
+      },
+      [frameBytes([bytesOf("chelsea.jpg")])],
+    );
+    const res = await fetch(`${server.http}/v2/models/resnet50_preprocess/infer`, {
+      method: "POST",
+      body,
+      headers: { "inference-header-content-length": String(headerLength) },
+    });
+    const { json, outputs } = await binaryResponse(res);
+    expect(json.outputs[0]).toMatchObject({ name: "PREPROCESSED_IMAGE", datatype: "FP32", shape: [1, 3, 224, 224] });
+    const got = new Float32Array((outputs.get("PREPROCESSED_IMAGE") as Uint8Array).buffer);
+    const want = new Float32Array(
+      new Uint8Array(await readFile(join(SHARED, "fixtures", "reference", "chelsea.jpg.f32"))).buffer,
+    );
+    let maxDiff = 0;
+    for (let i = 0; i < want.length; i++)
+      maxDiff = Math.max(maxDiff, Math.abs((got[i] as number) - (want[i] as number)));
+    expect(maxDiff).toBeLessThan(0.05);
+  });
+
+  it("inference: the reference tensor as JSON gives the same logits as over gRPC, argmax = reference top-1", async () => {
+    const tensor = new Float32Array(
+      new Uint8Array(await readFile(join(SHARED, "fixtures", "reference", "coffee.jpg.f32"))).buffer,
+    );
+    const { status, json } = await postJson(`${server.http}/v2/models/resnet50_inference/infer`, {
+      inputs: [{ name: "input", datatype: "FP32", shape: [1, 3, 224, 224], data: Array.from(tensor) }],
+    });
+    expect(status).toBe(200);
+    expect(json.outputs[0]).toMatchObject({ name: "output", datatype: "FP32", shape: [1, 1000] });
+    const logits = json.outputs[0].data as number[];
+    expect(logits.indexOf(Math.max(...logits))).toBe(references["coffee.jpg"]?.top5_index[0]);
+
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const res = await client.modelInfer(
+      create(ModelInferRequestSchema, {
+        modelName: "resnet50_inference",
+        inputs: [{ name: "input", datatype: "FP32", shape: [1n, 3n, 224n, 224n] }],
+        rawInputContents: [new Uint8Array(tensor.buffer)],
+      }),
+    );
+    expect([...floats(res.rawOutputContents[0] as Uint8Array)]).toEqual(logits);
+  });
+
+  it("postprocess: logits to the top-5 JSON, and Triton classification strings on request", async () => {
+    const logits = Array.from({ length: 1000 }, (_, i) => (i === 285 ? 9 : i === 281 ? 7 : 0));
+    const plain = await postJson(`${server.http}/v2/models/resnet50_postprocess/infer`, {
+      inputs: [{ name: "LOGITS", datatype: "FP32", shape: [1, 1000], data: logits }],
+    });
+    expect(plain.status).toBe(200);
+    expect(top1(plain.json.outputs[0].data[0])).toBe("Egyptian cat");
+    const classified = await postJson(`${server.http}/v2/models/resnet50_postprocess/infer`, {
+      inputs: [{ name: "LOGITS", datatype: "FP32", shape: [1, 1000], data: logits }],
+      outputs: [{ name: "OUTPUT_RESULTS", parameters: { classification: 2 } }],
+    });
+    expect(classified.status).toBe(200);
+    const [first, second] = classified.json.outputs[0].data as string[];
+    expect(first).toMatch(/^0\.\d{6}:285:Egyptian cat$/);
+    expect(second).toMatch(/^0\.\d{6}:281:tabby$/);
+  });
+
+  it("rejects a truncated JPEG with 400 naming the problem, and counts it as a failure", async () => {
+    const before = await scrape(server);
+    const bad = new Uint8Array(await readFile(join(IMAGES, "truncated.jpg")));
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const err = await client
+      .modelInfer(
+        create(ModelInferRequestSchema, {
+          modelName: "resnet50_ensemble",
+          inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
+          rawInputContents: [frameBytes([bad])],
+        }),
+      )
+      .catch((e: Error) => e);
+    expect(err).toBeInstanceOf(Error);
+    const after = await scrape(server);
+    expect(
+      metricValue(after, "nv_inference_request_failure", "resnet50_ensemble") -
+        metricValue(before, "nv_inference_request_failure", "resnet50_ensemble"),
+    ).toBe(1);
+  });
+});
