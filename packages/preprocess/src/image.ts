@@ -4,9 +4,9 @@
  * limits before any pixel is decoded), decode with sharp/libvips on libuv's
  * thread pool, then resize + crop as the mode says.
  */
-import sharp, { type Metadata, type Sharp, type SharpOptions } from "sharp";
+import sharp, { type Sharp, type SharpOptions } from "sharp";
 import type { Encoding, Mode } from "./options.js";
-import { axisTable, resizeWindow, sourceSpan } from "./resize.js";
+import { axisTable, resizeWindow } from "./resize.js";
 
 /** Why one element was rejected; the stage prefixes the element index. */
 export class ElementError extends Error {
@@ -189,29 +189,60 @@ const FAIL_ON = "truncated" as const;
  */
 export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSettings): Promise<Uint8Array> {
   const input = { failOn: FAIL_ON, limitInputPixels: s.maxPixels, ignoreIcc: true } as const;
-  let meta: Metadata;
   try {
-    // Header only; the size check below is ours so that it can say what was too big.
-    meta = await sharp(bytes, { ...input, limitInputPixels: false }).metadata();
-  } catch (err) {
-    throw new ElementError(`corrupt or truncated ${format} header: ${vipsReason(err)}`);
-  }
-  const width = meta.autoOrient?.width ?? meta.width;
-  const height = meta.autoOrient?.height ?? meta.height;
-  if (!width || !height) throw new ElementError(`${format} image without dimensions`);
-  if (width * height > s.maxPixels) {
-    throw new ElementError(
-      `${width}x${height} = ${width * height} pixels exceed max_pixels ${s.maxPixels} (rejected before decoding)`,
-    );
-  }
-  const g = cropGeometry(width, height, s.resizeSize, s.cropSize);
-  try {
-    if (s.mode === "fast") return await decodeFast(bytes, input, g, s.cropSize);
-    return await decodeSeed(bytes, input, width, height, g, s.cropSize, meta.space === "cmyk");
+    // Seed mode needs no geometry up front, so one libvips call does it all (JPEG's
+    // CMYK is told from its frame header; TIFF's only from libvips' metadata).
+    if (s.mode === "seed" && format !== "tiff") {
+      return await decodeSeed(bytes, input, s, format === "jpeg" && jpegComponents(bytes) === 4);
+    }
+    const meta = await sharp(bytes, input).metadata();
+    const width = meta.autoOrient?.width ?? meta.width;
+    const height = meta.autoOrient?.height ?? meta.height;
+    if (!width || !height) throw new ElementError(`${format} image without dimensions`);
+    checkPixels(width, height, s.maxPixels);
+    if (s.mode === "seed") return await decodeSeed(bytes, input, s, meta.space === "cmyk");
+    return await decodeFast(bytes, input, cropGeometry(width, height, s.resizeSize, s.cropSize), s.cropSize);
   } catch (err) {
     if (err instanceof ElementError) throw err;
-    throw new ElementError(`truncated or corrupt ${format} data: ${vipsReason(err)}`);
+    const reason = vipsReason(err);
+    // libvips refuses over-limit images from the header, before decoding; say how big.
+    if (/pixel limit/i.test(reason)) {
+      const meta = await sharp(bytes, { ...input, limitInputPixels: false })
+        .metadata()
+        .catch(() => undefined);
+      if (meta?.width && meta.height) checkPixels(meta.width, meta.height, s.maxPixels);
+      throw new ElementError(`more pixels than max_pixels ${s.maxPixels} (rejected before decoding)`);
+    }
+    throw new ElementError(`truncated or corrupt ${format}: ${reason}`);
   }
+}
+
+function checkPixels(width: number, height: number, maxPixels: number): void {
+  if (width * height > maxPixels) {
+    throw new ElementError(
+      `${width}x${height} = ${width * height} pixels exceed max_pixels ${maxPixels} (rejected before decoding)`,
+    );
+  }
+}
+
+/** Number of colour components in a JPEG's frame header (4 = CMYK/YCCK), or 0 if not found. */
+export function jpegComponents(b: Uint8Array): number {
+  let i = 2;
+  while (i + 9 < b.length) {
+    if (b[i] !== 0xff) return 0;
+    const marker = b[i + 1] as number;
+    if (marker === 0xff) {
+      i++;
+      continue;
+    }
+    // SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC).
+    if (marker >= 0xc0 && marker <= 0xcf && marker !== 0xc4 && marker !== 0xc8 && marker !== 0xcc) {
+      return b[i + 9] as number;
+    }
+    if (marker === 0xda) return 0;
+    i += 2 + (((b[i + 2] as number) << 8) | (b[i + 3] as number));
+  }
+  return 0;
 }
 
 /** To 3-channel 8-bit sRGB: grey is replicated, palettes expanded, alpha dropped, 16-bit scaled down. */
@@ -222,27 +253,20 @@ function toRgb8(img: Sharp): Sharp {
 async function decodeSeed(
   bytes: Uint8Array,
   input: SharpOptions,
-  width: number,
-  height: number,
-  g: CropGeometry,
-  crop: number,
+  s: DecodeSettings,
   cmyk: boolean,
 ): Promise<Uint8Array> {
-  const xs = axisTable(width, g.resizedWidth, g.left, crop);
-  const ys = axisTable(height, g.resizedHeight, g.top, crop);
-  // Only the source rectangle the crop reads is extracted from the decode.
-  const sx = sourceSpan(xs);
-  const sy = sourceSpan(ys);
-  const region = sharp(bytes, input)
-    .autoOrient()
-    .extract({ left: sx.start, top: sy.start, width: sx.end - sx.start, height: sy.end - sy.start });
+  const image = sharp(bytes, input).autoOrient();
   const { data, info } = await (cmyk
-    ? region.pipelineColourspace("cmyk").toColourspace("cmyk").raw({ depth: "uchar" })
-    : toRgb8(region)
+    ? image.pipelineColourspace("cmyk").toColourspace("cmyk").raw({ depth: "uchar" })
+    : toRgb8(image)
   ).toBuffer({ resolveWithObject: true });
-  const rgb = cmyk ? cmykToRgbLikeOpenCV(data, info.channels) : data;
   if (!cmyk && info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);
-  return resizeWindow(rgb, info.width, 3, xs, ys, sx.start, sy.start);
+  const rgb = cmyk ? cmykToRgbLikeOpenCV(data, info.channels) : data;
+  const g = cropGeometry(info.width, info.height, s.resizeSize, s.cropSize);
+  const xs = axisTable(info.width, g.resizedWidth, g.left, s.cropSize);
+  const ys = axisTable(info.height, g.resizedHeight, g.top, s.cropSize);
+  return resizeWindow(rgb, info.width, 3, xs, ys);
 }
 
 /**

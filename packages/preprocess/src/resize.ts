@@ -63,20 +63,6 @@ export function axisTable(srcSize: number, dstSize: number, start: number, count
   return t;
 }
 
-/** The source rectangle a window's tables read from, for decoding only that region. */
-export function sourceSpan(t: AxisTable): { start: number; end: number } {
-  let start = Number.POSITIVE_INFINITY;
-  let end = 0;
-  for (let i = 0; i < t.src0.length; i++) {
-    start = Math.min(start, t.src0[i] as number);
-    end = Math.max(end, (t.src1[i] as number) + 1);
-  }
-  return { start, end };
-}
-
-/** Signed high 16 bits of a 16x16-bit product (SSE2 `pmulhw`). */
-const mulhi = (a: number, b: number) => (a * b) >> 16;
-
 /**
  * Resizes the window described by `xs`/`ys` out of `src` (`srcWidth` pixels
  * per row, `channels` interleaved, rows starting at source row `rowOffset`
@@ -96,39 +82,43 @@ export function resizeWindow(
   const outH = ys.src0.length;
   const rowLen = outW * channels;
   const out = new Uint8Array(outH * rowLen);
-  // Horizontal pass of one source row, cached: consecutive output rows share source rows.
-  const cache = new Map<number, Int32Array>();
+  // Per output column: byte offsets of its two source pixels within a row, and weights.
+  const offA = new Int32Array(outW);
+  const offB = new Int32Array(outW);
+  for (let x = 0; x < outW; x++) {
+    offA[x] = ((xs.src0[x] as number) - colOffset) * channels;
+    offB[x] = ((xs.src1[x] as number) - colOffset) * channels;
+  }
+  const { w0, w1 } = xs;
+  // Horizontal pass per source row, computed once: consecutive output rows share source rows.
+  const firstRow = ys.src0[0] ?? 0;
+  const rows: (Int32Array | undefined)[] = [];
   const hrow = (sy: number): Int32Array => {
-    let row = cache.get(sy);
-    if (row) return row;
-    row = new Int32Array(rowLen);
+    const cached = rows[sy - firstRow];
+    if (cached) return cached;
+    const row = new Int32Array(rowLen);
     const base = (sy - rowOffset) * srcWidth * channels;
-    for (let x = 0; x < outW; x++) {
-      const a = base + ((xs.src0[x] as number) - colOffset) * channels;
-      const b = base + ((xs.src1[x] as number) - colOffset) * channels;
-      const w0 = xs.w0[x] as number;
-      const w1 = xs.w1[x] as number;
-      for (let c = 0; c < channels; c++) {
-        row[x * channels + c] = (src[a + c] as number) * w0 + (src[b + c] as number) * w1;
-      }
+    for (let x = 0, o = 0; x < outW; x++) {
+      const a = base + (offA[x] as number);
+      const b = base + (offB[x] as number);
+      const wa = w0[x] as number;
+      const wb = w1[x] as number;
+      for (let c = 0; c < channels; c++, o++) row[o] = (src[a + c] as number) * wa + (src[b + c] as number) * wb;
     }
-    cache.set(sy, row);
+    rows[sy - firstRow] = row;
     return row;
   };
   for (let y = 0; y < outH; y++) {
-    const sy0 = ys.src0[y] as number;
-    const r0 = hrow(sy0);
+    const r0 = hrow(ys.src0[y] as number);
     const r1 = hrow(ys.src1[y] as number);
     const b0 = ys.w0[y] as number;
     const b1 = ys.w1[y] as number;
     const o = y * rowLen;
     for (let i = 0; i < rowLen; i++) {
-      const v = (mulhi((r0[i] as number) >> 4, b0) + mulhi((r1[i] as number) >> 4, b1) + 2) >> 2;
-      // Weights are non-negative and sum to 2048, so v is already within 0..255.
-      out[o + i] = v;
+      // SSE2's pmulhw: signed high 16 bits of the 16x16-bit products, then a rounding shift by 2.
+      // Weights are non-negative and sum to 2048, so the result is already within 0..255.
+      out[o + i] = (((((r0[i] as number) >> 4) * b0) >> 16) + ((((r1[i] as number) >> 4) * b1) >> 16) + 2) >> 2;
     }
-    // Rows above the next output row's first source row are never needed again.
-    for (const k of cache.keys()) if (k < (ys.src0[y + 1] ?? Number.POSITIVE_INFINITY)) cache.delete(k);
   }
   return out;
 }

@@ -72,12 +72,12 @@ describe("each bad element fails its request with INVALID_ARGUMENT naming the el
     [
       "truncated.jpg",
       () => readImage("truncated.jpg"),
-      /element 1: corrupt or truncated jpeg header: .*premature end of JPEG/i,
+      /element 1: truncated or corrupt jpeg: .*premature end of JPEG/i,
     ],
     [
       "a JPEG cut off mid-scan",
       () => chelsea.subarray(0, Math.floor(chelsea.length * 0.6)),
-      /element 1: truncated or corrupt jpeg data: .*premature end/i,
+      /element 1: truncated or corrupt jpeg: .*premature end/i,
     ],
     [
       "undecodable base64",
@@ -131,11 +131,17 @@ describe("each bad element fails its request with INVALID_ARGUMENT naming the el
     expect(b64.rawMessage).toContain(`element 0: ${chelsea.length} bytes (decoded from base64) exceed max_bytes 30000`);
   });
 
+  it("fast mode checks max_pixels from the header too", async () => {
+    const err = await failure(withClaimedSize(chelsea, 30000, 30000), createPreprocess({ mode: "fast" }));
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toMatch(/element 1: 30000x30000 = 900000000 pixels exceed max_pixels 40000000/);
+  });
+
   it("never returns a grey image for a truncated file, in fast mode either", async () => {
     const fast = createPreprocess({ mode: "fast" });
     const err = await failure(chelsea.subarray(0, Math.floor(chelsea.length * 0.6)), fast);
     expect(err.code).toBe(Code.InvalidArgument);
-    expect(err.rawMessage).toMatch(/element 1: truncated or corrupt jpeg data/);
+    expect(err.rawMessage).toMatch(/element 1: truncated or corrupt jpeg: /);
   });
 });
 
@@ -146,7 +152,7 @@ describe("bad requests do not disturb good ones", () => {
     const [g, b] = await Promise.allSettled([good, bad]);
     expect(b.status).toBe("rejected");
     expect(asStageError((b as PromiseRejectedResult).reason).rawMessage).toMatch(
-      /element 1: corrupt or truncated jpeg/,
+      /element 1: truncated or corrupt jpeg: /,
     );
     expect(g.status).toBe("fulfilled");
     const out = (g as PromiseFulfilledResult<Awaited<typeof good>>).value.outputs[0]!;

@@ -81,7 +81,7 @@ describe("served over KServe v2 gRPC", () => {
       .catch((e) => e);
     expect(err).toBeInstanceOf(StageError);
     expect((err as StageError).code).toBe(Code.InvalidArgument);
-    expect((err as StageError).rawMessage).toMatch(/element 1: corrupt or truncated jpeg header/);
+    expect((err as StageError).rawMessage).toMatch(/element 1: truncated or corrupt jpeg: /);
   });
 
   it("reports statistics through the wire", async () => {
