@@ -1,0 +1,100 @@
+// Acceptance: the bridge against a real KServe v2 gRPC server hosting the
+// real MobileNetV2 ONNX model (the stand-in for Triton + TensorRT on machines
+// without a GPU), loaded from the committed models-gpu/ bridge config.
+import { readFile } from "node:fs/promises";
+import { basename, join } from "node:path";
+import { ConnectError } from "@connectrpc/connect";
+import { createOnnxStage, type OnnxStage } from "@trellis/inference-onnx";
+import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
+import { Code, type Stage, tensor } from "@trellis/stage";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createStage } from "../src/index.js";
+import { type Child, spawnServer } from "./helpers.js";
+
+const root = join(import.meta.dirname, "..", "..", "..");
+const shared = join(root, "..", "shared");
+const MODEL = join(shared, "models", "mobilenetv2-12-int8.onnx");
+const IMAGES = ["chelsea.jpg", "coffee.jpg", "camera.jpg", "rocket.jpg"];
+
+/** The seed's inference config, renamed to the Triton model and pointed at MobileNetV2. */
+async function standInConfigText(): Promise<string> {
+  const seed = await readFile(join(root, "models", "resnet50_inference", "config.pbtxt"), "utf8");
+  return `${seed.replace('name: "resnet50_inference"', 'name: "resnet50_trt"').replace("max_queue_delay_microseconds: 100000", "max_queue_delay_microseconds: 1000")}\ndefault_model_filename: "${basename(MODEL)}"\n`;
+}
+
+let server: Child;
+let direct: OnnxStage;
+let bridge: Stage;
+let env: Record<string, string>;
+let batch: ReturnType<typeof tensor<"FP32">>;
+let expectedTop1: number[];
+
+beforeAll(async () => {
+  const text = await standInConfigText();
+  env = { ONNX_CONFIG: text };
+  server = await spawnServer("onnx", 0, [MODEL], env);
+  direct = await createOnnxStage({
+    config: parseModelConfig(text),
+    modelDir: shared,
+    versionDir: join(shared, "models"),
+  });
+  const config = await loadModelConfig(join(root, "models-gpu", "trellis", "resnet50_inference_trt", "config.pbtxt"));
+  const endpoint = config.parameters.endpoint;
+  if (!endpoint) throw new Error("committed bridge config has no endpoint parameter");
+  endpoint.stringValue = `http://127.0.0.1:${server.port}`;
+  bridge = await createStage({ config, modelDir: ".", version: "1", versionDir: "1" });
+  const data = new Float32Array(IMAGES.length * 3 * 224 * 224);
+  for (const [i, image] of IMAGES.entries()) {
+    const bytes = await readFile(join(shared, "fixtures", "reference", `${image}.f32`));
+    data.set(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4), i * 3 * 224 * 224);
+  }
+  batch = tensor("input", "FP32", [IMAGES.length, 3, 224, 224], data);
+  const top5 = JSON.parse(await readFile(join(shared, "fixtures", "reference", "mobilenetv2_top5.json"), "utf8"));
+  expectedTop1 = IMAGES.map((image) => top5[image].top5_index[0]);
+}, 60_000);
+
+afterAll(async () => {
+  await server?.kill();
+  await direct?.close();
+  await bridge?.close();
+});
+
+const argmaxes = (logits: Float32Array, n: number) =>
+  Array.from({ length: n }, (_, i) => {
+    const row = logits.subarray(i * 1000, (i + 1) * 1000);
+    return row.indexOf(Math.max(...row));
+  });
+
+describe("bridge to a real ONNX model over gRPC", () => {
+  it("gives exactly the direct stage's logits for a batch of real photos", async () => {
+    const want = await direct.infer({ inputs: [batch] });
+    const got = await bridge.infer({ inputs: [batch] });
+    expect(got.modelName).toBe("resnet50_inference_trt");
+    const w = want.outputs[0];
+    const g = got.outputs[0];
+    expect([g?.name, g?.datatype, g?.shape]).toEqual(["output", "FP32", [4, 1000]]);
+    const bytes = (t: typeof g) => {
+      const d = t?.data as Float32Array;
+      return Buffer.from(d.buffer, d.byteOffset, d.byteLength);
+    };
+    expect(bytes(g).equals(bytes(w))).toBe(true);
+    expect(argmaxes(g?.data as Float32Array, 4)).toEqual(expectedTop1);
+    const stats = await bridge.statistics();
+    expect(stats.inferenceCount).toBeGreaterThanOrEqual(4n);
+  });
+
+  it("fails UNAVAILABLE naming the remote while the server is gone, and recovers when it is back on the same port", async () => {
+    const port = server.port;
+    await server.kill();
+    const err = await bridge.infer({ inputs: [batch] }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(ConnectError);
+    expect((err as ConnectError).code).toBe(Code.Unavailable);
+    expect((err as ConnectError).message).toContain(`remote model resnet50_trt at http://127.0.0.1:${port}`);
+    server = await spawnServer("onnx", port, [MODEL], env);
+    const again = await bridge.infer({ inputs: [batch] });
+    expect(argmaxes(again.outputs[0]?.data as Float32Array, 4)).toEqual(expectedTop1);
+  });
+});
