@@ -21,6 +21,7 @@ import {
   binaryResponse,
   echoConfig,
   floats,
+  jsonOf,
   makeRepository,
   metricValue,
   postJson,
@@ -128,10 +129,10 @@ describe("startup", () => {
 
 describe("HTTP/REST", () => {
   it("serves server and model metadata, config and statistics", async () => {
-    const meta = await (await fetch(`${server.http}/v2`)).json();
+    const meta = await jsonOf(await fetch(`${server.http}/v2`));
     expect(meta.name).toBe("trellis");
     expect(meta.extensions).toContain("binary_tensor_data");
-    const model = await (await fetch(`${server.http}/v2/models/echo`)).json();
+    const model = await jsonOf(await fetch(`${server.http}/v2/models/echo`));
     expect(model).toEqual({
       name: "echo",
       versions: ["1"],
@@ -139,12 +140,12 @@ describe("HTTP/REST", () => {
       inputs: [{ name: "INPUT", datatype: "FP32", shape: [-1, 4] }],
       outputs: [{ name: "OUTPUT", datatype: "FP32", shape: [-1, 4] }],
     });
-    const config = await (await fetch(`${server.http}/v2/models/echo/config`)).json();
+    const config = await jsonOf(await fetch(`${server.http}/v2/models/echo/config`));
     expect(config.max_batch_size).toBe(8);
     expect(config.input[0]).toMatchObject({ name: "INPUT", data_type: "TYPE_FP32", dims: [4] });
     const versioned = await fetch(`${server.http}/v2/models/multi/versions/2/config`);
-    expect((await versioned.json()).name).toBe("multi");
-    const stats = await (await fetch(`${server.http}/v2/models/stats`)).json();
+    expect((await jsonOf(versioned)).name).toBe("multi");
+    const stats = await jsonOf(await fetch(`${server.http}/v2/models/stats`));
     expect(stats.model_stats.map((s: { name: string }) => s.name)).toContain("chain");
   });
 
@@ -236,7 +237,7 @@ describe("HTTP/REST", () => {
       headers: { "inference-header-content-length": String(mixed.headerLength) },
     });
     expect(res2.headers.get("inference-header-content-length")).toBeNull();
-    expect((await res2.json()).outputs[0].data).toEqual(values.map((v) => v * 10));
+    expect((await jsonOf(res2)).outputs[0].data).toEqual(values.map((v) => v * 10));
   });
 
   it("implements the classification extension with the output's labels", async () => {
@@ -258,7 +259,7 @@ describe("HTTP/REST", () => {
     expect(unknown).toEqual({ status: 400, json: { error: "Request for unknown model: 'nope' is not found" } });
     const meta = await fetch(`${server.http}/v2/models/nope`);
     expect(meta.status).toBe(404);
-    expect((await meta.json()).error).toContain("'nope'");
+    expect((await jsonOf(meta)).error).toContain("'nope'");
     const oldVersion = await postJson(`${server.http}/v2/models/multi/versions/1/infer`, { inputs: [] });
     expect(oldVersion.status).toBe(400);
     expect(oldVersion.json.error).toContain("version 1");
@@ -280,7 +281,7 @@ describe("HTTP/REST", () => {
     expect(fp16.json.error).toContain("binary data format");
     const notJson = await fetch(`${server.http}/v2/models/echo/infer`, { method: "POST", body: "{nope" });
     expect(notJson.status).toBe(400);
-    expect((await notJson.json()).error).toContain("JSON");
+    expect((await jsonOf(notJson)).error).toContain("JSON");
     const short = binaryRequest({ inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4] }] }, [f32([1, 2, 3, 4])]);
     const truncated = await fetch(`${server.http}/v2/models/echo/infer`, {
       method: "POST",
@@ -288,7 +289,7 @@ describe("HTTP/REST", () => {
       headers: { "inference-header-content-length": String(short.headerLength) },
     });
     expect(truncated.status).toBe(400);
-    expect((await truncated.json()).error).toContain("binary_data_size 16");
+    expect((await jsonOf(truncated)).error).toContain("binary_data_size 16");
 
     const stageFailure = await postJson(`${server.http}/v2/models/echo/infer`, {
       inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
@@ -464,7 +465,7 @@ describe("metrics and statistics under concurrent clients", () => {
     expect(Math.floor(Number(stats?.inferenceStats?.computeInfer?.ns) / 1000)).toBe(
       metricValue(after, "nv_inference_compute_infer_duration_us", "counted"),
     );
-    const http = await (await fetch(`${server.http}/v2/models/counted/stats`)).json();
+    const http = await jsonOf(await fetch(`${server.http}/v2/models/counted/stats`));
     expect(http.model_stats[0].inference_count).toBe(Number(stats?.inferenceCount));
 
     // A failing request moves the failure counter by one.

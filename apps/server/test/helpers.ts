@@ -217,3 +217,7 @@ export function binaryRequest(
 
 /** FP32 values of raw bytes (copied: gRPC clients hand out views into pooled buffers). */
 export const floats = (raw: Uint8Array) => new Float32Array(Uint8Array.from(raw).buffer);
+
+/** A response body as JSON, for field-by-field assertions. */
+// biome-ignore lint/suspicious/noExplicitAny: test responses are inspected field by field
+export const jsonOf = async (res: Response): Promise<any> => res.json();

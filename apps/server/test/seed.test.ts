@@ -17,6 +17,7 @@ import {
   binaryRequest,
   binaryResponse,
   floats,
+  jsonOf,
   makeSeedRepository,
   metricValue,
   postJson,
@@ -71,7 +72,7 @@ async function httpEnsemble(images: Uint8Array[], binaryOut: boolean): Promise<s
   });
   expect(res.status).toBe(200);
   if (!binaryOut) {
-    const json = await res.json();
+    const json = await jsonOf(res);
     expect(json.outputs[0]).toMatchObject({ name: "OUTPUT_RESULTS", datatype: "BYTES", shape: [images.length, 1] });
     return json.outputs[0].data;
   }

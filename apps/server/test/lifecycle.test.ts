@@ -1,0 +1,205 @@
+/**
+ * Model control and process lifecycle, black-box: explicit load/unload over
+ * HTTP and gRPC, unload with requests in flight, SIGTERM with requests in
+ * flight, and a model that fails to load on request.
+ */
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  echoConfig,
+  floats,
+  makeRepository,
+  metricValue,
+  postJson,
+  removeDir,
+  type ServerProcess,
+  scrape,
+  startServerProcess,
+} from "./helpers.js";
+
+const CHAIN = `name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "echo" model_version: -1 input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "mid" } },
+  { model_name: "echo10" model_version: -1 input_map { key: "INPUT" value: "mid" } output_map { key: "OUTPUT" value: "OUT" } }
+] }
+`;
+
+const slowRequest = (delayMs: number, values = [1, 2, 3, 4]) => ({
+  inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: values }],
+  parameters: { delay_ms: delayMs },
+});
+
+/** Polls `check` until it holds (the server's own state, read over its API). */
+async function until(check: () => Promise<boolean>, what: string): Promise<void> {
+  for (let i = 0; i < 400; i++) {
+    if (await check()) return;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+const pending = async (server: ServerProcess, model: string) =>
+  metricValue(await scrape(server), "nv_inference_pending_request_count", model);
+
+describe("explicit model control", () => {
+  let repo: string;
+  let server: ServerProcess;
+  beforeAll(async () => {
+    repo = await makeRepository({
+      echo: { config: echoConfig("echo") },
+      echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
+      chain: { config: CHAIN },
+      other: { config: echoConfig("other", { params: { scale: "2" } }) },
+      broken: { config: echoConfig("broken", { params: { module: "./missing.js" } }) },
+    });
+    server = await startServerProcess([
+      "--model-repository",
+      repo,
+      "--model-control-mode",
+      "explicit",
+      "--load-model",
+      "chain",
+    ]);
+  });
+  afterAll(async () => {
+    expect(await server?.stop()).toBe(0);
+    await removeDir(repo);
+  });
+
+  const index = async () =>
+    (await postJson(`${server.http}/v2/repository/index`, {})).json as {
+      name: string;
+      version?: string;
+      state?: string;
+      reason?: string;
+    }[];
+
+  it("loads only --load-model at start, an ensemble's steps first", async () => {
+    const loaded = server.logs.filter((l) => l.msg === "model loaded").map((l) => l.model);
+    expect(loaded.indexOf("chain")).toBe(loaded.length - 1);
+    expect([...loaded].sort()).toEqual(["chain", "echo", "echo10"]);
+    expect(await index()).toEqual([
+      { name: "broken" },
+      { name: "chain", version: "1", state: "READY" },
+      { name: "echo", version: "1", state: "READY" },
+      { name: "echo10", version: "1", state: "READY" },
+      { name: "other" },
+    ]);
+    const res = await postJson(`${server.http}/v2/models/other/infer`, slowRequest(0));
+    expect(res.status).toBe(400);
+    expect(res.json.error).toBe("Request for unknown model: 'other' is not found");
+  });
+
+  it("loads over HTTP and unloads over gRPC", async () => {
+    expect((await postJson(`${server.http}/v2/repository/models/other/load`, {})).status).toBe(200);
+    const ok = await postJson(`${server.http}/v2/models/other/infer`, slowRequest(0));
+    expect(ok.json.outputs[0].data).toEqual([2, 4, 6, 8]);
+
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    await client.repositoryModelUnload({ modelName: "other" });
+    expect((await index()).find((m) => m.name === "other")).toEqual({
+      name: "other",
+      version: "1",
+      state: "UNAVAILABLE",
+      reason: "unloaded",
+    });
+    const gone = await postJson(`${server.http}/v2/models/other/infer`, slowRequest(0));
+    expect(gone.status).toBe(400);
+    expect(gone.json.error).toContain("'other' has no available versions");
+    await client.repositoryModelLoad({ modelName: "other" });
+    expect((await client.modelReady({ name: "other" })).ready).toBe(true);
+  });
+
+  it("reports a model that fails to load, with its reason, and stays up", async () => {
+    const failed = await postJson(`${server.http}/v2/repository/models/broken/load`, {});
+    expect(failed.status).toBe(400);
+    expect(failed.json.error).toContain("missing.js");
+    const unknown = await postJson(`${server.http}/v2/repository/models/nothing/load`, {});
+    expect(unknown.status).toBe(404);
+    const broken = (await index()).find((m) => m.name === "broken");
+    expect(broken?.state).toBe("UNAVAILABLE");
+    expect(broken?.reason).toContain("missing.js");
+    expect((await fetch(`${server.http}/v2/health/live`)).status).toBe(200);
+    // A failed model is reported, not counted against readiness.
+    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
+  });
+
+  it("lets in-flight requests finish when their model is unloaded, refusing new ones meanwhile", async () => {
+    const inflight = [1, 2, 3].map((i) =>
+      postJson(`${server.http}/v2/models/echo/infer`, slowRequest(1500, [i, i, i, i])),
+    );
+    await until(async () => (await pending(server, "echo")) === 3, "3 requests in flight on echo");
+
+    const unloading = postJson(`${server.http}/v2/repository/models/echo/unload`, {});
+    await until(
+      async () => (await index()).find((m) => m.name === "echo")?.state === "UNLOADING",
+      "echo to be UNLOADING",
+    );
+    const refused = await postJson(`${server.http}/v2/models/echo/infer`, slowRequest(0));
+    expect(refused.status).toBe(400);
+    expect(refused.json.error).toContain("'echo' has no available versions");
+
+    const answers = await Promise.all(inflight);
+    answers.forEach((a, k) => {
+      expect(a.status).toBe(200);
+      expect(a.json.outputs[0].data).toEqual([k + 1, k + 1, k + 1, k + 1]);
+    });
+    expect((await unloading).status).toBe(200);
+    expect((await index()).find((m) => m.name === "echo")).toMatchObject({ state: "UNAVAILABLE", reason: "unloaded" });
+    // The ensemble's step is gone, so the ensemble answers UNAVAILABLE until echo is back.
+    const chain = await postJson(`${server.http}/v2/models/chain/infer`, {
+      inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data: [1, 1, 1, 1] }],
+    });
+    expect(chain.status).not.toBe(200);
+    expect((await postJson(`${server.http}/v2/repository/models/echo/load`, {})).status).toBe(200);
+    const back = await postJson(`${server.http}/v2/models/chain/infer`, {
+      inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data: [1, 1, 1, 1] }],
+    });
+    expect(back.json.outputs[0].data).toEqual([10, 10, 10, 10]);
+  });
+});
+
+describe("graceful shutdown", () => {
+  it("on SIGTERM finishes in-flight HTTP and gRPC requests, then exits 0", async () => {
+    const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
+    const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
+    try {
+      const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+      const viaHttp = [1, 2].map((i) =>
+        postJson(`${server.http}/v2/models/echo/infer`, slowRequest(1500, [i, 0, 0, 0])),
+      );
+      const viaGrpc = [3, 4].map((i) =>
+        client.modelInfer(
+          create(ModelInferRequestSchema, {
+            modelName: "echo",
+            inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+            rawInputContents: [new Uint8Array(new Float32Array([i, 0, 0, 0]).buffer)],
+            parameters: { delay_ms: { parameterChoice: { case: "int64Param", value: 1500n } } },
+          }),
+        ),
+      );
+      await until(async () => (await pending(server, "echo")) === 4, "4 requests in flight");
+      const exitCode = server.stop("SIGTERM");
+      const http = await Promise.all(viaHttp);
+      expect(http.map((r) => [r.status, r.json.outputs[0].data[0]])).toEqual([
+        [200, 1],
+        [200, 2],
+      ]);
+      const grpc = await Promise.all(viaGrpc);
+      expect(grpc.map((r) => floats(r.rawOutputContents[0] as Uint8Array)[0])).toEqual([3, 4]);
+      expect(await exitCode).toBe(0);
+      expect(server.logs.some((l) => l.msg === "waiting for in-flight requests to complete")).toBe(true);
+      expect(server.logs.find((l) => l.msg === "stopped")).toMatchObject({ timedOut: false });
+    } finally {
+      await server.stop("SIGKILL");
+      await removeDir(repo);
+    }
+  });
+});
