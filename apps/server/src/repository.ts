@@ -334,7 +334,8 @@ export class RepositoryManager implements ModelRegistry {
   /** Loads the local (non-remote) steps of an ensemble that are not loaded yet. */
   private async loadSteps(model: RepositoryModel, seen: Set<string>): Promise<void> {
     for (const step of ensembleSteps(model.config)) {
-      if (seen.has(step.model)) continue;
+      // Remote steps are reached through --endpoints (see stepStage), not loaded here.
+      if (this.opts.endpoints[step.model] || seen.has(step.model)) continue;
       seen.add(step.model);
       const e = this.models.get(step.model);
       if (e && [...e.versions.values()].some((v) => v.state === "READY")) continue;

@@ -1,0 +1,83 @@
+/**
+ * The seed ensemble split across three server processes, as the README
+ * documents it: a preprocess service, an inference service, and an
+ * ensemble front reaching them as remote steps through --endpoints.
+ */
+import { readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { frameBytes } from "@trellis/stage";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  binaryRequest,
+  jsonOf,
+  makeSeedRepository,
+  postJson,
+  removeDir,
+  type ServerProcess,
+  SHARED,
+  startServerProcess,
+} from "./helpers.js";
+
+let repo: string;
+const servers: ServerProcess[] = [];
+
+beforeAll(async () => {
+  repo = await makeSeedRepository();
+  const explicit = (model: string) => [
+    "--model-repository",
+    repo,
+    "--model-control-mode",
+    "explicit",
+    "--load-model",
+    model,
+  ];
+  const [pre, inf] = await Promise.all([
+    startServerProcess(explicit("resnet50_preprocess")),
+    startServerProcess(explicit("resnet50_inference")),
+  ]);
+  servers.push(pre as ServerProcess, inf as ServerProcess);
+  const endpoints = join(repo, "endpoints.json");
+  await writeFile(endpoints, JSON.stringify({ resnet50_preprocess: pre?.grpc, resnet50_inference: inf?.grpc }));
+  servers.push(await startServerProcess([...explicit("resnet50_ensemble"), "--endpoints", endpoints]));
+});
+afterAll(async () => {
+  // Front first: it holds connections to the other two.
+  for (const s of [...servers].reverse()) expect(await s.stop()).toBe(0);
+  await removeDir(repo);
+});
+
+describe("three-process split", () => {
+  it("each service holds only its model; the front classifies through the remote steps", async () => {
+    const [pre, inf, front] = servers as [ServerProcess, ServerProcess, ServerProcess];
+    const ready = async (s: ServerProcess) =>
+      ((await postJson(`${s.http}/v2/repository/index`, { ready: true })).json as { name: string }[]).map(
+        (m) => m.name,
+      );
+    expect(await ready(pre)).toEqual(["resnet50_preprocess"]);
+    expect(await ready(inf)).toEqual(["resnet50_inference"]);
+    expect(await ready(front)).toEqual(["resnet50_ensemble", "resnet50_postprocess"]);
+
+    const images = ["chelsea.jpg", "coffee.jpg"];
+    const bytes = await Promise.all(
+      images.map(async (p) => new Uint8Array(await readFile(join(SHARED, "fixtures", "images", p)))),
+    );
+    const { body, headerLength } = binaryRequest(
+      { inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [2, 1] }] },
+      [frameBytes(bytes)],
+    );
+    const res = await fetch(`${front.http}/v2/models/resnet50_ensemble/infer`, {
+      method: "POST",
+      body,
+      headers: { "inference-header-content-length": String(headerLength) },
+    });
+    expect(res.status).toBe(200);
+    const answers = (await jsonOf(res)).outputs[0].data as string[];
+    expect(answers.map((a) => JSON.parse(a).top5_labels[0])).toEqual(["Egyptian cat", "espresso"]);
+
+    // The work really happened in the other processes.
+    const count = async (s: ServerProcess, model: string) =>
+      (await jsonOf(await fetch(`${s.http}/v2/models/${model}/stats`))).model_stats[0].inference_count;
+    expect(await count(pre, "resnet50_preprocess")).toBe(2);
+    expect(await count(inf, "resnet50_inference")).toBe(2);
+  });
+});
