@@ -63,6 +63,17 @@ export function axisTable(srcSize: number, dstSize: number, start: number, count
   return t;
 }
 
+/** The source rows (or columns) a window's table reads: [start, end). */
+export function sourceSpan(t: AxisTable): { start: number; end: number } {
+  let start = Number.POSITIVE_INFINITY;
+  let end = 0;
+  for (let i = 0; i < t.src0.length; i++) {
+    start = Math.min(start, t.src0[i] as number);
+    end = Math.max(end, (t.src1[i] as number) + 1);
+  }
+  return { start, end };
+}
+
 /**
  * Resizes the window described by `xs`/`ys` out of `src` (`srcWidth` pixels
  * per row, `channels` interleaved, rows starting at source row `rowOffset`

@@ -79,6 +79,18 @@ describe("inputs that are not plain 8-bit RGB come out as RGB", () => {
     expect(diff(fromTagged, await preprocessOne(stage, plain)).max).toBeGreaterThan(0.5);
   });
 
+  it("applies EXIF orientation on large files too (decoded region chosen after orientation)", async () => {
+    const big = sharp(chelseaPng).resize(2706, 1800);
+    const plain = new Uint8Array(await big.clone().jpeg({ quality: 95 }).toBuffer());
+    const tagged = new Uint8Array(await big.clone().jpeg({ quality: 95 }).withMetadata({ orientation: 6 }).toBuffer());
+    expect(tagged.length).toBeGreaterThan(512 * 1024);
+    const { data, width, height } = await rawRgb(plain);
+    const rotated = await sharp(rotate90(data, width, height), { raw: { width: height, height: width, channels: 3 } })
+      .png()
+      .toBuffer();
+    expect(diff(await preprocessOne(stage, tagged), await preprocessOne(stage, new Uint8Array(rotated))).max).toBe(0);
+  });
+
   it("expands palette PNGs", async () => {
     const palette = new Uint8Array(await sharp(chelseaPng).png({ palette: true, colours: 64 }).toBuffer());
     expect((await sharp(palette).metadata()).isPalette).toBe(true);
