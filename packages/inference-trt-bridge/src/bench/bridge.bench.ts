@@ -1,0 +1,69 @@
+// Bench: FP16 conversion throughput and the bridge's round-trip cost over
+// loopback gRPC against an echo stage (no model work, so the figure is the bridge + transport).
+import { parseModelConfig } from "@trellis/protocol";
+import { listenStage, metadataFromConfig, type Stage, StatisticsRecorder, tensor } from "@trellis/stage";
+import { createTrtBridge } from "../bridge.js";
+import { float16ArrayToFloat32, float32ArrayToFloat16 } from "../fp16.js";
+
+const config = parseModelConfig(`
+name: "echo" max_batch_size: 256
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+output [ { name: "output" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]`);
+
+function echoStage(): Stage {
+  const stats = new StatisticsRecorder("echo", "1");
+  return {
+    name: "echo",
+    version: "1",
+    config,
+    isReady: () => true,
+    metadata: () => metadataFromConfig(config, ["1"]),
+    infer: async (req) => ({
+      modelName: "echo",
+      modelVersion: "1",
+      outputs: req.inputs.map((t) => ({ ...t, name: "output" })),
+    }),
+    statistics: () => stats.snapshot(),
+    close: async () => {},
+  };
+}
+
+const ms = (t0: bigint) => Number(process.hrtime.bigint() - t0) / 1e6;
+
+const image = 3 * 224 * 224;
+const big = Float32Array.from({ length: 64 * image }, (_, i) => Math.sin(i) * 3);
+for (let i = 0; i < 2; i++) float16ArrayToFloat32(float32ArrayToFloat16(big)); // warm up
+let t0 = process.hrtime.bigint();
+const half = float32ArrayToFloat16(big);
+const narrow = ms(t0);
+t0 = process.hrtime.bigint();
+float16ArrayToFloat32(half);
+const widen = ms(t0);
+const mb = big.byteLength / 1e6;
+console.log(
+  `fp16: FP32->FP16 ${(mb / (narrow / 1e3)).toFixed(0)} MB/s, FP16->FP32 ${(mb / 2 / (widen / 1e3)).toFixed(0)} MB/s (batch 64 x 3x224x224)`,
+);
+
+const server = await listenStage(echoStage());
+const bridge = await createTrtBridge({
+  config: { ...config, name: "echo_bridge" },
+  endpoint: server.url,
+  modelName: "echo",
+});
+const direct = echoStage();
+for (const batch of [1, 16, 64]) {
+  const req = { inputs: [tensor("input", "FP32", [batch, 3, 224, 224], big.subarray(0, batch * image))] };
+  const n = batch === 64 ? 10 : 30;
+  for (let i = 0; i < 3; i++) await bridge.infer(req);
+  t0 = process.hrtime.bigint();
+  for (let i = 0; i < n; i++) await bridge.infer(req);
+  const viaBridge = ms(t0) / n;
+  t0 = process.hrtime.bigint();
+  for (let i = 0; i < n; i++) await direct.infer(req);
+  const inProcess = ms(t0) / n;
+  console.log(
+    `bridge round trip, batch ${batch} (${((batch * image * 4) / 1e6).toFixed(1)} MB each way): ${viaBridge.toFixed(2)} ms/request vs ${inProcess.toFixed(3)} ms in process (${n} requests)`,
+  );
+}
+await bridge.close();
+await server.close();
