@@ -105,14 +105,16 @@ export async function createEnsemble(options: CreateEnsembleOptions): Promise<En
   const version = options.version ?? "1";
   const spec = ensembling(config);
 
-  const stages: Stage[] = [];
+  // Steps load concurrently (an ONNX session and an image stage need not wait for each other).
+  const settled = await Promise.allSettled(
+    spec.step.map(async (s) => options.resolveStep(s.modelName, s.modelVersion)),
+  );
+  const stages = settled.flatMap((r) => (r.status === "fulfilled" ? [r.value] : []));
   try {
-    for (const [index, s] of spec.step.entries()) {
-      try {
-        stages.push(await options.resolveStep(s.modelName, s.modelVersion));
-      } catch (err) {
-        throw stepError(name, { index, model: s.modelName } as StepPlan, err);
-      }
+    const failed = settled.findIndex((r) => r.status === "rejected");
+    if (failed >= 0) {
+      const reason = (settled[failed] as PromiseRejectedResult).reason;
+      throw stepError(name, { index: failed, model: spec.step[failed]!.modelName } as StepPlan, reason);
     }
     const metas = await Promise.all(stages.map((s) => s.metadata()));
     const plan = planEnsemble(config, stages, metas);
