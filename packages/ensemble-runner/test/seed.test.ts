@@ -8,8 +8,11 @@ import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat } from "node:fs/p
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Code, type Stage, type Tensor, tensor } from "@trellis/stage";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { type EnsembleStage, loadStage, type RepositoryModel, scanRepository } from "../src/index.js";
+
+// Real models on a shared 2-core machine: generous per-test limits (the assertions are not about time).
+vi.setConfig({ testTimeout: 60_000 });
 
 const pkg = join(import.meta.dirname, "..");
 const root = join(pkg, "..", "..");
