@@ -44,7 +44,7 @@ const program = new Command("trellis-server")
   .addOption(
     new Option(
       "--model-control-mode <mode>",
-      "none: load every model at start; explicit: load only --load-model, then load/unload by API; poll: also rescan the repository",
+      "none: load every model at start; explicit: load only --load-model, then load/unload by API; poll: load every model, then rescan the repository every --repository-poll-secs",
     )
       .choices(["none", "explicit", "poll"])
       .default("none"),
