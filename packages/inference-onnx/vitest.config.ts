@@ -1,11 +1,13 @@
-import { defineConfig } from "vitest/config";
+import { defineConfig, mergeConfig } from "vitest/config";
+import shared from "../../vitest.shared.js";
 
-export default defineConfig({
-  test: {
-    globalSetup: ["test/global-setup.ts"],
-    // Each test file loads ONNX sessions on the shared 2-core machine; keep them one at a time.
-    fileParallelism: false,
-    testTimeout: 60_000,
-    hookTimeout: 120_000,
-  },
-});
+export default mergeConfig(
+  shared,
+  defineConfig({
+    test: {
+      globalSetup: ["test/global-setup.ts"],
+      // Each test file loads ONNX sessions; keep them one at a time.
+      fileParallelism: false,
+    },
+  }),
+);
