@@ -8,6 +8,7 @@ import { create } from "@bufbuild/protobuf";
 import { type InferTensorContents, InferTensorContentsSchema } from "@trellis/protocol";
 import {
   Code,
+  contentsFieldOf,
   type DataType,
   isDataType,
   type Parameters,
@@ -35,22 +36,6 @@ export interface JsonInferRequest {
 }
 
 const bad = (message: string) => new StageError(Code.InvalidArgument, "", message);
-
-/** Field of InferTensorContents per datatype (FP16/BF16 have none: binary only). */
-const FIELD: Partial<Record<DataType, keyof InferTensorContents>> = {
-  BOOL: "boolContents",
-  UINT8: "uintContents",
-  UINT16: "uintContents",
-  UINT32: "uintContents",
-  UINT64: "uint64Contents",
-  INT8: "intContents",
-  INT16: "intContents",
-  INT32: "intContents",
-  INT64: "int64Contents",
-  FP32: "fp32Contents",
-  FP64: "fp64Contents",
-  BYTES: "bytesContents",
-};
 
 function flatten(data: unknown, out: unknown[]): void {
   if (Array.isArray(data)) for (const d of data) flatten(d, out);
@@ -97,7 +82,7 @@ function header(t: JsonTensor): { name: string; datatype: string; shape: number[
 export function tensorFromJson(t: JsonTensor): Tensor {
   const h = header(t);
   if (!isDataType(h.datatype)) throw bad(`input '${h.name}': unknown datatype "${h.datatype}"`);
-  const field = FIELD[h.datatype];
+  const field = contentsFieldOf(h.datatype);
   if (!field) {
     throw bad(
       `receiving ${h.datatype} data via JSON is not supported. Please use the binary data format for input ${h.name}`,
@@ -127,7 +112,7 @@ export function tensorToJsonData(t: Tensor): unknown[] {
     );
   }
   const contents = tensorToContents(t);
-  const values = contents[FIELD[t.datatype] as keyof InferTensorContents] as unknown[];
+  const values = contents[contentsFieldOf(t.datatype) as keyof InferTensorContents] as unknown[];
   return t.datatype === "INT64" || t.datatype === "UINT64" ? values.map(Number) : values;
 }
 

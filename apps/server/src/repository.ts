@@ -6,6 +6,7 @@
  */
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
+import type { LoadStageOptions, RepositoryModel, RepositoryScan } from "@trellis/ensemble-runner";
 import type { ModelConfig } from "@trellis/protocol";
 import {
   Code,
@@ -18,27 +19,7 @@ import {
 } from "@trellis/stage";
 import { ManagedStage } from "./managed.js";
 
-/** What the manager needs from a model loader (@trellis/ensemble-runner's scanRepository/loadStage). */
-export interface RepositoryModel {
-  name: string;
-  repository: string;
-  modelDir: string;
-  configPath: string;
-  config: ModelConfig;
-  versions: string[];
-}
-export interface RepositoryScan {
-  models: RepositoryModel[];
-  errors: { name: string; modelDir: string; error: Error }[];
-}
-export interface LoadStageOptions {
-  version: string;
-  resolveStep?: (model: string, version: bigint) => Stage | Promise<Stage>;
-  repositories?: string[];
-  endpoints?: Record<string, string>;
-  strictModelConfig?: boolean;
-  logger?: StageLogger;
-}
+/** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
 export interface ModelLoader {
   scanRepository(repositories: string[]): Promise<RepositoryScan>;
   loadStage(model: RepositoryModel, options: LoadStageOptions): Promise<Stage>;

@@ -8,14 +8,13 @@ import http from "node:http";
 import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-
-// Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
-type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
-
-import { serveStage } from "@trellis/stage";
+import { HTTP2_SETTINGS, serveStage, UNCOMPRESSED_RESPONSES, widenSessionWindow } from "@trellis/stage";
 import { restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
+
+// Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
+type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
 
 export const SERVER_NAME = "trellis";
 export const SERVER_VERSION = "0.1.0";
@@ -82,9 +81,13 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   };
 
   // gRPC: each HTTP/2 stream is one call.
-  const grpc = http2.createServer(connectNodeAdapter({ routes }));
+  const grpc = http2.createServer(
+    { settings: HTTP2_SETTINGS },
+    connectNodeAdapter({ routes, ...UNCOMPRESSED_RESPONSES }),
+  );
   const sessions = new Set<http2.ServerHttp2Session>();
   grpc.on("session", (s) => {
+    widenSessionWindow(s);
     sessions.add(s);
     s.on("close", () => sessions.delete(s));
     // A session opened while stopping gets GOAWAY straight away.
@@ -103,7 +106,9 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     extensions: EXTENSIONS,
     logger,
   });
-  const httpServer = http.createServer(connectNodeAdapter({ routes, fallback: rest as NodeHandlerFn }));
+  const httpServer = http.createServer(
+    connectNodeAdapter({ routes, fallback: rest as NodeHandlerFn, ...UNCOMPRESSED_RESPONSES }),
+  );
   httpServer.on("request", (_req, res) => {
     active++;
     // Keep-alive connections would otherwise keep bringing new requests during shutdown.

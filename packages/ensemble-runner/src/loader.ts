@@ -39,40 +39,16 @@ const ENDPOINT_PARAMETER = "endpoint.";
 
 const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
 
-/** Socket-level failures: the remote process is gone or unreachable, whatever code the transport chose. */
-const CONNECTION_LOST =
-  /\b(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|EHOSTUNREACH|ENETUNREACH|ERR_HTTP2_GOAWAY_SESSION|ERR_HTTP2_STREAM_CANCEL|ERR_HTTP2_SESSION_ERROR)\b/;
-
-function connectionLost(err: unknown): boolean {
-  for (let e: unknown = err, depth = 0; e && depth < 8; e = (e as { cause?: unknown }).cause, depth++) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && CONNECTION_LOST.test(code)) return true;
-    if (e instanceof Error && CONNECTION_LOST.test(e.message)) return true;
-  }
-  return false;
-}
-
 /**
  * A remote model over KServe v2 gRPC; version "" lets the server choose.
- * A call cut off because the connection dropped fails UNAVAILABLE (gRPC's
- * code for it; the Node transport says ABORTED or INTERNAL), so callers can
- * tell "that service is down, retry" from a real error.
+ * A call cut off because the connection dropped fails UNAVAILABLE naming
+ * the remote (connectStage does that), so callers can tell "that service
+ * is down, retry" from a real error.
  */
 export async function connectRemote(name: string, url: string, version = ""): Promise<Stage> {
   const options: ConnectStageOptions = { remoteLabel: url };
   if (version) options.version = version;
-  const stage = await connectStage(grpcTransport(url), name, options);
-  const infer: Stage["infer"] = async (request, opts) => {
-    try {
-      return await stage.infer(request, opts);
-    } catch (err) {
-      if (err instanceof StageError && err.code !== Code.Unavailable && !opts?.signal?.aborted && connectionLost(err)) {
-        throw new StageError(Code.Unavailable, name, err.rawMessage.replace(`${name}: `, ""), { cause: err });
-      }
-      throw err;
-    }
-  };
-  return { ...stage, infer };
+  return connectStage(grpcTransport(url), name, options);
 }
 
 /** The factory a module exports: `createStage`, else a default-exported function. */

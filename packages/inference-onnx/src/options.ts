@@ -4,7 +4,7 @@
  */
 import { availableParallelism } from "node:os";
 import { type ModelConfig, ModelInstanceGroup_Kind } from "@trellis/protocol";
-import { Code, StageError } from "@trellis/stage";
+import { Code, configInteger, configParameter, StageError } from "@trellis/stage";
 
 /** One session to create: which execution providers, which device. */
 export interface InstancePlan {
@@ -24,24 +24,8 @@ const LEVELS: Record<string, string> = {
   "1": "extended",
 };
 
-function param(config: ModelConfig, key: string): string | undefined {
-  const v = config.parameters[key]?.stringValue.trim();
-  return v ? v : undefined;
-}
-
-function positiveInt(config: ModelConfig, key: string): number | undefined {
-  const v = param(config, key);
-  if (v === undefined) return undefined;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 0) {
-    throw new StageError(
-      Code.InvalidArgument,
-      config.name,
-      `parameter ${key}: expected a whole number ≥ 0, got "${v}"`,
-    );
-  }
-  return n;
-}
+const param = configParameter;
+const positiveInt = configInteger;
 
 /** The instances instance_group asks for: count per group (× GPUs listed for KIND_GPU). */
 export function planInstances(config: ModelConfig): InstancePlan[] {

@@ -7,12 +7,16 @@ import { GRPCInferenceService, type ModelConfig, type ModelStatistics } from "@t
 import {
   Code,
   connectStage,
+  describeTransportError,
+  float16ArrayToFloat32,
+  float32ArrayToFloat16,
   type GrpcTlsOptions,
   grpcTransport,
   type InferOptions,
   type InferRequest,
   type InferResponse,
   metadataFromConfig,
+  neverSent,
   nowNs,
   remoteError,
   type Stage,
@@ -24,7 +28,6 @@ import {
   tensor,
 } from "@trellis/stage";
 import { type BridgePlan, checkRemote, type TensorPlan } from "./check.js";
-import { float16ArrayToFloat32, float32ArrayToFloat16 } from "./fp16.js";
 
 export interface TrtBridgeOptions {
   /** The local ensemble step's config (its inputs/outputs are what the ensemble sends and expects). */
@@ -52,69 +55,6 @@ export interface TrtBridgeOptions {
 }
 
 const DEFAULTS = { timeoutMs: 30_000, readyTimeoutMs: 60_000, retries: { max: 3, baseDelayMs: 100 } };
-
-/** Node error codes raised while connecting, i.e. before any request byte left this process. */
-const NOT_CONNECTED = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH"]);
-
-function chain(err: unknown): unknown[] {
-  const out: unknown[] = [];
-  for (let e = err; e instanceof Error && !out.includes(e); e = (e as { cause?: unknown }).cause) out.push(e);
-  return out;
-}
-
-const prop = (e: unknown, key: string) => (e as Record<string, unknown>)[key];
-
-/** True when the request provably never reached the server, so sending it again cannot run it twice. */
-export function neverSent(err: unknown): boolean {
-  return chain(err).some((e) => {
-    const code = prop(e, "code");
-    const syscall = prop(e, "syscall");
-    return (
-      (typeof code === "string" && NOT_CONNECTED.has(code)) ||
-      syscall === "connect" ||
-      syscall === "getaddrinfo" ||
-      (e instanceof ConnectError && e.rawMessage === "connection establishment timed out")
-    );
-  });
-}
-
-/**
- * A connection that dropped under an in-flight request (the server died or
- * went away): UNAVAILABLE, as gRPC's own clients report it. Node closes the
- * orphaned HTTP/2 streams with CANCEL, which must not read as the caller's
- * cancellation; a status the server actually sent (a wire error) is kept.
- */
-function connectionLost(err: unknown): boolean {
-  const errors = chain(err);
-  if (errors.some((e) => e instanceof ConnectError && e.isWireError)) return false;
-  const ce = ConnectError.from(err);
-  if (ce.code === Code.Canceled || ce.code === Code.Aborted) return true;
-  return errors.some((e) => {
-    const code = prop(e, "code");
-    return (
-      code === "ECONNRESET" ||
-      code === "EPIPE" ||
-      code === "ERR_HTTP2_STREAM_ERROR" ||
-      code === "ERR_HTTP2_SESSION_ERROR" ||
-      code === "ERR_HTTP2_GOAWAY_SESSION" ||
-      code === "ERR_HTTP2_INVALID_SESSION"
-    );
-  });
-}
-
-/** The error's message plus the system error code under it (ECONNREFUSED and the like). */
-function describe(err: unknown): string {
-  // The innermost ConnectError: outer ones (remoteError) already carry our own prefix.
-  const msg = (
-    chain(err)
-      .filter((e) => e instanceof ConnectError)
-      .at(-1) ?? ConnectError.from(err)
-  ).rawMessage;
-  const sys = chain(err)
-    .map((e) => prop(e, "code"))
-    .find((c): c is string => typeof c === "string" && /^E[A-Z]/.test(c));
-  return sys && !msg.includes(sys) ? `${msg} (${sys})` : msg;
-}
 
 const sleep = (ms: number, signal: AbortSignal) =>
   new Promise<void>((resolve) => {
@@ -159,7 +99,7 @@ async function waitReady(
     } catch (err) {
       const ce = ConnectError.from(err);
       // A poll cut short by the end of the wait says less than the failure before it.
-      if (!(ce.code === Code.DeadlineExceeded && reason)) reason = describe(err);
+      if (!(ce.code === Code.DeadlineExceeded && reason)) reason = describeTransportError(err);
     }
     const elapsed = Date.now() - start;
     if (elapsed >= readyTimeoutMs) {
@@ -248,15 +188,7 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
           throw new StageError(
             Code.Unavailable,
             remoteName,
-            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describe(err)}`,
-            { cause: err },
-          );
-        }
-        if (connectionLost(err)) {
-          throw new StageError(
-            Code.Unavailable,
-            remoteName,
-            `${remoteLabel}: connection lost with the request in flight (not resent: it may have reached the server): ${describe(err)}`,
+            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describeTransportError(err)}`,
             { cause: err },
           );
         }

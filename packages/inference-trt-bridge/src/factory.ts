@@ -4,7 +4,7 @@
  */
 import { readFileSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
-import { Code, configParameter, type Stage, StageError, type StageFactoryOptions } from "@trellis/stage";
+import { Code, configInteger, configParameter, type Stage, StageError, type StageFactoryOptions } from "@trellis/stage";
 import { createTrtBridge, type TrtBridgeOptions } from "./bridge.js";
 
 /** Parameter keys the bridge reads (config.pbtxt `parameters`). */
@@ -27,20 +27,8 @@ export const PARAMETERS = {
 /** Reads the bridge's options from a model config's parameters; files resolve against the model folder. */
 export function bridgeOptionsFromConfig(options: StageFactoryOptions): TrtBridgeOptions {
   const { config, modelDir } = options;
-  const param = (key: string) => configParameter(config, key)?.trim() || undefined;
-  const int = (key: string): number | undefined => {
-    const v = param(key);
-    if (v === undefined) return undefined;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 0) {
-      throw new StageError(
-        Code.InvalidArgument,
-        config.name,
-        `parameter ${key}: expected a non-negative integer, got "${v}"`,
-      );
-    }
-    return n;
-  };
+  const param = (key: string) => configParameter(config, key);
+  const int = (key: string) => configInteger(config, key);
   const file = (key: string) => {
     const v = param(key);
     return v === undefined ? undefined : readFileSync(isAbsolute(v) ? v : join(modelDir, v));

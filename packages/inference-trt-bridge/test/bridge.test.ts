@@ -4,9 +4,9 @@ import { join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { parseModelConfig } from "@trellis/protocol";
-import { Code, type ListeningServer, listenStage, type Stage, serveStage, tensor } from "@trellis/stage";
+import { Code, float32ToFloat16Bits, type ListeningServer, listenStage, type Stage, serveStage, tensor } from "@trellis/stage";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { createStage, createTrtBridge, float32ToFloat16Bits } from "../src/index.js";
+import { createStage, createTrtBridge } from "../src/index.js";
 import { scaleConfig, scaleStage } from "./fixtures/test-stage.mjs";
 import { type Child, freePort, listenH2, spawnServer } from "./helpers.js";
 

@@ -1,5 +1,4 @@
 export { ElementError, SUPPORTED_FORMATS, sniffFormat } from "./image.js";
-export { fromHalf, toHalf } from "./normalize.js";
 export {
   type ChannelOrder,
   DEFAULT_PARAMETERS,

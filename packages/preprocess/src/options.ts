@@ -5,7 +5,7 @@
  */
 import os from "node:os";
 import type { ModelConfig } from "@trellis/protocol";
-import { invalidArgument } from "@trellis/stage";
+import { configParameter, invalidArgument } from "@trellis/stage";
 
 export type Mode = "seed" | "fast";
 export type Encoding = "auto" | "raw" | "base64";
@@ -100,10 +100,7 @@ function oneOf<T extends string>(stage: string, key: string, raw: string, allowe
 /** Parameters present in a config's `parameters` map, parsed; absent ones are left out. */
 export function parametersFromConfig(config: ModelConfig, stage = config.name): Partial<PreprocessParameters> {
   const out: Partial<PreprocessParameters> = {};
-  const get = (key: string) => {
-    const v = config.parameters[key]?.stringValue;
-    return v === undefined || v.trim() === "" ? undefined : v;
-  };
+  const get = (key: string) => configParameter(config, key);
   const set = <K extends keyof PreprocessParameters>(k: K, parse: (raw: string) => PreprocessParameters[K]) => {
     const raw = get(KEYS[k]);
     if (raw !== undefined) out[k] = parse(raw);

@@ -3,6 +3,7 @@ import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
 import {
   Code,
   connectStage,
+  float16BitsToFloat32,
   grpcTransport,
   type ListeningServer,
   listenStage,
@@ -10,7 +11,7 @@ import {
   StageError,
 } from "@trellis/stage";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createPreprocess, createStage, fromHalf } from "../src/index.js";
+import { createPreprocess, createStage } from "../src/index.js";
 import { diff, rawImageRequest, readImage, readReference } from "./helpers.js";
 
 const repo = join(import.meta.dirname, "../../../models");
@@ -134,7 +135,7 @@ describe("parameters from config.pbtxt", () => {
       for (let c = 0; c < 3; c++) {
         // BGR: output channel 0 is blue, the reference's plane 2.
         const want = reference[(2 - c) * plane + p] as number;
-        max = Math.max(max, Math.abs(fromHalf(half[p * 3 + c] as number) - want));
+        max = Math.max(max, Math.abs(float16BitsToFloat32(half[p * 3 + c] as number) - want));
       }
     expect(max).toBeLessThan(2e-3); // binary16 has 11 bits of precision
   });

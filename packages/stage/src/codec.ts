@@ -148,6 +148,11 @@ const CONTENTS_FIELD = {
   BYTES: "bytesContents",
 } as const satisfies Partial<Record<DataType, keyof InferTensorContents>>;
 
+/** The InferTensorContents field that carries `datatype`; undefined for FP16/BF16 (raw only). */
+export function contentsFieldOf(datatype: DataType): keyof InferTensorContents | undefined {
+  return datatype === "FP16" || datatype === "BF16" ? undefined : CONTENTS_FIELD[datatype];
+}
+
 /** Reads a tensor from typed contents. FP16/BF16 have no typed field. */
 export function tensorFromContents(
   role: TensorRole,

@@ -2,13 +2,16 @@
  * connectStage: a Stage backed by any KServe v2 gRPC endpoint (a Trellis
  * stage service or a real Triton), used exactly like a local one.
  */
+
+import type http2 from "node:http2";
 import { type Client, ConnectError, createClient, createRouterTransport, type Transport } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { GRPCInferenceService, type ModelConfig } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
 import type { ModelRegistry } from "./registry.js";
-import { serveStage } from "./serve.js";
+import { HTTP2_SETTINGS, serveStage, widenSessionWindow } from "./serve.js";
 import type { InferOptions, InferRequest, InferResponse, Stage, StageMetadata } from "./stage.js";
+import { describeTransportError, isConnectionLost } from "./transport-errors.js";
 import { inferRequestToWire, inferResponseFromWire, metadataFromWire } from "./wire.js";
 
 export type InferenceClient = Client<typeof GRPCInferenceService>;
@@ -22,6 +25,23 @@ export interface GrpcTlsOptions {
   key?: string | Buffer;
 }
 
+/** Connect's session manager, widening each new connection's receive window for large tensors. */
+class WideWindowSessionManager extends Http2SessionManager {
+  private readonly widened = new WeakSet<http2.Http2Session>();
+
+  override async request(
+    ...args: Parameters<Http2SessionManager["request"]>
+  ): ReturnType<Http2SessionManager["request"]> {
+    const stream = await super.request(...args);
+    const session = stream.session;
+    if (session && !this.widened.has(session)) {
+      this.widened.add(session);
+      widenSessionWindow(session);
+    }
+    return stream;
+  }
+}
+
 /** A gRPC transport (HTTP/2) to a KServe v2 endpoint such as "http://127.0.0.1:8001" (or https:// with `tls`). */
 export function grpcTransport(
   baseUrl: string,
@@ -30,8 +50,13 @@ export function grpcTransport(
   const headers = options.headers;
   return createGrpcTransport({
     baseUrl,
-    ...(options.tls ? { nodeOptions: { ...options.tls } } : {}),
-    ...(options.connectTimeoutMs !== undefined ? { connectTimeoutMs: options.connectTimeoutMs } : {}),
+    sessionManager: new WideWindowSessionManager(
+      baseUrl,
+      options.connectTimeoutMs !== undefined ? { connectTimeoutMs: options.connectTimeoutMs } : {},
+      { settings: HTTP2_SETTINGS, ...options.tls },
+    ),
+    // Tensors barely compress; asking for gzip only costs CPU on both ends.
+    acceptCompression: [],
     interceptors: headers
       ? [
           (next) => (req) => {
@@ -100,14 +125,28 @@ export async function connectStage(
       }
     },
     metadata: () => metadata,
-    infer: (request: InferRequest, opts?: InferOptions): Promise<InferResponse> =>
-      call(async () => {
-        const res = await client.modelInfer(inferRequestToWire(request, name, version), {
+    async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
+      let res: Awaited<ReturnType<InferenceClient["modelInfer"]>>;
+      try {
+        res = await client.modelInfer(inferRequestToWire(request, name, version), {
           signal: opts?.signal,
           timeoutMs: options.timeoutMs,
         });
-        return inferResponseFromWire(res, name);
-      }),
+      } catch (err) {
+        // A dropped connection is the remote going away, not our caller cancelling.
+        if (!opts?.signal?.aborted && isConnectionLost(err)) {
+          const where = label ? `remote model ${name} at ${label}` : `remote model ${name}`;
+          throw new StageError(
+            Code.Unavailable,
+            name,
+            `${where}: connection lost with the request in flight (not resent: it may have reached the server): ${describeTransportError(err)}`,
+            { cause: err },
+          );
+        }
+        throw remoteError(err, name, label);
+      }
+      return inferResponseFromWire(res, name);
+    },
     statistics: async () => {
       const res = await call(() => client.modelStatistics({ name, version }));
       const stats = res.modelStats[0];

@@ -13,7 +13,7 @@ export class StageError extends ConnectError {
 
   // ConnectError answers instanceof by shape; StageError uses the prototype chain.
   static override [Symbol.hasInstance](v: unknown): boolean {
-    return Function.prototype[Symbol.hasInstance].call(StageError, v);
+    return v instanceof Error && StageError.prototype.isPrototypeOf(v);
   }
 
   constructor(code: Code, stage: string, message: string, options?: { cause?: unknown }) {

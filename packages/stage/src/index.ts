@@ -8,6 +8,7 @@ export {
 } from "./batcher.js";
 export {
   checkHeader,
+  contentsFieldOf,
   frameBytes,
   type TensorHeader,
   type TensorRole,
@@ -36,8 +37,10 @@ export {
   toConnectError,
   unavailable,
 } from "./errors.js";
+export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
 export { type ModelIndexEntry, type ModelRegistry, type ModelRepositoryControl, stageRegistry } from "./registry.js";
 export {
+  HTTP2_SETTINGS,
   handleModelInfer,
   healthService,
   inferenceService,
@@ -45,6 +48,8 @@ export {
   listenStage,
   type ServeOptions,
   serveStage,
+  UNCOMPRESSED_RESPONSES,
+  widenSessionWindow,
 } from "./serve.js";
 export type {
   InferOptions,
@@ -60,9 +65,10 @@ export type {
   StageMetadata,
   TensorMetadata,
 } from "./stage.js";
-export { configParameter } from "./stage.js";
+export { configInteger, configParameter } from "./stage.js";
 export { type ExecutionTimes, nowNs, StatisticsRecorder } from "./statistics.js";
 export * from "./tensor.js";
+export { describeTransportError, isConnectionLost, neverSent } from "./transport-errors.js";
 export {
   datatypeFromConfig,
   datatypeToConfig,

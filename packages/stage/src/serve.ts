@@ -183,6 +183,29 @@ export function serveStage(target: Stage | ModelRegistry, options: ServeOptions 
   };
 }
 
+/**
+ * HTTP/2 flow-control windows for tensor traffic. Node's 64 KiB defaults
+ * make a batch of images (megabytes per message) wait on a WINDOW_UPDATE
+ * round trip every 64 KiB; these let a whole batch flow at once.
+ */
+export const HTTP2_WINDOW_BYTES = 32 * 1024 * 1024;
+export const HTTP2_SETTINGS: http2.Settings = { initialWindowSize: HTTP2_WINDOW_BYTES };
+
+/** Widens a new session's connection-level window (settings only cover streams). */
+export function widenSessionWindow(session: http2.Http2Session): void {
+  const widen = () => session.setLocalWindowSize(HTTP2_WINDOW_BYTES);
+  if (session.connecting) session.once("connect", widen);
+  else widen();
+}
+
+/**
+ * Handler options for tensor traffic: compressed requests are still
+ * accepted, but responses are never gzipped. Tensors barely compress and
+ * gzip on a megabyte response costs more than sending it over loopback or
+ * a datacenter link (Triton does not compress by default either).
+ */
+export const UNCOMPRESSED_RESPONSES = { compressMinBytes: Number.POSITIVE_INFINITY } as const;
+
 export interface ListeningServer {
   /** The bound port (useful with port 0). */
   port: number;
@@ -199,9 +222,13 @@ export async function listenStage(
   target: Stage | ModelRegistry,
   { host = "127.0.0.1", port = 0, ...options }: ServeOptions & { host?: string; port?: number } = {},
 ): Promise<ListeningServer> {
-  const server = http2.createServer(connectNodeAdapter({ routes: serveStage(target, options) }));
+  const server = http2.createServer(
+    { settings: HTTP2_SETTINGS },
+    connectNodeAdapter({ routes: serveStage(target, options), ...UNCOMPRESSED_RESPONSES }),
+  );
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on("session", (s) => {
+    widenSessionWindow(s);
     sessions.add(s);
     s.on("close", () => sessions.delete(s));
   });

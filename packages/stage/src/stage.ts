@@ -3,6 +3,7 @@
  * process (preprocess, ONNX, an ensemble) or behind KServe v2 gRPC.
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import { Code, StageError } from "./errors.js";
 import type { DataType, Tensor } from "./tensor.js";
 
 /** A request or tensor parameter, as KServe v2's InferParameter carries it. */
@@ -97,7 +98,23 @@ export interface StageLogger {
 
 export type StageFactory = (options: StageFactoryOptions) => Stage | Promise<Stage>;
 
-/** Reads a config `parameters` entry as a string ("" when absent). */
+/** A config `parameters` entry, trimmed; undefined when absent or blank. */
 export function configParameter(config: ModelConfig, key: string): string | undefined {
-  return config.parameters[key]?.stringValue;
+  const v = config.parameters[key]?.stringValue.trim();
+  return v ? v : undefined;
+}
+
+/** A whole-number config parameter ≥ `min`; undefined when absent, INVALID_ARGUMENT naming it when malformed. */
+export function configInteger(config: ModelConfig, key: string, min = 0): number | undefined {
+  const v = configParameter(config, key);
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n < min) {
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `parameter ${key}: expected a whole number ≥ ${min}, got "${v}"`,
+    );
+  }
+  return n;
 }

@@ -1,9 +1,16 @@
 // Bench: FP16 conversion throughput and the bridge's round-trip cost over
 // loopback gRPC against an echo stage (no model work, so the figure is the bridge + transport).
 import { parseModelConfig } from "@trellis/protocol";
-import { listenStage, metadataFromConfig, type Stage, StatisticsRecorder, tensor } from "@trellis/stage";
+import {
+  float16ArrayToFloat32,
+  float32ArrayToFloat16,
+  listenStage,
+  metadataFromConfig,
+  type Stage,
+  StatisticsRecorder,
+  tensor,
+} from "@trellis/stage";
 import { createTrtBridge } from "../bridge.js";
-import { float16ArrayToFloat32, float32ArrayToFloat16 } from "../fp16.js";
 
 const config = parseModelConfig(`
 name: "echo" max_batch_size: 256

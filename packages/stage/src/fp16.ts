@@ -1,6 +1,6 @@
 /**
- * IEEE 754 binary16 <-> binary32 for FP16 TensorRT engines behind an FP32
- * ensemble. FP32 -> FP16 rounds to nearest, ties to even (as CUDA's
+ * IEEE 754 binary16 <-> binary32, for FP16 tensors (FP16 engines behind an
+ * FP32 ensemble, FP16 preprocessing output). FP32 -> FP16 rounds to nearest, ties to even (as CUDA's
  * __float2half_rn and NumPy do); subnormals, infinities and NaNs are kept.
  */
 
