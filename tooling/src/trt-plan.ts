@@ -29,7 +29,7 @@ const program = new Command("trt:plan")
   .option(
     "--out <dir>",
     "GPU repositories root (writes <out>/triton and <out>/trellis)",
-    rel(join(DEFAULT_REPOSITORY, "..", "models-gpu")),
+    rel(join(DEFAULT_REPOSITORY, "gpu")),
   )
   .option("--triton-model <name>", "engine's model name in Triton", "resnet50_trt")
   .option("--endpoint <url>", "Triton's gRPC URL, as the bridge reaches it", "http://127.0.0.1:8101")

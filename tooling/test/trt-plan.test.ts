@@ -7,12 +7,12 @@ import { planTrt, TrtPlanError, writeTrtPlan } from "../src/trt-plan-recipe.js";
 
 const root = join(import.meta.dirname, "..", "..");
 const seed = join(root, "models");
-const committed = join(root, "models-gpu");
+const committed = join(root, "models/gpu");
 const base = {
   onnx: "models/resnet50_inference/1/model.onnx",
   config: join(seed, "resnet50_inference", "config.pbtxt"),
   ensemble: join(seed, "resnet50_ensemble", "config.pbtxt"),
-  out: "models-gpu",
+  out: "models/gpu",
 };
 const tmp = await mkdtemp(join(tmpdir(), "trt-plan-"));
 afterAll(() => rm(tmp, { recursive: true, force: true }));
@@ -21,7 +21,7 @@ describe("trt:plan", () => {
   it("prints the seed's trtexec command, shapes derived from max_batch_size and the input dims", async () => {
     const plan = await planTrt(base);
     expect(plan.command).toBe(
-      "trtexec --onnx=models/resnet50_inference/1/model.onnx --minShapes=input:1x3x224x224 --optShapes=input:256x3x224x224 --maxShapes=input:512x3x224x224 --fp16 --saveEngine=models-gpu/triton/resnet50_trt/1/model.plan",
+      "trtexec --onnx=models/resnet50_inference/1/model.onnx --minShapes=input:1x3x224x224 --optShapes=input:256x3x224x224 --maxShapes=input:512x3x224x224 --fp16 --saveEngine=models/gpu/triton/resnet50_trt/1/model.plan",
     );
     expect(plan.shapes).toEqual({ input: { min: [1, 3, 224, 224], opt: [256, 3, 224, 224], max: [512, 3, 224, 224] } });
   });
@@ -29,7 +29,7 @@ describe("trt:plan", () => {
   it("takes overrides, quotes paths for the shell, and refuses impossible profiles", async () => {
     const plan = await planTrt({ ...base, onnx: "my models/r50.onnx", optBatch: 64, maxBatch: 256, fp16: false });
     expect(plan.command).toBe(
-      "trtexec '--onnx=my models/r50.onnx' --minShapes=input:1x3x224x224 --optShapes=input:64x3x224x224 --maxShapes=input:256x3x224x224 --saveEngine=models-gpu/triton/resnet50_trt/1/model.plan",
+      "trtexec '--onnx=my models/r50.onnx' --minShapes=input:1x3x224x224 --optShapes=input:64x3x224x224 --maxShapes=input:256x3x224x224 --saveEngine=models/gpu/triton/resnet50_trt/1/model.plan",
     );
     await expect(planTrt({ ...base, optBatch: 128, maxBatch: 128 })).rejects.toThrow(
       /max batch 128 is below max_batch_size 256/,
@@ -90,7 +90,7 @@ describe("trt:plan", () => {
     );
   });
 
-  it("matches the GPU repositories committed under models-gpu/", async () => {
+  it("matches the GPU repositories committed under models/gpu/", async () => {
     const plan = await planTrt(base);
     for (const f of plan.files) {
       expect(await readFile(join(committed, f.path), "utf8"), f.path).toBe(f.text);

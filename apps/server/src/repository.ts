@@ -250,6 +250,8 @@ export class RepositoryManager implements ModelRegistry {
       e.model = m;
       e.scanError = undefined;
     }
+    for (const dir of scan.skipped)
+      this.opts.logger.info({ dir }, "not a model (no config.pbtxt, no version folder): skipped");
     for (const err of scan.errors) {
       const e = this.entry(err.name);
       e.scanError = err.error.message;

@@ -62,7 +62,7 @@ ${opts.extra ?? ""}
  */
 export async function makeSeedRepository(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), "trellis-seed-"));
-  for (const name of await readdir(join(REPO_ROOT, "models"))) {
+  for (const name of (await readdir(join(REPO_ROOT, "models"))).filter((n) => n.startsWith("resnet50_"))) {
     await mkdir(join(dir, name, "1"), { recursive: true });
     await copyFile(join(REPO_ROOT, "models", name, "config.pbtxt"), join(dir, name, "config.pbtxt"));
   }

@@ -18,6 +18,8 @@ export interface RepositoryModel {
 
 export interface RepositoryScan {
   models: RepositoryModel[];
+  /** Folders passed over: neither a config.pbtxt nor a numeric version folder, so not a model (e.g. models/gpu). */
+  skipped: string[];
   /** Models that could not be read (bad config, name clash); the rest still load. */
   errors: { name: string; modelDir: string; error: Error }[];
 }
@@ -27,11 +29,13 @@ const isDir = async (path: string) => (await stat(path).catch(() => undefined))?
 /**
  * Lists every model in `repositories`. A model whose config.pbtxt is missing
  * or fails to parse, or whose name is taken by an earlier repository, is
- * reported in `errors`, not thrown.
+ * reported in `errors`, not thrown. A folder with neither a config.pbtxt nor
+ * a version folder is not a model and is listed in `skipped`.
  */
 export async function scanRepository(repositories: string[]): Promise<RepositoryScan> {
   const models: RepositoryModel[] = [];
   const errors: RepositoryScan["errors"] = [];
+  const skipped: string[] = [];
   for (const repository of repositories) {
     const entries = await readdir(repository, { withFileTypes: true });
     for (const entry of entries.sort((a, b) => a.name.localeCompare(b.name))) {
@@ -39,8 +43,18 @@ export async function scanRepository(repositories: string[]): Promise<Repository
       const name = entry.name;
       const modelDir = join(repository, name);
       const configPath = join(modelDir, "config.pbtxt");
+      const versions: string[] = [];
+      for (const v of await readdir(modelDir)) {
+        if (/^\d+$/.test(v) && (await isDir(join(modelDir, v)))) versions.push(v);
+      }
+      versions.sort((a, b) => Number(a) - Number(b));
+      const hasConfig = (await stat(configPath).catch(() => undefined)) !== undefined;
+      if (!hasConfig && versions.length === 0) {
+        skipped.push(modelDir);
+        continue;
+      }
       try {
-        if (!(await stat(configPath).catch(() => undefined))) throw new Error(`${configPath}: no config.pbtxt`);
+        if (!hasConfig) throw new Error(`${configPath}: no config.pbtxt`);
         const config = await loadModelConfig(configPath);
         if (!config.name) config.name = name;
         if (config.name !== name) {
@@ -48,18 +62,13 @@ export async function scanRepository(repositories: string[]): Promise<Repository
         }
         const existing = models.find((m) => m.name === name);
         if (existing) throw new Error(`model "${name}" is in both ${existing.repository} and ${repository}`);
-        const versions: string[] = [];
-        for (const v of await readdir(modelDir)) {
-          if (/^\d+$/.test(v) && (await isDir(join(modelDir, v)))) versions.push(v);
-        }
-        versions.sort((a, b) => Number(a) - Number(b));
         models.push({ name, repository, modelDir, configPath, config, versions });
       } catch (err) {
         errors.push({ name, modelDir, error: err instanceof Error ? err : new Error(String(err)) });
       }
     }
   }
-  return { models, errors };
+  return { models, errors, skipped };
 }
 
 /**

@@ -80,6 +80,10 @@ const files: Record<string, string> = {
   "nomodule/1/.keep": "",
   "broken/config.pbtxt": `name: "broken"\nmax_batch_size: eight\n`,
   "misnamed/config.pbtxt": unary("other", `backend: "typescript"`),
+  // Not a model: no config.pbtxt, no version folder (like models/gpu).
+  "notes/README.md": "other repositories live here\n",
+  // A model missing its config: it has a version folder.
+  "unconfigured/1/model.onnx": "",
   "dangling/config.pbtxt": chain().replace('name: "chain"', 'name: "dangling"').replace('"offset"', '"missing"'),
   "dangling/1/.keep": "",
 };
@@ -103,13 +107,15 @@ const find = async (name: string): Promise<RepositoryModel> => {
 
 describe("scanRepository", () => {
   it("lists models with numerically sorted versions and reports broken ones", async () => {
-    const { models, errors } = await scanRepository([repo]);
+    const { models, errors, skipped } = await scanRepository([repo]);
     expect(models.map((m) => m.name)).toEqual(["chain", "dangling", "legacy", "nomodule", "offset", "scale", "tf"]);
     const scale = models.find((m) => m.name === "scale")!;
     expect(scale.versions).toEqual(["1", "2", "10"]);
     expect(scale.configPath).toBe(join(repo, "scale", "config.pbtxt"));
     expect(scale.config.maxBatchSize).toBe(8);
-    expect(errors.map((e) => e.name)).toEqual(["broken", "misnamed"]);
+    expect(errors.map((e) => e.name)).toEqual(["broken", "misnamed", "unconfigured"]);
+    expect(errors[2]!.error.message).toContain("unconfigured/config.pbtxt: no config.pbtxt");
+    expect(skipped).toEqual([join(repo, "notes")]);
     expect(errors[0]!.error.message).toMatch(/broken\/config\.pbtxt:2:\d+: /);
     expect(errors[1]!.error.message).toContain('config name "other" does not match its directory "misnamed"');
   });

@@ -4,7 +4,15 @@ import { join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { parseModelConfig } from "@trellis/protocol";
-import { Code, float32ToFloat16Bits, type ListeningServer, listenStage, type Stage, serveStage, tensor } from "@trellis/stage";
+import {
+  Code,
+  float32ToFloat16Bits,
+  type ListeningServer,
+  listenStage,
+  type Stage,
+  serveStage,
+  tensor,
+} from "@trellis/stage";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { createStage, createTrtBridge } from "../src/index.js";
 import { scaleConfig, scaleStage } from "./fixtures/test-stage.mjs";

@@ -1,6 +1,6 @@
 // Acceptance: the bridge against a real KServe v2 gRPC server hosting the
 // real MobileNetV2 ONNX model (the stand-in for Triton + TensorRT on machines
-// without a GPU), loaded from the committed models-gpu/ bridge config.
+// without a GPU), loaded from the committed models/gpu/ bridge config.
 import { readFile } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
@@ -38,7 +38,7 @@ beforeAll(async () => {
     modelDir: shared,
     versionDir: join(shared, "models"),
   });
-  const config = await loadModelConfig(join(root, "models-gpu", "trellis", "resnet50_inference_trt", "config.pbtxt"));
+  const config = await loadModelConfig(join(root, "models/gpu", "trellis", "resnet50_inference_trt", "config.pbtxt"));
   const endpoint = config.parameters.endpoint;
   if (!endpoint) throw new Error("committed bridge config has no endpoint parameter");
   endpoint.stringValue = `http://127.0.0.1:${server.port}`;

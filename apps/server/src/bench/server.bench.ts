@@ -36,7 +36,7 @@ const PHOTOS = ["chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg", "cam
  */
 async function seedRepository(queueDelayUs?: number, fast = false): Promise<string> {
   const repo = await mkdtemp(join(tmpdir(), "trellis-server-bench-"));
-  for (const name of await readdir(join(root, "models"))) {
+  for (const name of (await readdir(join(root, "models"))).filter((n) => n.startsWith("resnet50_"))) {
     await mkdir(join(repo, name, "1"), { recursive: true });
     let config = await readFile(join(root, "models", name, "config.pbtxt"), "utf8");
     if (queueDelayUs !== undefined) {

@@ -33,7 +33,7 @@ const shared = join(root, "..", "shared");
 
 async function seedRepository(): Promise<string> {
   const repo = await mkdtemp(join(tmpdir(), "trellis-bench-"));
-  for (const name of await readdir(join(root, "models"))) {
+  for (const name of (await readdir(join(root, "models"))).filter((n) => n.startsWith("resnet50_"))) {
     await mkdir(join(repo, name, "1"), { recursive: true });
     await copyFile(join(root, "models", name, "config.pbtxt"), join(repo, name, "config.pbtxt"));
   }
