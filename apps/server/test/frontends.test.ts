@@ -3,33 +3,30 @@
  * (JSON and binary), gRPC (Connect and @grpc/grpc-js), gRPC-Web/Connect on
  * the HTTP port, metrics, statistics, version policy, a model that fails to load.
  */
-import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
 import {
   GRPCInferenceService,
   Health,
   HealthCheckResponse_ServingStatus,
   ModelInferRequestSchema,
 } from "@trellis/protocol";
+import { grpcJsInferenceClient, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   binaryRequest,
   binaryResponse,
+  CHAIN_CONFIG,
   echoConfig,
   floats,
   jsonOf,
   makeRepository,
   metricValue,
+  postBinary,
   postJson,
-  REPO_ROOT,
-  removeDir,
-  type ServerProcess,
   scrape,
-  startServerProcess,
 } from "./helpers.js";
 
 let repo: string;
@@ -58,18 +55,7 @@ beforeAll(async () => {
       }),
       versions: ["1", "2", "3"],
     },
-    chain: {
-      config: `name: "chain"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [
-  { model_name: "echo" model_version: -1 input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "mid" } },
-  { model_name: "echo10" model_version: -1 input_map { key: "INPUT" value: "mid" } output_map { key: "OUTPUT" value: "OUT" } }
-] }
-`,
-    },
+    chain: { config: CHAIN_CONFIG },
     broken: { config: echoConfig("broken", { params: { module: "./does-not-exist.js" } }) },
   });
   server = await startServerProcess(["--model-repository", repo]);
@@ -203,15 +189,11 @@ describe("HTTP/REST", () => {
 
   it("speaks the binary tensor extension both ways, and mixes it with JSON", async () => {
     const values = [1.5, -2, 0.25, 3, 4, 5, 6, 7];
-    const { body, headerLength } = binaryRequest(
+    const res = await postBinary(
+      `${server.http}/v2/models/echo10/infer`,
       { inputs: [{ name: "INPUT", datatype: "FP32", shape: [2, 4] }], parameters: { binary_data_output: true } },
       [f32(values)],
     );
-    const res = await fetch(`${server.http}/v2/models/echo10/infer`, {
-      method: "POST",
-      body,
-      headers: { "inference-header-content-length": String(headerLength) },
-    });
     expect(res.status).toBe(200);
     expect(res.headers.get("content-type")).toBe("application/octet-stream");
     const { json, outputs } = await binaryResponse(res);
@@ -224,18 +206,14 @@ describe("HTTP/REST", () => {
     expect([...new Float32Array((outputs.get("OUTPUT") as Uint8Array).buffer)]).toEqual(values.map((v) => v * 10));
 
     // Binary in, JSON out (binary_data: false on the output).
-    const mixed = binaryRequest(
+    const res2 = await postBinary(
+      `${server.http}/v2/models/echo10/infer`,
       {
         inputs: [{ name: "INPUT", datatype: "FP32", shape: [2, 4] }],
         outputs: [{ name: "OUTPUT", parameters: { binary_data: false } }],
       },
       [f32(values)],
     );
-    const res2 = await fetch(`${server.http}/v2/models/echo10/infer`, {
-      method: "POST",
-      body: mixed.body,
-      headers: { "inference-header-content-length": String(mixed.headerLength) },
-    });
     expect(res2.headers.get("inference-header-content-length")).toBeNull();
     expect((await jsonOf(res2)).outputs[0].data).toEqual(values.map((v) => v * 10));
   });
@@ -354,27 +332,8 @@ describe("gRPC", () => {
   });
 
   it("serves @grpc/grpc-js with the proto loaded at runtime", async () => {
-    const def = protoLoader.loadSync("grpc_service.proto", {
-      includeDirs: [join(REPO_ROOT, "packages", "protocol", "proto")],
-      keepCase: true,
-      longs: Number,
-      defaults: true,
-    });
-    const pkg = grpc.loadPackageDefinition(def) as unknown as {
-      inference: { GRPCInferenceService: new (addr: string, creds: grpc.ChannelCredentials) => grpc.Client };
-    };
-    const client = new pkg.inference.GRPCInferenceService(
-      `127.0.0.1:${server.grpcPort}`,
-      grpc.credentials.createInsecure(),
-    );
-    const call = (method: string, msg: object) =>
-      new Promise<Record<string, unknown>>((resolve, reject) =>
-        (client as unknown as Record<string, (m: object, cb: (e: Error | null, r: unknown) => void) => void>)[method]?.(
-          msg,
-          (err, res) => (err ? reject(err) : resolve(res as Record<string, unknown>)),
-        ),
-      );
-    const res = await call("ModelInfer", {
+    const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
+    const res = await client.modelInfer({
       model_name: "echo10",
       id: "grpc-js",
       inputs: [{ name: "INPUT", datatype: "FP32", shape: [2, 4] }],
@@ -384,9 +343,9 @@ describe("gRPC", () => {
     expect(res.model_version).toBe("1");
     const out = (res.raw_output_contents as Buffer[])[0] as Buffer;
     expect([...floats(out)]).toEqual([10, 20, 30, 40, 50, 60, 70, 80]);
-    const meta = await call("ModelMetadata", { name: "multi" });
+    const meta = await client.modelMetadata({ name: "multi" });
     expect(meta.versions).toEqual(["2", "3"]);
-    const failure = await call("ModelInfer", { model_name: "nope", inputs: [] }).catch((e: grpc.ServiceError) => e);
+    const failure = await client.modelInfer({ model_name: "nope", inputs: [] }).catch((e: grpc.ServiceError) => e);
     expect((failure as grpc.ServiceError).code).toBe(grpc.status.NOT_FOUND);
     client.close();
   });
@@ -419,15 +378,11 @@ describe("metrics and statistics under concurrent clients", () => {
           return json.outputs[0].data as number[];
         }
         if (i % 3 === 1) {
-          const { body, headerLength } = binaryRequest(
+          const res = await postBinary(
+            `${server.http}/v2/models/counted/infer`,
             { inputs: [{ name: "INPUT", datatype: "FP32", shape: [n, 4] }], parameters: { binary_data_output: true } },
             [f32(rows.flat())],
           );
-          const res = await fetch(`${server.http}/v2/models/counted/infer`, {
-            method: "POST",
-            body,
-            headers: { "inference-header-content-length": String(headerLength) },
-          });
           const { outputs } = await binaryResponse(res);
           return [...new Float32Array((outputs.get("OUTPUT") as Uint8Array).buffer)];
         }

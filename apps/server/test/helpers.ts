@@ -1,16 +1,13 @@
 /**
- * Black-box test helpers: temp model repositories, the real server process
- * (node dist/main.js) on ephemeral loopback ports, and small HTTP clients.
+ * Black-box test helpers: temp model repositories of small test models and
+ * small HTTP clients (the seed repository and the server process itself come
+ * from @trellis/testing).
  */
-import { type ChildProcess, spawn } from "node:child_process";
-import { copyFile, mkdir, mkdtemp, readdir, rm, symlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
+import type { ServerProcess } from "@trellis/testing";
 
-export const SERVER_DIR = join(import.meta.dirname, "..");
-export const REPO_ROOT = join(SERVER_DIR, "..", "..");
-export const SHARED = join(REPO_ROOT, "..", "shared");
 export const ECHO_STAGE = join(import.meta.dirname, "fixtures", "echo-stage.js");
 
 export interface ModelSpec {
@@ -56,97 +53,17 @@ ${opts.extra ?? ""}
 `;
 }
 
-/**
- * The seed repository (models/*\/config.pbtxt) with the shared MobileNetV2
- * as resnet50_inference and the shared ImageNet labels for postprocess.
- */
-export async function makeSeedRepository(): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), "trellis-seed-"));
-  for (const name of (await readdir(join(REPO_ROOT, "models"))).filter((n) => n.startsWith("resnet50_"))) {
-    await mkdir(join(dir, name, "1"), { recursive: true });
-    await copyFile(join(REPO_ROOT, "models", name, "config.pbtxt"), join(dir, name, "config.pbtxt"));
-  }
-  await symlink(join(SHARED, "models", "mobilenetv2-12-int8.onnx"), join(dir, "resnet50_inference", "1", "model.onnx"));
-  await copyFile(
-    join(SHARED, "models", "imagenet_classes.txt"),
-    join(dir, "resnet50_postprocess", "1", "imagenet_classes.txt"),
-  );
-  return dir;
-}
-
-export const removeDir = (dir: string) => rm(dir, { recursive: true, force: true });
-
-export interface ServerProcess {
-  proc: ChildProcess;
-  http: string;
-  grpc: string;
-  metrics: string;
-  httpPort: number;
-  grpcPort: number;
-  /** Every JSON log line so far. */
-  logs: Record<string, unknown>[];
-  /** Resolves with the exit code. */
-  exited: Promise<number | null>;
-  /** Sends `signal` and waits for the exit code. */
-  stop(signal?: NodeJS.Signals): Promise<number | null>;
-}
-
-/** Starts `node dist/main.js` on ephemeral ports; resolves once it logs "server started". */
-export async function startServerProcess(args: string[]): Promise<ServerProcess> {
-  const proc = spawn(
-    process.execPath,
-    [
-      join(SERVER_DIR, "dist", "main.js"),
-      "--http-port",
-      "0",
-      "--grpc-port",
-      "0",
-      "--metrics-port",
-      "0",
-      "--no-fetch-models",
-      ...args,
-    ],
-    { cwd: SERVER_DIR, stdio: ["ignore", "pipe", "pipe"] },
-  );
-  const logs: Record<string, unknown>[] = [];
-  const ports: Record<string, number> = {};
-  let stderr = "";
-  proc.stderr?.on("data", (d) => {
-    stderr += String(d);
-  });
-  const exited = new Promise<number | null>((resolve) => proc.on("exit", (code) => resolve(code)));
-  const started = new Promise<void>((resolve, reject) => {
-    const lines = createInterface({ input: proc.stdout as NodeJS.ReadableStream });
-    lines.on("line", (line) => {
-      let entry: Record<string, unknown>;
-      try {
-        entry = JSON.parse(line);
-      } catch {
-        return;
-      }
-      logs.push(entry);
-      if (entry.msg === "listening") ports[entry.protocol as string] = entry.port as number;
-      if (entry.msg === "server started") resolve();
-    });
-    exited.then((code) => reject(new Error(`server exited with ${code} before starting:\n${stderr}`)));
-  });
-  await started;
-  const host = "http://127.0.0.1";
-  return {
-    proc,
-    logs,
-    exited,
-    httpPort: ports.http as number,
-    grpcPort: ports.grpc as number,
-    http: `${host}:${ports.http}`,
-    grpc: `${host}:${ports.grpc}`,
-    metrics: `${host}:${ports.metrics}`,
-    stop: async (signal = "SIGTERM") => {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
-      return exited;
-    },
-  };
-}
+/** An ensemble of two echo models: OUT = echo10(echo(IN)). */
+export const CHAIN_CONFIG = `name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "echo" model_version: -1 input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "mid" } },
+  { model_name: "echo10" model_version: -1 input_map { key: "INPUT" value: "mid" } output_map { key: "OUTPUT" value: "OUT" } }
+] }
+`;
 
 /** A metric's value for {model, version} from Prometheus text (0 when absent). */
 export function metricValue(text: string, name: string, model: string, version = "1"): number {
@@ -213,6 +130,16 @@ export function binaryRequest(
     offset += r.byteLength;
   }
   return { body, headerLength: json.byteLength };
+}
+
+/** POSTs a binary-extension request (see binaryRequest) to `url`. */
+export function postBinary(
+  url: string,
+  header: Parameters<typeof binaryRequest>[0],
+  raws: Uint8Array[],
+): Promise<Response> {
+  const { body, headerLength } = binaryRequest(header, raws);
+  return fetch(url, { method: "POST", body, headers: { "inference-header-content-length": String(headerLength) } });
 }
 
 /** FP32 values of raw bytes (copied: gRPC clients hand out views into pooled buffers). */

@@ -7,29 +7,9 @@ import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  echoConfig,
-  floats,
-  makeRepository,
-  metricValue,
-  postJson,
-  removeDir,
-  type ServerProcess,
-  scrape,
-  startServerProcess,
-} from "./helpers.js";
-
-const CHAIN = `name: "chain"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [
-  { model_name: "echo" model_version: -1 input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "mid" } },
-  { model_name: "echo10" model_version: -1 input_map { key: "INPUT" value: "mid" } output_map { key: "OUTPUT" value: "OUT" } }
-] }
-`;
+import { CHAIN_CONFIG, echoConfig, floats, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
 
 const slowRequest = (delayMs: number, values = [1, 2, 3, 4]) => ({
   inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: values }],
@@ -55,7 +35,7 @@ describe("explicit model control", () => {
     repo = await makeRepository({
       echo: { config: echoConfig("echo") },
       echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
-      chain: { config: CHAIN },
+      chain: { config: CHAIN_CONFIG },
       other: { config: echoConfig("other", { params: { scale: "2" } }) },
       broken: { config: echoConfig("broken", { params: { module: "./missing.js" } }) },
     });

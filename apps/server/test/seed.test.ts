@@ -3,44 +3,29 @@
  * shared MobileNetV2 as resnet50_inference: the real server process, real
  * photos, every protocol, the ensemble and each of its models.
  */
-import { readFile } from "node:fs/promises";
-import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { frameBytes } from "@trellis/stage";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
-  binaryRequest,
-  binaryResponse,
-  floats,
-  jsonOf,
+  grpcJsInferenceClient,
   makeSeedRepository,
-  metricValue,
-  postJson,
-  REPO_ROOT,
+  readFixtureImage,
+  readReferenceTensor,
+  readReferenceTop5,
   removeDir,
   type ServerProcess,
-  SHARED,
-  scrape,
   startServerProcess,
-} from "./helpers.js";
+  TRUNCATED_PHOTO,
+} from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { binaryResponse, floats, jsonOf, metricValue, postBinary, postJson, scrape } from "./helpers.js";
 
-interface Reference {
-  top5_index: number[];
-  top5_labels: string[];
-  top5_probs: number[];
-}
-const IMAGES = join(SHARED, "fixtures", "images");
-const references = JSON.parse(
-  await readFile(join(SHARED, "fixtures", "reference", "mobilenetv2_top5.json"), "utf8"),
-) as Record<string, Reference>;
+const references = readReferenceTop5();
 const photos = Object.keys(references).sort();
 const photoBytes = new Map<string, Uint8Array>();
-for (const p of photos) photoBytes.set(p, new Uint8Array(await readFile(join(IMAGES, p))));
+for (const p of photos) photoBytes.set(p, readFixtureImage(p));
 const bytesOf = (p: string) => photoBytes.get(p) as Uint8Array;
 const decoder = new TextDecoder();
 
@@ -58,18 +43,14 @@ afterAll(async () => {
 
 /** The ensemble over HTTP with RAW_IMAGE in binary; the answer's OUTPUT_RESULTS strings. */
 async function httpEnsemble(images: Uint8Array[], binaryOut: boolean): Promise<string[]> {
-  const { body, headerLength } = binaryRequest(
+  const res = await postBinary(
+    `${server.http}/v2/models/resnet50_ensemble/infer`,
     {
       inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [images.length, 1] }],
       outputs: [{ name: "OUTPUT_RESULTS", parameters: { binary_data: binaryOut } }],
     },
     [frameBytes(images)],
   );
-  const res = await fetch(`${server.http}/v2/models/resnet50_ensemble/infer`, {
-    method: "POST",
-    body,
-    headers: { "inference-header-content-length": String(headerLength) },
-  });
   expect(res.status).toBe(200);
   if (!binaryOut) {
     const json = await jsonOf(res);
@@ -126,31 +107,14 @@ describe("the seed ensemble", () => {
     expect(batched.map(top1)).toEqual(photos.map((p) => references[p]?.top5_labels[0]));
     expect(await httpEnsemble(images, true)).toEqual(batched);
 
-    const def = protoLoader.loadSync("grpc_service.proto", {
-      includeDirs: [join(REPO_ROOT, "packages", "protocol", "proto")],
-      keepCase: true,
-      longs: Number,
-      defaults: true,
+    const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
+    const res = await client.modelInfer({
+      model_name: "resnet50_ensemble",
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [images.length, 1] }],
+      raw_input_contents: [Buffer.from(frameBytes(images))],
     });
-    const pkg = grpc.loadPackageDefinition(def) as unknown as {
-      inference: { GRPCInferenceService: new (addr: string, creds: grpc.ChannelCredentials) => grpc.Client };
-    };
-    const client = new pkg.inference.GRPCInferenceService(
-      `127.0.0.1:${server.grpcPort}`,
-      grpc.credentials.createInsecure(),
-    ) as unknown as Record<string, (m: object, cb: (e: Error | null, r: Record<string, unknown>) => void) => void>;
-    const res = await new Promise<Record<string, unknown>>((resolve, reject) =>
-      client.ModelInfer?.(
-        {
-          model_name: "resnet50_ensemble",
-          inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [images.length, 1] }],
-          raw_input_contents: [Buffer.from(frameBytes(images))],
-        },
-        (err, r) => (err ? reject(err) : resolve(r)),
-      ),
-    );
     expect(unframe(new Uint8Array((res.raw_output_contents as Buffer[])[0] as Buffer))).toEqual(batched);
-    (client as unknown as grpc.Client).close();
+    client.close();
   });
 
   it("serves concurrent clients on all protocols, and the metrics count exactly the requests sent", async () => {
@@ -191,24 +155,18 @@ describe("the seed ensemble", () => {
 
 describe("each seed model on its own", () => {
   it("preprocess: image bytes to the reference FP32 [1,3,224,224] tensor", async () => {
-    const { body, headerLength } = binaryRequest(
+    const res = await postBinary(
+      `${server.http}/v2/models/resnet50_preprocess/infer`,
       {
         inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
         parameters: { binary_data_output: true },
       },
       [frameBytes([bytesOf("chelsea.jpg")])],
     );
-    const res = await fetch(`${server.http}/v2/models/resnet50_preprocess/infer`, {
-      method: "POST",
-      body,
-      headers: { "inference-header-content-length": String(headerLength) },
-    });
     const { json, outputs } = await binaryResponse(res);
     expect(json.outputs[0]).toMatchObject({ name: "PREPROCESSED_IMAGE", datatype: "FP32", shape: [1, 3, 224, 224] });
     const got = new Float32Array((outputs.get("PREPROCESSED_IMAGE") as Uint8Array).buffer);
-    const want = new Float32Array(
-      new Uint8Array(await readFile(join(SHARED, "fixtures", "reference", "chelsea.jpg.f32"))).buffer,
-    );
+    const want = readReferenceTensor("chelsea.jpg");
     let maxDiff = 0;
     for (let i = 0; i < want.length; i++)
       maxDiff = Math.max(maxDiff, Math.abs((got[i] as number) - (want[i] as number)));
@@ -216,9 +174,7 @@ describe("each seed model on its own", () => {
   });
 
   it("inference: the reference tensor as JSON gives the same logits as over gRPC, argmax = reference top-1", async () => {
-    const tensor = new Float32Array(
-      new Uint8Array(await readFile(join(SHARED, "fixtures", "reference", "coffee.jpg.f32"))).buffer,
-    );
+    const tensor = readReferenceTensor("coffee.jpg");
     const { status, json } = await postJson(`${server.http}/v2/models/resnet50_inference/infer`, {
       inputs: [{ name: "input", datatype: "FP32", shape: [1, 3, 224, 224], data: Array.from(tensor) }],
     });
@@ -257,7 +213,7 @@ describe("each seed model on its own", () => {
 
   it("rejects a truncated JPEG with 400 naming the problem, and counts it as a failure", async () => {
     const before = await scrape(server);
-    const bad = new Uint8Array(await readFile(join(IMAGES, "truncated.jpg")));
+    const bad = readFixtureImage(TRUNCATED_PHOTO);
     const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
     const err = await client
       .modelInfer(

@@ -3,20 +3,18 @@
  * documents it: a preprocess service, an inference service, and an
  * ensemble front reaching them as remote steps through --endpoints.
  */
-import { readFile, writeFile } from "node:fs/promises";
+import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { frameBytes } from "@trellis/stage";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
-  binaryRequest,
-  jsonOf,
   makeSeedRepository,
-  postJson,
+  readFixtureImage,
   removeDir,
   type ServerProcess,
-  SHARED,
   startServerProcess,
-} from "./helpers.js";
+} from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { jsonOf, postBinary, postJson } from "./helpers.js";
 
 let repo: string;
 const servers: ServerProcess[] = [];
@@ -58,18 +56,12 @@ describe("three-process split", () => {
     expect(await ready(front)).toEqual(["resnet50_ensemble", "resnet50_postprocess"]);
 
     const images = ["chelsea.jpg", "coffee.jpg"];
-    const bytes = await Promise.all(
-      images.map(async (p) => new Uint8Array(await readFile(join(SHARED, "fixtures", "images", p)))),
-    );
-    const { body, headerLength } = binaryRequest(
+    const bytes = images.map(readFixtureImage);
+    const res = await postBinary(
+      `${front.http}/v2/models/resnet50_ensemble/infer`,
       { inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [2, 1] }] },
       [frameBytes(bytes)],
     );
-    const res = await fetch(`${front.http}/v2/models/resnet50_ensemble/infer`, {
-      method: "POST",
-      body,
-      headers: { "inference-header-content-length": String(headerLength) },
-    });
     expect(res.status).toBe(200);
     const answers = (await jsonOf(res)).outputs[0].data as string[];
     expect(answers.map((a) => JSON.parse(a).top5_labels[0])).toEqual(["Egyptian cat", "espresso"]);

@@ -4,10 +4,17 @@
  * process, then with preprocess and inference as separate gRPC services.
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { readdir, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { Code, type Stage, type Tensor, tensor } from "@trellis/stage";
+import {
+  fixturePhotos,
+  makeSeedRepository,
+  readFixtureImage,
+  readReferenceTop5,
+  removeDir,
+  TRUNCATED_PHOTO,
+} from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { type EnsembleStage, loadStage, type RepositoryModel, scanRepository } from "../src/index.js";
 
@@ -15,12 +22,7 @@ import { type EnsembleStage, loadStage, type RepositoryModel, scanRepository } f
 vi.setConfig({ testTimeout: 60_000 });
 
 const pkg = join(import.meta.dirname, "..");
-const root = join(pkg, "..", "..");
-const shared = join(root, "..", "shared");
-const images = join(shared, "fixtures", "images");
-const reference = JSON.parse(
-  await readFile(join(shared, "fixtures", "reference", "mobilenetv2_top5.json"), "utf8"),
-) as Record<string, { top5_labels: string[] }>;
+const reference = readReferenceTop5();
 
 let repo: string;
 let models: RepositoryModel[];
@@ -80,32 +82,17 @@ const killed = (child: ChildProcess) =>
 
 beforeAll(async () => {
   const build = ensureBuilt();
-  repo = await mkdtemp(join(tmpdir(), "trellis-seed-"));
-  for (const name of (await readdir(join(root, "models"))).filter((n) => n.startsWith("resnet50_"))) {
-    await mkdir(join(repo, name, "1"), { recursive: true });
-    await copyFile(join(root, "models", name, "config.pbtxt"), join(repo, name, "config.pbtxt"));
-  }
-  await copyFile(
-    join(shared, "models", "mobilenetv2-12-int8.onnx"),
-    join(repo, "resnet50_inference", "1", "model.onnx"),
-  );
-  await copyFile(
-    join(shared, "models", "imagenet_classes.txt"),
-    join(repo, "resnet50_postprocess", "1", "imagenet_classes.txt"),
-  );
+  repo = await makeSeedRepository();
   ({ models } = await scanRepository([repo]));
   local = (await loadStage(model("resnet50_ensemble"), { version: "1" })) as EnsembleStage;
-  const names = (await readdir(images)).filter((f) => f !== "truncated.jpg").sort();
-  photos = await Promise.all(
-    names.map(async (name) => ({ name, bytes: new Uint8Array(await readFile(join(images, name))) })),
-  );
+  photos = fixturePhotos().map((name) => ({ name, bytes: readFixtureImage(name) }));
   await build;
 }, 60_000);
 
 afterAll(async () => {
   await local?.close();
   await Promise.all([...children].map(killed));
-  await rm(repo, { recursive: true, force: true });
+  await removeDir(repo);
 });
 
 describe("seed ensemble, in-process", () => {
@@ -125,7 +112,7 @@ describe("seed ensemble, in-process", () => {
   });
 
   it("names the failing step and keeps its code for a truncated JPEG", async () => {
-    const truncated = new Uint8Array(await readFile(join(images, "truncated.jpg")));
+    const truncated = readFixtureImage(TRUNCATED_PHOTO);
     const err = await local.infer({ inputs: [batch([photos[0]!.bytes, truncated])] }).catch((e) => e);
     expect(err.code).toBe(Code.InvalidArgument);
     expect(err.rawMessage).toMatch(/^resnet50_ensemble: step 0 resnet50_preprocess: INVALID_ARGUMENT: /);

@@ -17,6 +17,7 @@ import {
   type StageLogger,
   tensor,
 } from "@trellis/stage";
+import { MOBILENET_PATH } from "@trellis/testing";
 import { synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -30,7 +31,6 @@ import {
 } from "../dist/index.js";
 import { identityModel } from "./onnx-writer.js";
 
-const MOBILENET = join(import.meta.dirname, "..", "..", "..", "..", "shared", "models", "mobilenetv2-12-int8.onnx");
 const IMAGE = 3 * 224 * 224;
 const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-test-"));
 const stages: Stage[] = [];
@@ -173,7 +173,7 @@ function equalityTests(label: string, key: string, modelPath: () => string) {
   });
 }
 
-equalityTests("MobileNetV2 int8 (../shared/models)", "mnet", () => MOBILENET);
+equalityTests("MobileNetV2 int8 (../shared/models)", "mnet", () => MOBILENET_PATH);
 
 let resnetPath = "";
 beforeAll(async () => {
@@ -188,7 +188,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     beforeAll(async () => {
       stage = await load(
         "mnet_queue",
-        MOBILENET,
+        MOBILENET_PATH,
         `platform: "onnxruntime_onnx"
          max_batch_size: 16
          dynamic_batching { default_queue_policy { max_queue_size: 2 allow_timeout_override: true } }`,
@@ -294,7 +294,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
   });
 
   it("auto-completes a config without inputs and outputs from the model, as Triton's non-strict mode", async () => {
-    const stage = await load("mnet_auto", MOBILENET, "");
+    const stage = await load("mnet_auto", MOBILENET_PATH, "");
     expect(stage.config.platform).toBe("onnxruntime_onnx");
     expect(stage.config.maxBatchSize).toBe(4);
     expect(stage.config.schedulingChoice.case).toBe("dynamicBatching");
@@ -303,7 +303,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     expect((await stage.metadata()).outputs).toEqual([{ name: "output", datatype: "FP32", shape: [-1, 1000] }]);
     expect((await stage.infer(imageRequest(2, 3))).outputs[0]!.shape).toEqual([2, 1000]);
 
-    const strict = await loadError("mnet_strict", MOBILENET, "", { strictModelConfig: true });
+    const strict = await loadError("mnet_strict", MOBILENET_PATH, "", { strictModelConfig: true });
     expect(strict.message).toMatch(/strict model config needs input and output sections/);
   });
 
@@ -325,7 +325,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
       [`input [{ name: "input" data_type: TYPE_FP32 dims: [224, 224] }]`, /input input: rank differs/],
     ];
     for (const [i, [input, message]] of cases.entries()) {
-      const err = await loadError(`mnet_bad${i}`, MOBILENET, head + input);
+      const err = await loadError(`mnet_bad${i}`, MOBILENET_PATH, head + input);
       expect(err.code).toBe(Code.InvalidArgument);
       expect(err.message).toMatch(message);
     }
@@ -343,7 +343,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
   it("warms up every instance before it is ready, outside the statistics", async () => {
     const stage = await load(
       "mnet_warm",
-      MOBILENET,
+      MOBILENET_PATH,
       `max_batch_size: 8
        instance_group [{ count: 2 kind: KIND_CPU }]
        model_warmup [{ name: "zeros" batch_size: 2 count: 2 inputs { key: "input" value { data_type: TYPE_FP32 dims: [3, 224, 224] zero_data: true } } },
@@ -358,7 +358,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     ]);
     const bad = await loadError(
       "mnet_badwarm",
-      MOBILENET,
+      MOBILENET_PATH,
       `max_batch_size: 8
        model_warmup [{ name: "wrong" batch_size: 1 inputs { key: "input" value { data_type: TYPE_FP32 dims: [3, 10, 10] zero_data: true } } }]`,
     );
@@ -372,10 +372,10 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     );
     const config = `max_batch_size: 8\ninstance_group [{ count: 1 kind: KIND_GPU gpus: [0] }]`;
     if (hasCuda) {
-      const stage = await load("mnet_gpu", MOBILENET, config);
+      const stage = await load("mnet_gpu", MOBILENET_PATH, config);
       expect((await stage.infer(imageRequest(1, 1))).outputs[0]!.shape).toEqual([1, 1000]);
     } else {
-      const err = await loadError("mnet_gpu", MOBILENET, config);
+      const err = await loadError("mnet_gpu", MOBILENET_PATH, config);
       expect(err.code).toBe(Code.Unavailable);
       expect(err.message).toMatch(/KIND_GPU \(device 0\) needs onnxruntime-node's cuda execution provider/);
     }
@@ -466,7 +466,7 @@ describe("hand-built ONNX models", () => {
       "trellis.synthetic": "true",
       note: "seeded",
     });
-    expect(await readOnnxMetadataProps(MOBILENET)).not.toHaveProperty(SYNTHETIC_METADATA_KEY);
+    expect(await readOnnxMetadataProps(MOBILENET_PATH)).not.toHaveProperty(SYNTHETIC_METADATA_KEY);
     const warnings: string[] = [];
     const logger: StageLogger = {
       info: () => {},

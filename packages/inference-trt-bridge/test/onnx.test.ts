@@ -2,24 +2,22 @@
 // real MobileNetV2 ONNX model (the stand-in for Triton + TensorRT on machines
 // without a GPU), loaded from the committed models/gpu/ bridge config.
 import { readFile } from "node:fs/promises";
-import { basename, join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
 import { createOnnxStage, type OnnxStage } from "@trellis/inference-onnx";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
 import { Code, type Stage, tensor } from "@trellis/stage";
+import { MOBILENET_PATH, modelsDir, readReferenceTensor, readReferenceTop5, sharedDir } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createStage } from "../src/index.js";
 import { type Child, spawnServer } from "./helpers.js";
 
-const root = join(import.meta.dirname, "..", "..", "..");
-const shared = join(root, "..", "shared");
-const MODEL = join(shared, "models", "mobilenetv2-12-int8.onnx");
 const IMAGES = ["chelsea.jpg", "coffee.jpg", "camera.jpg", "rocket.jpg"];
 
 /** The seed's inference config, renamed to the Triton model and pointed at MobileNetV2. */
 async function standInConfigText(): Promise<string> {
-  const seed = await readFile(join(root, "models", "resnet50_inference", "config.pbtxt"), "utf8");
-  return `${seed.replace('name: "resnet50_inference"', 'name: "resnet50_trt"').replace("max_queue_delay_microseconds: 100000", "max_queue_delay_microseconds: 1000")}\ndefault_model_filename: "${basename(MODEL)}"\n`;
+  const seed = await readFile(join(modelsDir, "resnet50_inference", "config.pbtxt"), "utf8");
+  return `${seed.replace('name: "resnet50_inference"', 'name: "resnet50_trt"').replace("max_queue_delay_microseconds: 100000", "max_queue_delay_microseconds: 1000")}\ndefault_model_filename: "${basename(MOBILENET_PATH)}"\n`;
 }
 
 let server: Child;
@@ -32,25 +30,24 @@ let expectedTop1: number[];
 beforeAll(async () => {
   const text = await standInConfigText();
   env = { ONNX_CONFIG: text };
-  server = await spawnServer("onnx", 0, [MODEL], env);
+  server = await spawnServer("onnx", 0, [MOBILENET_PATH], env);
   direct = await createOnnxStage({
     config: parseModelConfig(text),
-    modelDir: shared,
-    versionDir: join(shared, "models"),
+    modelDir: sharedDir,
+    versionDir: dirname(MOBILENET_PATH),
   });
-  const config = await loadModelConfig(join(root, "models/gpu", "trellis", "resnet50_inference_trt", "config.pbtxt"));
+  const config = await loadModelConfig(join(modelsDir, "gpu", "trellis", "resnet50_inference_trt", "config.pbtxt"));
   const endpoint = config.parameters.endpoint;
   if (!endpoint) throw new Error("committed bridge config has no endpoint parameter");
   endpoint.stringValue = `http://127.0.0.1:${server.port}`;
   bridge = await createStage({ config, modelDir: ".", version: "1", versionDir: "1" });
   const data = new Float32Array(IMAGES.length * 3 * 224 * 224);
   for (const [i, image] of IMAGES.entries()) {
-    const bytes = await readFile(join(shared, "fixtures", "reference", `${image}.f32`));
-    data.set(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4), i * 3 * 224 * 224);
+    data.set(readReferenceTensor(image), i * 3 * 224 * 224);
   }
   batch = tensor("input", "FP32", [IMAGES.length, 3, 224, 224], data);
-  const top5 = JSON.parse(await readFile(join(shared, "fixtures", "reference", "mobilenetv2_top5.json"), "utf8"));
-  expectedTop1 = IMAGES.map((image) => top5[image].top5_index[0]);
+  const top5 = readReferenceTop5();
+  expectedTop1 = IMAGES.map((image) => top5[image]!.top5_index[0]!);
 }, 60_000);
 
 afterAll(async () => {
@@ -93,7 +90,7 @@ describe("bridge to a real ONNX model over gRPC", () => {
     expect(err).toBeInstanceOf(ConnectError);
     expect((err as ConnectError).code).toBe(Code.Unavailable);
     expect((err as ConnectError).message).toContain(`remote model resnet50_trt at http://127.0.0.1:${port}`);
-    server = await spawnServer("onnx", port, [MODEL], env);
+    server = await spawnServer("onnx", port, [MOBILENET_PATH], env);
     const again = await bridge.infer({ inputs: [batch] });
     expect(argmaxes(again.outputs[0]?.data as Float32Array, 4)).toEqual(expectedTop1);
   });

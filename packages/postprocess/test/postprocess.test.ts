@@ -1,6 +1,6 @@
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { parseModelConfig } from "@trellis/protocol";
 import {
   bytesToStrings,
@@ -12,20 +12,21 @@ import {
   type StageError,
   tensor,
 } from "@trellis/stage";
+import {
+  LABELS_PATH,
+  MOBILENET_PATH,
+  modelsDir,
+  type ReferenceTop5,
+  readReferenceTensor,
+  readReferenceTop5,
+} from "@trellis/testing";
 import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPostprocess, createStage, type PostprocessStage } from "../src/index.js";
 
-const shared = join(import.meta.dirname, "../../../../shared");
-const labelsDir = join(shared, "models");
-const referenceDir = join(shared, "fixtures/reference");
-const configPath = join(import.meta.dirname, "../../../models/resnet50_postprocess/config.pbtxt");
-
-interface Top5 {
-  top5_index: number[];
-  top5_labels: string[];
-  top5_probs: number[];
-}
+/** The folder holding imagenet_classes.txt: a version folder as far as postprocess is concerned. */
+const labelsDir = dirname(LABELS_PATH);
+const configPath = join(modelsDir, "resnet50_postprocess", "config.pbtxt");
 
 const seedConfig = async () => parseModelConfig(await readFile(configPath, "utf8"));
 
@@ -51,22 +52,21 @@ describe("postprocess on real MobileNetV2 logits", () => {
   let stage: PostprocessStage;
   let names: string[];
   let logits: Float32Array;
-  let reference: Record<string, Top5>;
+  let reference: Record<string, ReferenceTop5>;
   let labels: string[];
 
   beforeAll(async () => {
-    reference = JSON.parse(await readFile(join(referenceDir, "mobilenetv2_top5.json"), "utf8"));
+    reference = readReferenceTop5();
     names = Object.keys(reference).sort();
     const input = new Float32Array(names.length * 3 * 224 * 224);
     for (const [i, name] of names.entries()) {
-      const b = await readFile(join(referenceDir, `${name}.f32`));
-      input.set(new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4), i * 3 * 224 * 224);
+      input.set(readReferenceTensor(name), i * 3 * 224 * 224);
     }
-    const session = await ort.InferenceSession.create(join(shared, "models/mobilenetv2-12-int8.onnx"));
+    const session = await ort.InferenceSession.create(MOBILENET_PATH);
     const out = await session.run({ input: new ort.Tensor("float32", input, [names.length, 3, 224, 224]) });
     logits = out.output!.data as Float32Array;
     await session.release();
-    labels = (await readFile(join(labelsDir, "imagenet_classes.txt"), "utf8")).split("\n");
+    labels = (await readFile(LABELS_PATH, "utf8")).split("\n");
     stage = await createPostprocess({ config: await seedConfig(), versionDir: labelsDir });
   });
 
@@ -173,7 +173,7 @@ describe("postprocess errors and options", () => {
   });
 
   it("fails to load when the label count differs from the classes", async () => {
-    const text = await readFile(join(labelsDir, "imagenet_classes.txt"), "utf8");
+    const text = await readFile(LABELS_PATH, "utf8");
     await writeFile(join(dir, "imagenet_classes.txt"), text.split("\n").slice(0, 999).join("\n"));
     await expectStageError(
       createPostprocess({ config: await seedConfig(), versionDir: dir }),

@@ -1,8 +1,9 @@
 import { bytesTensor, Code, StageError, tensor } from "@trellis/stage";
+import { readFixtureImage, readReferenceTensor } from "@trellis/testing";
 import sharp from "sharp";
 import { describe, expect, it } from "vitest";
 import { createPreprocess } from "../src/index.js";
-import { diff, preprocessOne, rawImageRequest, readImage, readReference } from "./helpers.js";
+import { diff, preprocessOne, rawImageRequest } from "./helpers.js";
 
 const stage = createPreprocess({ name: "resnet50_preprocess" });
 
@@ -10,7 +11,7 @@ function asStageError(err: unknown): StageError {
   if (!(err instanceof StageError)) throw new Error(`expected a StageError, got ${String(err)}`);
   return err;
 }
-const chelsea = readImage("chelsea.jpg");
+const chelsea = readFixtureImage("chelsea.jpg");
 
 /** Runs a request whose element 1 is `bad` (element 0 is a good photo) and returns the error. */
 async function failure(bad: Uint8Array | string, s = stage): Promise<StageError> {
@@ -71,7 +72,7 @@ describe("each bad element fails its request with INVALID_ARGUMENT naming the el
     ],
     [
       "truncated.jpg",
-      () => readImage("truncated.jpg"),
+      () => readFixtureImage("truncated.jpg"),
       /element 1: truncated or corrupt jpeg: .*premature end of JPEG/i,
     ],
     [
@@ -119,7 +120,7 @@ describe("each bad element fails its request with INVALID_ARGUMENT naming the el
 
   it("rejects elements over max_bytes, raw and base64", async () => {
     const small = createPreprocess({ maxBytes: 30_000, name: "p" });
-    const good = readImage("horse.jpg"); // 12897 bytes
+    const good = readFixtureImage("horse.jpg"); // 12897 bytes
     const raw = await small.infer(rawImageRequest([good])).catch((e) => e);
     expect(raw).not.toBeInstanceOf(Error);
     const err = asStageError(await small.infer(rawImageRequest([good, chelsea])).catch((e) => e));
@@ -147,8 +148,10 @@ describe("each bad element fails its request with INVALID_ARGUMENT naming the el
 
 describe("bad requests do not disturb good ones", () => {
   it("a good request running at the same time as a bad one succeeds, bit-identical", async () => {
-    const good = stage.infer(rawImageRequest([readImage("coffee.jpg"), chelsea]));
-    const bad = stage.infer(rawImageRequest([chelsea, readImage("truncated.jpg"), readImage("coffee.jpg")]));
+    const good = stage.infer(rawImageRequest([readFixtureImage("coffee.jpg"), chelsea]));
+    const bad = stage.infer(
+      rawImageRequest([chelsea, readFixtureImage("truncated.jpg"), readFixtureImage("coffee.jpg")]),
+    );
     const [g, b] = await Promise.allSettled([good, bad]);
     expect(b.status).toBe("rejected");
     expect(asStageError((b as PromiseRejectedResult).reason).rawMessage).toMatch(
@@ -159,8 +162,8 @@ describe("bad requests do not disturb good ones", () => {
     expect(out.shape).toEqual([2, 3, 224, 224]);
     const data = out.data as Float32Array;
     const plane = 3 * 224 * 224;
-    expect(diff(data.subarray(0, plane), readReference("coffee.jpg")).max).toBe(0);
-    expect(diff(data.subarray(plane), readReference("chelsea.jpg")).max).toBe(0);
+    expect(diff(data.subarray(0, plane), readReferenceTensor("coffee.jpg")).max).toBe(0);
+    expect(diff(data.subarray(plane), readReferenceTensor("chelsea.jpg")).max).toBe(0);
   });
 
   it("counts failures and successes in the statistics", async () => {
@@ -179,7 +182,7 @@ describe("bad requests do not disturb good ones", () => {
 describe("encodings and request checks", () => {
   it("accepts base64 text (auto-detected and declared) with the same result as raw bytes", async () => {
     const b64 = Buffer.from(chelsea).toString("base64");
-    const expected = readReference("chelsea.jpg");
+    const expected = readReferenceTensor("chelsea.jpg");
     expect(diff(await preprocessOne(stage, b64), expected).max).toBe(0);
     expect(diff(await preprocessOne(createPreprocess({ encoding: "base64" }), b64), expected).max).toBe(0);
     expect(diff(await preprocessOne(stage, `data:image/jpeg;base64,${b64}`), expected).max).toBe(0);
@@ -222,11 +225,11 @@ describe("encodings and request checks", () => {
     const data = eight.outputs[0]!.data as Float32Array;
     const plane = 3 * 224 * 224;
     for (let i = 0; i < 8; i++)
-      expect(diff(data.subarray(i * plane, (i + 1) * plane), readReference("chelsea.jpg")).max).toBe(0);
+      expect(diff(data.subarray(i * plane, (i + 1) * plane), readReferenceTensor("chelsea.jpg")).max).toBe(0);
   });
 
   it("a lossless PNG re-encode of a JPEG gives the JPEG's result", async () => {
     const png = new Uint8Array(await sharp(chelsea).png().toBuffer());
-    expect(diff(await preprocessOne(stage, png), readReference("chelsea.jpg")).max).toBe(0);
+    expect(diff(await preprocessOne(stage, png), readReferenceTensor("chelsea.jpg")).max).toBe(0);
   });
 });

@@ -1,7 +1,10 @@
+import { fixturePhotos, readFixtureImage, readReferenceTensor } from "@trellis/testing";
 import sharp, { type Sharp } from "sharp";
 import { describe, expect, it } from "vitest";
 import { createPreprocess } from "../src/index.js";
-import { diff, fixtureNames, preprocessOne, readImage, readReference } from "./helpers.js";
+import { diff, preprocessOne } from "./helpers.js";
+
+const fixtureNames = fixturePhotos();
 
 /** One 8-bit level after normalisation: 1 / 255 / 0.224. */
 const ONE_LEVEL = 0.0175;
@@ -10,16 +13,16 @@ describe("seed mode reproduces the seed's OpenCV preprocessing", () => {
   const stage = createPreprocess();
 
   it.each(fixtureNames)("%s is within one level of the reference tensor", async (name) => {
-    const out = await preprocessOne(stage, readImage(name));
+    const out = await preprocessOne(stage, readFixtureImage(name));
     expect(out.length).toBe(3 * 224 * 224);
-    const { max } = diff(out, readReference(name));
+    const { max } = diff(out, readReferenceTensor(name));
     expect(max).toBeLessThanOrEqual(ONE_LEVEL);
   });
 
   it("is bit-exact on every fixture (same fixed-point arithmetic as cv2.resize)", async () => {
     const worst: Record<string, number> = {};
     for (const name of fixtureNames)
-      worst[name] = diff(await preprocessOne(stage, readImage(name)), readReference(name)).max;
+      worst[name] = diff(await preprocessOne(stage, readFixtureImage(name)), readReferenceTensor(name)).max;
     console.log("seed mode max |Δ| per fixture:", worst);
     for (const name of fixtureNames) expect(worst[name]).toBe(0);
   });
@@ -32,7 +35,7 @@ describe("fast mode (libvips shrink-on-load + resize)", () => {
     const rows: string[] = [];
     let worstMean = 0;
     for (const name of fixtureNames) {
-      const { max, mean } = diff(await preprocessOne(stage, readImage(name)), readReference(name));
+      const { max, mean } = diff(await preprocessOne(stage, readFixtureImage(name)), readReferenceTensor(name));
       rows.push(`${name.padEnd(20)} max ${max.toFixed(4)}  mean ${mean.toFixed(4)}`);
       worstMean = Math.max(worstMean, mean);
       // Loose: a different (antialiased) filter, not a different image.
@@ -61,7 +64,7 @@ function rotate90(src: Uint8Array, width: number, height: number): Uint8Array {
 
 describe("inputs that are not plain 8-bit RGB come out as RGB", () => {
   const stage = createPreprocess();
-  const chelseaPng = readImage("chelsea.png");
+  const chelseaPng = readFixtureImage("chelsea.png");
 
   it("applies EXIF orientation as cv2.imdecode(IMREAD_COLOR) does", async () => {
     // Same pixels stored twice: once plain, once tagged "rotate 90° clockwise" (orientation 6).
@@ -107,14 +110,18 @@ describe("inputs that are not plain 8-bit RGB come out as RGB", () => {
   it("scales 16-bit PNGs down to 8 bits", async () => {
     const deep = new Uint8Array(await sharp(chelseaPng).toColourspace("rgb16").png().toBuffer());
     expect((await sharp(deep).metadata()).depth).toBe("ushort");
-    expect(diff(await preprocessOne(stage, deep), readReference("chelsea.png")).max).toBeLessThanOrEqual(ONE_LEVEL);
+    expect(diff(await preprocessOne(stage, deep), readReferenceTensor("chelsea.png")).max).toBeLessThanOrEqual(
+      ONE_LEVEL,
+    );
   });
 
   it("drops alpha without compositing (horse.png is RGBA) and replicates grey (camera.png)", async () => {
-    expect((await sharp(readImage("horse.png")).metadata()).channels).toBe(4);
-    expect((await sharp(readImage("camera.png")).metadata()).channels).toBe(1);
-    expect(diff(await preprocessOne(stage, readImage("horse.png")), readReference("horse.png")).max).toBe(0);
-    const grey = await preprocessOne(stage, readImage("camera.png"));
+    expect((await sharp(readFixtureImage("horse.png")).metadata()).channels).toBe(4);
+    expect((await sharp(readFixtureImage("camera.png")).metadata()).channels).toBe(1);
+    expect(diff(await preprocessOne(stage, readFixtureImage("horse.png")), readReferenceTensor("horse.png")).max).toBe(
+      0,
+    );
+    const grey = await preprocessOne(stage, readFixtureImage("camera.png"));
     const plane = 224 * 224;
     // Same value in R, G and B before normalisation: x = out * std + mean.
     const back = (c: number, i: number) =>
@@ -126,7 +133,7 @@ describe("inputs that are not plain 8-bit RGB come out as RGB", () => {
     const cmyk = new Uint8Array(await sharp(chelseaPng).toColourspace("cmyk").jpeg({ quality: 95 }).toBuffer());
     expect((await sharp(cmyk).metadata()).space).toBe("cmyk");
     const out = await preprocessOne(stage, cmyk);
-    const { mean } = diff(out, readReference("chelsea.png"));
+    const { mean } = diff(out, readReferenceTensor("chelsea.png"));
     console.log(`CMYK JPEG vs RGB reference: mean |Δ| ${mean.toFixed(4)}`);
     // OpenCV's naive CMYK -> BGR (which seed mode reproduces; bit-exact against cv2 4.6, see the
     // README) is not colour-managed, so it lands a few levels off the RGB original, not far off.
@@ -142,7 +149,7 @@ describe("inputs that are not plain 8-bit RGB come out as RGB", () => {
   ])("decodes %s", async (label, encode) => {
     const bytes = new Uint8Array(await encode(sharp(chelseaPng)).toBuffer());
     const out = await preprocessOne(stage, bytes);
-    const { max, mean } = diff(out, readReference("chelsea.png"));
+    const { max, mean } = diff(out, readReferenceTensor("chelsea.png"));
     if (label.includes("lossless") || label === "tiff") expect(max).toBe(0);
     else expect(mean).toBeLessThan(0.1);
   });

@@ -1,25 +1,4 @@
-import { readdirSync, readFileSync } from "node:fs";
-import { join } from "node:path";
 import { bytesTensor, type Stage } from "@trellis/stage";
-
-/** ../shared beside the repository root (read-only test material). */
-export const shared = join(import.meta.dirname, "../../../../shared");
-export const imagesDir = join(shared, "fixtures/images");
-export const referenceDir = join(shared, "fixtures/reference");
-
-/** Every fixture photo that has a reference tensor (all but truncated.jpg). */
-export const fixtureNames = readdirSync(imagesDir)
-  .filter((f) => f !== "truncated.jpg")
-  .sort();
-
-export const readImage = (name: string): Uint8Array => new Uint8Array(readFileSync(join(imagesDir, name)));
-
-export function readReference(name: string): Float32Array {
-  const buf = readFileSync(join(referenceDir, `${name}.f32`));
-  const copy = new Uint8Array(buf.byteLength);
-  copy.set(buf);
-  return new Float32Array(copy.buffer);
-}
 
 /** One request of `items` as RAW_IMAGE [N,1]. */
 export function rawImageRequest(items: (Uint8Array | string)[]) {

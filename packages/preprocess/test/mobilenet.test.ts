@@ -1,16 +1,12 @@
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
+import { fixturePhotos, MOBILENET_PATH, readFixtureImage, readReferenceTop5 } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPreprocess } from "../src/index.js";
-import { fixtureNames, rawImageRequest, readImage, referenceDir, shared } from "./helpers.js";
+import { rawImageRequest } from "./helpers.js";
 
-interface Top5 {
-  top5_index: number[];
-  top5_labels: string[];
-  top5_probs: number[];
-}
-const expected: Record<string, Top5> = JSON.parse(readFileSync(join(referenceDir, "mobilenetv2_top5.json"), "utf8"));
+const fixtureNames = fixturePhotos();
+
+const expected = readReferenceTop5();
 
 function softmaxTop5(logits: Float32Array): { index: number[]; probs: number[] } {
   let max = Number.NEGATIVE_INFINITY;
@@ -24,7 +20,7 @@ function softmaxTop5(logits: Float32Array): { index: number[]; probs: number[] }
 describe("MobileNetV2 (onnxruntime-node) on the preprocessed photos", () => {
   let session: ort.InferenceSession;
   beforeAll(async () => {
-    session = await ort.InferenceSession.create(join(shared, "models/mobilenetv2-12-int8.onnx"));
+    session = await ort.InferenceSession.create(MOBILENET_PATH);
   });
   afterAll(async () => {
     await session?.release();
@@ -33,7 +29,7 @@ describe("MobileNetV2 (onnxruntime-node) on the preprocessed photos", () => {
   /** Top-5 per fixture for one preprocessing mode, one batched request. */
   async function classify(mode: "seed" | "fast", names: string[]) {
     const stage = createPreprocess({ mode });
-    const res = await stage.infer(rawImageRequest(names.map(readImage)));
+    const res = await stage.infer(rawImageRequest(names.map(readFixtureImage)));
     const out = res.outputs[0]!;
     const feeds = { input: new ort.Tensor("float32", out.data as Float32Array, out.shape) };
     const logits = (await session.run(feeds)).output!.data as Float32Array;

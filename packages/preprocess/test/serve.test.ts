@@ -10,11 +10,10 @@ import {
   type Stage,
   StageError,
 } from "@trellis/stage";
+import { modelsDir, readFixtureImage, readReferenceTensor } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPreprocess, createStage } from "../src/index.js";
-import { diff, rawImageRequest, readImage, readReference } from "./helpers.js";
-
-const repo = join(import.meta.dirname, "../../../models");
+import { diff, rawImageRequest } from "./helpers.js";
 
 describe("served over KServe v2 gRPC", () => {
   let local: Stage;
@@ -22,7 +21,7 @@ describe("served over KServe v2 gRPC", () => {
   let remote: Stage;
 
   beforeAll(async () => {
-    const dir = join(repo, "resnet50_preprocess");
+    const dir = join(modelsDir, "resnet50_preprocess");
     local = await createStage({
       config: await loadModelConfig(join(dir, "config.pbtxt")),
       modelDir: dir,
@@ -46,7 +45,7 @@ describe("served over KServe v2 gRPC", () => {
 
   it("gives bit-identical output to the in-process stage", async () => {
     const names = ["chelsea.jpg", "coffee.png", "rocket.jpg"];
-    const req = rawImageRequest(names.map(readImage));
+    const req = rawImageRequest(names.map(readFixtureImage));
     const [a, b] = await Promise.all([local.infer(req), remote.infer(req)]);
     const ta = a.outputs[0]!;
     const tb = b.outputs[0]!;
@@ -72,13 +71,13 @@ describe("served over KServe v2 gRPC", () => {
     ).toBe(true);
     const plane = 3 * 224 * 224;
     names.forEach((n, i) => {
-      expect(diff((tb.data as Float32Array).subarray(i * plane, (i + 1) * plane), readReference(n)).max).toBe(0);
+      expect(diff((tb.data as Float32Array).subarray(i * plane, (i + 1) * plane), readReferenceTensor(n)).max).toBe(0);
     });
   });
 
   it("returns INVALID_ARGUMENT over the wire for a bad element", async () => {
     const err = await remote
-      .infer(rawImageRequest([readImage("chelsea.jpg"), readImage("truncated.jpg")]))
+      .infer(rawImageRequest([readFixtureImage("chelsea.jpg"), readFixtureImage("truncated.jpg")]))
       .catch((e) => e);
     expect(err).toBeInstanceOf(StageError);
     expect((err as StageError).code).toBe(Code.InvalidArgument);
@@ -107,8 +106,8 @@ ${p}`);
 }
 
 describe("parameters from config.pbtxt", () => {
-  const chelsea = readImage("chelsea.jpg");
-  const reference = readReference("chelsea.jpg");
+  const chelsea = readFixtureImage("chelsea.jpg");
+  const reference = readReferenceTensor("chelsea.jpg");
   const plane = 224 * 224;
 
   it("uses the config's input and output names", async () => {

@@ -1,6 +1,5 @@
-import { join } from "node:path";
 import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
+import { grpcJsInferenceClient } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStage, grpcTransport, inMemoryTransport } from "../src/connect.js";
 import { Code, StageError } from "../src/errors.js";
@@ -43,27 +42,7 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
   });
 
   it("answers ModelInfer from @grpc/grpc-js with the proto loaded at runtime, same tensors", async () => {
-    const protoDir = join(import.meta.dirname, "../../protocol/proto");
-    const def = protoLoader.loadSync("grpc_service.proto", {
-      includeDirs: [protoDir],
-      keepCase: true,
-      longs: Number,
-      defaults: true,
-    });
-    const pkg = grpc.loadPackageDefinition(def) as unknown as {
-      inference: { GRPCInferenceService: new (addr: string, creds: grpc.ChannelCredentials) => grpc.Client };
-    };
-    const client = new pkg.inference.GRPCInferenceService(
-      `127.0.0.1:${server.port}`,
-      grpc.credentials.createInsecure(),
-    );
-    const call = (method: string, msg: object) =>
-      new Promise<Record<string, unknown>>((resolve, reject) =>
-        (client as unknown as Record<string, (m: object, cb: (e: Error | null, r: unknown) => void) => void>)[method]?.(
-          msg,
-          (err, res) => (err ? reject(err) : resolve(res as Record<string, unknown>)),
-        ),
-      );
+    const client = grpcJsInferenceClient(`127.0.0.1:${server.port}`);
     // Framed by hand, as a foreign client would: 4-byte LE length + bytes.
     const frame = (items: Uint8Array[]) =>
       Buffer.concat(
@@ -73,7 +52,7 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
           return [len, Buffer.from(b)];
         }),
       );
-    const res = await call("ModelInfer", {
+    const res = await client.modelInfer({
       model_name: "echo",
       id: "grpc-js",
       inputs: [
@@ -92,12 +71,12 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
     expect(Buffer.compare(raw[0] as Buffer, frame(TEXT))).toBe(0);
     expect(new Float32Array(new Uint8Array(raw[1] as Buffer).buffer)).toEqual(VALUES);
 
-    const live = await call("ServerLive", {});
+    const live = await client.serverLive();
     expect(live.live).toBe(true);
-    const meta = await call("ModelMetadata", { name: "echo" });
+    const meta = await client.modelMetadata({ name: "echo" });
     expect((meta.inputs as { name: string; shape: number[] }[])[1]).toMatchObject({ name: "VALUES", shape: [-1, -1] });
 
-    const failure = await call("ModelInfer", { model_name: "nope", inputs: [] }).catch((e: grpc.ServiceError) => e);
+    const failure = await client.modelInfer({ model_name: "nope", inputs: [] }).catch((e: grpc.ServiceError) => e);
     expect((failure as grpc.ServiceError).code).toBe(grpc.status.NOT_FOUND);
     expect((failure as grpc.ServiceError).details).toContain('unknown model "nope"');
     client.close();

@@ -1,0 +1,26 @@
+export {
+  type GrpcJsInferenceClient,
+  type GrpcJsInferRequest,
+  type GrpcJsInferResponse,
+  type GrpcJsModelMetadata,
+  type GrpcJsTensor,
+  grpcJsInferenceClient,
+} from "./grpc-js.js";
+export {
+  fixtureImagesDir,
+  fixturePhotos,
+  LABELS_PATH,
+  MOBILENET_PATH,
+  modelsDir,
+  protoDir,
+  type ReferenceTop5,
+  readFixtureImage,
+  readReferenceTensor,
+  readReferenceTop5,
+  referenceDir,
+  repoRoot,
+  sharedDir,
+  TRUNCATED_PHOTO,
+} from "./paths.js";
+export { makeSeedRepository, removeDir, type SeedRepositoryOptions, seedModelNames } from "./seed.js";
+export { type ServerProcess, type ServerProcessOptions, startServerProcess } from "./server-process.js";

@@ -1,0 +1,54 @@
+/** Where the repository and the read-only ../shared material live, and typed readers for the fixtures. */
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+
+/** The monorepo root (this file is in packages/testing/src or, built, packages/testing/dist). */
+export const repoRoot = join(import.meta.dirname, "..", "..", "..");
+/** The seed's model repository (models/*\/config.pbtxt). */
+export const modelsDir = join(repoRoot, "models");
+/** Our .proto files, for clients that load them at runtime. */
+export const protoDir = join(repoRoot, "packages", "protocol", "proto");
+/** ../shared beside the repository root: models, photos and reference outputs every developer and CI run has. */
+export const sharedDir = join(repoRoot, "..", "shared");
+export const fixtureImagesDir = join(sharedDir, "fixtures", "images");
+export const referenceDir = join(sharedDir, "fixtures", "reference");
+/** The real MobileNetV2 (int8, ONNX) standing in for ResNet-50: input `input` [N,3,224,224], output `output` [N,1000]. */
+export const MOBILENET_PATH = join(sharedDir, "models", "mobilenetv2-12-int8.onnx");
+/** The 1000 ImageNet class names the seed's postprocess reads. */
+export const LABELS_PATH = join(sharedDir, "models", "imagenet_classes.txt");
+
+/** A photo deliberately cut short: the one fixture that must fail to decode. */
+export const TRUNCATED_PHOTO = "truncated.jpg";
+
+/** The good fixture photos (every one has a reference tensor and top-5), sorted by name. */
+export function fixturePhotos(): string[] {
+  return readdirSync(fixtureImagesDir)
+    .filter((f) => f !== TRUNCATED_PHOTO)
+    .sort();
+}
+
+/** A fixture photo's bytes (`truncated.jpg` included). */
+export function readFixtureImage(name: string): Uint8Array {
+  return new Uint8Array(readFileSync(join(fixtureImagesDir, name)));
+}
+
+/** What MobileNetV2 gives on a photo's reference tensor: softmax, then the 5 largest, descending. */
+export interface ReferenceTop5 {
+  top5_index: number[];
+  top5_labels: string[];
+  top5_probs: number[];
+}
+
+/** The reference top-5 per photo name (mobilenetv2_top5.json). */
+export function readReferenceTop5(): Record<string, ReferenceTop5> {
+  return JSON.parse(readFileSync(join(referenceDir, "mobilenetv2_top5.json"), "utf8"));
+}
+
+/**
+ * The seed preprocessing's FP32 [3,224,224] tensor for a photo: `chelsea.jpg`
+ * reads `chelsea.jpg.f32`. Copied into a fresh buffer, so it is aligned and the caller's own.
+ */
+export function readReferenceTensor(photo: string): Float32Array {
+  const file = photo.endsWith(".f32") ? photo : `${photo}.f32`;
+  return new Float32Array(Uint8Array.from(readFileSync(join(referenceDir, file))).buffer);
+}

@@ -1,0 +1,37 @@
+/** Temp model repositories built from the seed's configs and the shared model and labels. */
+import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { LABELS_PATH, MOBILENET_PATH, modelsDir } from "./paths.js";
+
+export interface SeedRepositoryOptions {
+  /** Temp folder name prefix (default "trellis-seed-"). */
+  prefix?: string;
+  /** Rewrites a model's config.pbtxt text on the way (e.g. another queue delay, preprocess mode). */
+  editConfig?: (model: string, config: string) => string;
+}
+
+/** The seed's models: the `resnet50_*` folders of models/ (models/gpu and the like are not seed models). */
+export async function seedModelNames(): Promise<string[]> {
+  return (await readdir(modelsDir)).filter((n) => n.startsWith("resnet50_")).sort();
+}
+
+/**
+ * A temp copy of the seed repository (models/resnet50_*\/config.pbtxt, version 1)
+ * with the shared MobileNetV2 as resnet50_inference/1/model.onnx and the
+ * ImageNet labels in resnet50_postprocess/1/. Returns its path; remove it with `removeDir`.
+ */
+export async function makeSeedRepository(options: SeedRepositoryOptions = {}): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), options.prefix ?? "trellis-seed-"));
+  for (const name of await seedModelNames()) {
+    await mkdir(join(dir, name, "1"), { recursive: true });
+    const config = await readFile(join(modelsDir, name, "config.pbtxt"), "utf8");
+    await writeFile(join(dir, name, "config.pbtxt"), options.editConfig ? options.editConfig(name, config) : config);
+  }
+  // A copy, not a link: loaders and child processes see an ordinary file.
+  await copyFile(MOBILENET_PATH, join(dir, "resnet50_inference", "1", "model.onnx"));
+  await copyFile(LABELS_PATH, join(dir, "resnet50_postprocess", "1", "imagenet_classes.txt"));
+  return dir;
+}
+
+export const removeDir = (dir: string): Promise<void> => rm(dir, { recursive: true, force: true });

@@ -1,0 +1,88 @@
+/** The real Trellis server process (node apps/server/dist/main.js) on ephemeral loopback ports. */
+import { type ChildProcess, spawn } from "node:child_process";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { repoRoot } from "./paths.js";
+
+export interface ServerProcess {
+  proc: ChildProcess;
+  http: string;
+  grpc: string;
+  metrics: string;
+  httpPort: number;
+  grpcPort: number;
+  /** Every JSON log line so far. */
+  logs: Record<string, unknown>[];
+  /** Resolves with the exit code. */
+  exited: Promise<number | null>;
+  /** Sends `signal` and waits for the exit code. */
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+export interface ServerProcessOptions {
+  /** The server's entry point (default apps/server/dist/main.js: build it first). */
+  main?: string;
+  /** Working directory (default apps/server). */
+  cwd?: string;
+}
+
+/**
+ * Starts the server with `args` on ports 0 (HTTP, gRPC, metrics) and no model
+ * fetching; resolves once it logs "server started", with the ports it logged.
+ */
+export async function startServerProcess(args: string[], options: ServerProcessOptions = {}): Promise<ServerProcess> {
+  const serverDir = join(repoRoot, "apps", "server");
+  const proc = spawn(
+    process.execPath,
+    [
+      options.main ?? join(serverDir, "dist", "main.js"),
+      "--http-port",
+      "0",
+      "--grpc-port",
+      "0",
+      "--metrics-port",
+      "0",
+      "--no-fetch-models",
+      ...args,
+    ],
+    { cwd: options.cwd ?? serverDir, stdio: ["ignore", "pipe", "pipe"] },
+  );
+  const logs: Record<string, unknown>[] = [];
+  const ports: Record<string, number> = {};
+  let stderr = "";
+  proc.stderr?.on("data", (d) => {
+    stderr += String(d);
+  });
+  const exited = new Promise<number | null>((resolve) => proc.on("exit", (code) => resolve(code)));
+  const started = new Promise<void>((resolve, reject) => {
+    const lines = createInterface({ input: proc.stdout as NodeJS.ReadableStream });
+    lines.on("line", (line) => {
+      let entry: Record<string, unknown>;
+      try {
+        entry = JSON.parse(line);
+      } catch {
+        return;
+      }
+      logs.push(entry);
+      if (entry.msg === "listening") ports[entry.protocol as string] = entry.port as number;
+      if (entry.msg === "server started") resolve();
+    });
+    exited.then((code) => reject(new Error(`server exited with ${code} before starting:\n${stderr}`)));
+  });
+  await started;
+  const host = "http://127.0.0.1";
+  return {
+    proc,
+    logs,
+    exited,
+    httpPort: ports.http as number,
+    grpcPort: ports.grpc as number,
+    http: `${host}:${ports.http}`,
+    grpc: `${host}:${ports.grpc}`,
+    metrics: `${host}:${ports.metrics}`,
+    stop: async (signal = "SIGTERM") => {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
+      return exited;
+    },
+  };
+}
