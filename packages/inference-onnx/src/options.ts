@@ -4,7 +4,7 @@
  */
 import { availableParallelism } from "node:os";
 import { type ModelConfig, ModelInstanceGroup_Kind } from "@trellis/protocol";
-import { Code, configInteger, configParameter, StageError } from "@trellis/stage";
+import { type BatchingStrategy, Code, configInteger, configParameter, StageError } from "@trellis/stage";
 
 /** One session to create: which execution providers, which device. */
 export interface InstancePlan {
@@ -93,5 +93,38 @@ export function sessionOptions(config: ModelConfig, plan: InstancePlan, cpuInsta
     executionMode,
     graphOptimizationLevel,
     executionProviders,
+    ...(allowSpinning(config)
+      ? {}
+      : { extra: { session: { intra_op: { allow_spinning: "0" }, inter_op: { allow_spinning: "0" } } } }),
   };
+}
+
+/**
+ * Parameter `allow_spinning` (default false): ORT's pool threads busy-wait
+ * for work after each run. That buys little here and steals the cores that
+ * preprocessing, gRPC and the event loop share with inference.
+ */
+function allowSpinning(config: ModelConfig): boolean {
+  const v = (configParameter(config, "allow_spinning") ?? "false").toLowerCase();
+  if (v !== "true" && v !== "false") {
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `parameter allow_spinning: expected true or false, got "${v}"`,
+    );
+  }
+  return v === "true";
+}
+
+/** Parameter `dynamic_batching_strategy`: "eager" (default) or "delay" (Triton's rule); see @trellis/stage's batcher. */
+export function batchingStrategy(config: ModelConfig): BatchingStrategy {
+  const v = configParameter(config, "dynamic_batching_strategy") ?? "eager";
+  if (v !== "delay" && v !== "eager") {
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `parameter dynamic_batching_strategy: expected "delay" or "eager", got "${v}"`,
+    );
+  }
+  return v;
 }

@@ -39,7 +39,7 @@ import {
   ortTypeOf,
   readOnnxMetadataProps,
 } from "./model.js";
-import { planInstances, sessionOptions } from "./options.js";
+import { batchingStrategy, planInstances, sessionOptions } from "./options.js";
 import type { WireTensor } from "./protocol.js";
 import { SessionWorker } from "./session-worker.js";
 
@@ -285,6 +285,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     maxBatchSize: config.maxBatchSize,
     dynamicBatching,
     instances: workers.length,
+    strategy: batchingStrategy(config),
     recorder,
     validate: requestValidator(config),
     execute: async (batch, ctx) => {

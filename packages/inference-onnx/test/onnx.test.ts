@@ -150,7 +150,8 @@ function equalityTests(label: string, key: string, modelPath: () => string) {
         modelPath(),
         `platform: "onnxruntime_onnx"
          max_batch_size: 8
-         dynamic_batching { preferred_batch_size: [8] max_queue_delay_microseconds: 5000000 }`,
+         dynamic_batching { preferred_batch_size: [8] max_queue_delay_microseconds: 5000000 }
+         parameters { key: "dynamic_batching_strategy" value: { string_value: "delay" } }`,
       );
       const sizes = [1, 2, 3, 4, 1, 3];
       const requests = sizes.map((n, i) => imageRequest(n, 100 + i));
@@ -394,7 +395,8 @@ describe("hand-built ONNX models", () => {
       "toy",
       toy,
       `max_batch_size: 16
-       dynamic_batching { max_queue_delay_microseconds: 5000000 preferred_batch_size: [10] }`,
+       dynamic_batching { max_queue_delay_microseconds: 5000000 preferred_batch_size: [10] }
+       parameters { key: "dynamic_batching_strategy" value: { string_value: "delay" } }`,
     );
     expect(stage.config.input.map((i) => i.name)).toEqual(["a", "b", "s"]);
     const requests = [1, 2, 3, 4].map(

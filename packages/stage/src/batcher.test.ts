@@ -1,7 +1,7 @@
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { ModelDynamicBatchingSchema, ModelQueuePolicy_TimeoutAction, ModelQueuePolicySchema } from "@trellis/protocol";
 import { describe, expect, it } from "vitest";
-import { type BatchContext, createDynamicBatcher } from "./batcher.js";
+import { type BatchContext, type BatchingStrategy, createDynamicBatcher } from "./batcher.js";
 import { Code, StageError } from "./errors.js";
 import type { InferOptions, InferRequest, InferResponse } from "./stage.js";
 import { StatisticsRecorder } from "./statistics.js";
@@ -23,7 +23,7 @@ function req(rows: number, seed: number, width = 2, id?: string): InferRequest {
 function harness(
   maxBatchSize: number,
   db?: MessageInitShape<typeof ModelDynamicBatchingSchema>,
-  extra: { instances?: number } = {},
+  extra: { instances?: number; strategy?: BatchingStrategy } = {},
 ) {
   const executions: { sizes: number[]; ids: (string | undefined)[]; instance: number }[] = [];
   let gate: Promise<void> | undefined;
@@ -36,6 +36,8 @@ function harness(
     maxBatchSize,
     dynamicBatching: db ? create(ModelDynamicBatchingSchema, db) : undefined,
     instances: extra.instances,
+    // Most cases here pin down Triton's delay rule; the eager default has its own test.
+    strategy: extra.strategy ?? "delay",
     recorder,
     validate: (r) => {
       for (const t of r.inputs) {
@@ -189,6 +191,20 @@ describe("createDynamicBatcher", () => {
     await Promise.all([blocker, ...six]);
     // 4 (preferred) at once, then the 2 left over together once the delay expired.
     expect(h.sizes()).toEqual([4, 4, 2]);
+  });
+
+  it("eager: an idle instance runs what is queued at once; batches form while it is busy", async () => {
+    const h = harness(8, { preferredBatchSize: [4], maxQueueDelayMicroseconds: 60_000_000n }, { strategy: "eager" });
+    h.hold();
+    const first = h.infer(req(1, 0)); // idle: runs at once despite the minute-long delay
+    await settle();
+    expect(h.sizes()).toEqual([1]);
+    const busy = [1, 2, 3].map((i) => h.infer(req(1, i)));
+    await settle();
+    expect(h.batcher.queued).toBe(3); // the only instance is busy: they wait and merge
+    h.release();
+    await Promise.all([first, ...busy]);
+    expect(h.sizes()).toEqual([1, 3]);
   });
 
   it("holds a batch below the preferred size until the delay expires", async () => {

@@ -34,6 +34,8 @@ export interface BatchResult {
 
 export type BatchExecutor = (batch: InferRequest, context: BatchContext) => Promise<BatchResult>;
 
+export type BatchingStrategy = "delay" | "eager";
+
 export interface DynamicBatcherOptions {
   /** Model name: prefixes errors and fills InferResponse.modelName. */
   name: string;
@@ -46,6 +48,14 @@ export interface DynamicBatcherOptions {
   /** Executions allowed in flight at once (instance_group count); default 1. */
   instances?: number;
   execute: BatchExecutor;
+  /**
+   * "eager" (default): an idle instance takes whatever is queued at once, so
+   * batches form while every instance is busy: no added latency at low load,
+   * full batches under saturation. "delay" (Triton's rule): a batch short of
+   * a preferred size waits up to max_queue_delay for more requests, even
+   * while instances sit idle (a lone request always waits the full delay).
+   */
+  strategy?: BatchingStrategy;
   /** Checks one request before it is queued, so a bad request fails alone (throw a StageError). */
   validate?: (request: InferRequest) => void;
   recorder: StatisticsRecorder;
@@ -129,7 +139,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
   const version = options.version ?? recorder.version;
   const batching = db !== undefined && maxBatchSize > 0;
   const preferred = new Set((db?.preferredBatchSize ?? []).filter((n) => n > 0 && n <= maxBatchSize));
-  const delayNs = Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
+  const delayNs = (options.strategy ?? "eager") === "eager" ? 0 : Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
   const instances = Math.max(1, options.instances ?? 1);
   const { levels, defaultIndex } = buildLevels(db);
   const free = Array.from({ length: instances }, (_, i) => instances - 1 - i);

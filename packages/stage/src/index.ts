@@ -1,6 +1,7 @@
 export {
   type BatchContext,
   type BatchExecutor,
+  type BatchingStrategy,
   type BatchResult,
   createDynamicBatcher,
   type DynamicBatcher,

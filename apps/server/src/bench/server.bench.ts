@@ -1,59 +1,63 @@
 /**
- * End-to-end: the server process (seed ensemble, shared MobileNetV2 as the
- * inference model) driven over gRPC on loopback with 1920x1080 JPEGs,
- * against bare ONNX Runtime in this process (sharp preprocessing +
- * InferenceSession.run on the same model), in the same run.
- *  - throughput: CONCURRENCY requests in flight for SECONDS, both sides;
- *  - latency at concurrency 1: server p50 vs bare preprocess p50 + inference p50.
- * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_CONCURRENCY, BENCH_LATENCY_N.
+ * End-to-end: the server process (the seed ensemble) driven over gRPC on
+ * loopback with 1920x1080 JPEGs, against bare ONNX Runtime on the same model
+ * in this process, in the same run:
+ *  - bare ORT: InferenceSession.run on ready tensors (inference only): the baseline;
+ *  - hand-rolled loop: sharp preprocessing + InferenceSession.run, no server: the
+ *    compute ceiling of decode + inference on this machine;
+ *  - the server, for a few configurations.
+ * Throughput: CONCURRENCY requests in flight for SECONDS. Latency: p50 of
+ * sequential requests against the preprocess stage's own p50 (same mode, in
+ * this process) + bare inference p50 + 2 ms, i.e. the server may add 2 ms.
+ * The model is the synthetic ResNet-50 (ResNet-50's real cost) unless
+ * BENCH_MODEL=mobilenet picks the shared MobileNetV2 int8.
+ * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_CONCURRENCY, BENCH_LATENCY_N, BENCH_MODEL.
  */
-import { spawn } from "node:child_process";
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { copyFile, mkdtemp, readFile } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
-import { frameBytes } from "@trellis/stage";
+import { createPreprocess } from "@trellis/preprocess";
+import { GRPCInferenceService, ModelInferRequestSchema, parseModelConfig } from "@trellis/protocol";
+import { bytesTensor, frameBytes, grpcTransport } from "@trellis/stage";
+import {
+  fixtureImagesDir,
+  MOBILENET_PATH,
+  makeSeedRepository,
+  modelsDir,
+  removeDir,
+  startServerProcess,
+} from "@trellis/testing";
+import { synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import sharp from "sharp";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
 const LATENCY_N = Number(process.env.BENCH_LATENCY_N ?? 40);
-
-const root = join(import.meta.dirname, "..", "..", "..", "..");
-const shared = join(root, "..", "shared");
-const MODEL = join(shared, "models", "mobilenetv2-12-int8.onnx");
+const USE_MOBILENET = process.env.BENCH_MODEL === "mobilenet";
 const PHOTOS = ["chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg", "camera.jpg", "motorcycle_left.jpg"];
 
-/**
- * The seed repository; `queueDelayUs` replaces the seed's
- * max_queue_delay_microseconds (100000) when given, `fast` switches
- * preprocess from OpenCV-exact "seed" mode to sharp's fast path.
- */
-async function seedRepository(queueDelayUs?: number, fast = false): Promise<string> {
-  const repo = await mkdtemp(join(tmpdir(), "trellis-server-bench-"));
-  for (const name of (await readdir(join(root, "models"))).filter((n) => n.startsWith("resnet50_"))) {
-    await mkdir(join(repo, name, "1"), { recursive: true });
-    let config = await readFile(join(root, "models", name, "config.pbtxt"), "utf8");
-    if (queueDelayUs !== undefined) {
-      config = config.replace(/max_queue_delay_microseconds: \d+/, `max_queue_delay_microseconds: ${queueDelayUs}`);
-    }
-    if (fast && name === "resnet50_preprocess") {
-      config += '\nparameters {\n  key: "mode"\n  value: { string_value: "fast" }\n}\n';
-    }
-    await writeFile(join(repo, name, "config.pbtxt"), config);
-  }
-  await copyFile(MODEL, join(repo, "resnet50_inference", "1", "model.onnx"));
-  await copyFile(
-    join(shared, "models", "imagenet_classes.txt"),
-    join(repo, "resnet50_postprocess", "1", "imagenet_classes.txt"),
-  );
-  return repo;
+interface ServerSetup {
+  label: string;
+  /** Inference's dynamic_batching_strategy (default eager). */
+  strategy?: "delay";
+  mode: "seed" | "fast";
 }
+
+const SETUPS: ServerSetup[] = [
+  { label: "models/ as committed (preprocess seed, batching eager)", mode: "seed" },
+  { label: "preprocess fast, batching eager", mode: "fast" },
+  {
+    label: "Triton's batching rule (strategy delay: 100 ms max_queue_delay), preprocess seed",
+    strategy: "delay",
+    mode: "seed",
+  },
+];
+
+const parameter = (key: string, value: string) =>
+  `\nparameters {\n  key: "${key}"\n  value: { string_value: "${value}" }\n}\n`;
 
 /** The shared photos as 1920x1080 JPEGs (quality 90), like a camera frame. */
 async function fullHdPhotos(): Promise<Uint8Array[]> {
@@ -61,10 +65,7 @@ async function fullHdPhotos(): Promise<Uint8Array[]> {
     PHOTOS.map(
       async (p) =>
         new Uint8Array(
-          await sharp(join(shared, "fixtures", "images", p))
-            .resize(1920, 1080, { fit: "cover" })
-            .jpeg({ quality: 90 })
-            .toBuffer(),
+          await sharp(join(fixtureImagesDir, p)).resize(1920, 1080, { fit: "cover" }).jpeg({ quality: 90 }).toBuffer(),
         ),
     ),
   );
@@ -73,8 +74,8 @@ async function fullHdPhotos(): Promise<Uint8Array[]> {
 const MEAN = [0.485, 0.456, 0.406];
 const STD = [0.229, 0.224, 0.225];
 
-/** Bare preprocessing with sharp: short side 256, centre crop 224, ImageNet normalisation, NCHW. */
-async function barePreprocess(image: Uint8Array): Promise<Float32Array> {
+/** Hand-rolled preprocessing with sharp: short side 256, centre crop 224, ImageNet normalisation, NCHW. */
+async function handRolledPreprocess(image: Uint8Array): Promise<Float32Array> {
   const { width = 0, height = 0 } = await sharp(image).metadata();
   const scale = 256 / Math.min(width, height);
   const w = Math.round(width * scale);
@@ -111,6 +112,7 @@ async function throughput(call: (i: number) => Promise<unknown>, concurrency: nu
 }
 
 async function p50(call: (i: number) => Promise<unknown>, n: number): Promise<number> {
+  for (let i = 0; i < 3; i++) await call(i);
   const times: number[] = [];
   for (let i = 0; i < n; i++) {
     const t = performance.now();
@@ -121,85 +123,30 @@ async function p50(call: (i: number) => Promise<unknown>, n: number): Promise<nu
   return times[Math.floor(times.length / 2)] as number;
 }
 
-async function startServer(repo: string) {
-  const proc = spawn(
-    process.execPath,
-    [
-      join(import.meta.dirname, "..", "main.js"),
-      "--model-repository",
-      repo,
-      "--http-port",
-      "0",
-      "--grpc-port",
-      "0",
-      "--metrics-port",
-      "0",
-      "--no-fetch-models",
-    ],
-    { stdio: ["ignore", "pipe", "inherit"] },
-  );
-  let grpcPort = 0;
-  await new Promise<void>((resolve, reject) => {
-    proc.once("exit", (code) => reject(new Error(`server exited with ${code}`)));
-    createInterface({ input: proc.stdout }).on("line", (line) => {
-      try {
-        const l = JSON.parse(line);
-        if (l.msg === "listening" && l.protocol === "grpc") grpcPort = l.port;
-        if (l.msg === "server started") resolve();
-      } catch {
-        // not a log line
-      }
-    });
+/** The preprocess stage's own p50 in this process, per mode. */
+async function preprocessP50(photos: Uint8Array[], mode: "seed" | "fast"): Promise<number> {
+  const config = parseModelConfig(await readFile(join(modelsDir, "resnet50_preprocess", "config.pbtxt"), "utf8"));
+  const stage = await createPreprocess({ config, mode });
+  const call = (i: number) => stage.infer({ inputs: [bytesTensor("RAW_IMAGE", [1, 1], [photos[i % photos.length]!])] });
+  const t = await p50(call, LATENCY_N);
+  await stage.close();
+  return t;
+}
+
+async function measureServer(model: string, photos: Uint8Array[], setup: ServerSetup) {
+  const repo = await makeSeedRepository({
+    prefix: "trellis-server-bench-",
+    editConfig: (name, text) => {
+      let t = text;
+      if (name === "resnet50_inference" && setup.strategy) t += parameter("dynamic_batching_strategy", setup.strategy);
+      if (name === "resnet50_preprocess" && setup.mode === "fast") t += parameter("mode", "fast");
+      return t;
+    },
   });
-  return { proc, url: `http://127.0.0.1:${grpcPort}` };
-}
-
-async function main() {
-  const photos = await fullHdPhotos();
-  const repo = await seedRepository();
-
-  // Bare ORT: same model, same process as its preprocessing.
-  const session = await ort.InferenceSession.create(MODEL);
-  const bareInfer = (t: Float32Array) =>
-    session.run({ [session.inputNames[0] as string]: new ort.Tensor("float32", t, [1, 3, 224, 224]) });
-  const bare = async (i: number) => bareInfer(await barePreprocess(photos[i % photos.length] as Uint8Array));
-  for (let i = 0; i < 6; i++) await bare(i); // warm-up
-  const bareRps = await throughput(bare, CONCURRENCY, SECONDS);
-  const tensors = await Promise.all(photos.map(barePreprocess));
-  const preP50 = await p50((i) => barePreprocess(photos[i % photos.length] as Uint8Array), LATENCY_N);
-  const inferP50 = await p50((i) => bareInfer(tensors[i % tensors.length] as Float32Array), LATENCY_N);
-  await session.release();
-
-  await rm(repo, { recursive: true, force: true });
-
-  console.log(
-    `\nserver.bench: ${cpus().length} CPUs, ${PHOTOS.length} photos at 1920x1080 JPEG, MobileNetV2 int8, concurrency ${CONCURRENCY} for ${SECONDS}s, p50 over ${LATENCY_N} sequential requests\n`,
-  );
-  console.log(
-    "| configuration | measure | bare ORT (sharp + InferenceSession, in-process) | server (gRPC, loopback, ensemble) | result |",
-  );
-  console.log("| --- | --- | --- | --- | --- |");
-  for (const [label, delay, fast] of [
-    ["seed configs (max_queue_delay 100 ms, preprocess mode seed)", undefined, false],
-    ["max_queue_delay 0, preprocess mode seed", 0, false],
-    ["max_queue_delay 0, preprocess mode fast", 0, true],
-  ] as const) {
-    const { rps, p50: serverP50 } = await measureServer(photos, delay, fast);
-    const budget = preP50 + inferP50 + 2;
-    console.log(
-      `| ${label} | throughput, concurrency ${CONCURRENCY} | ${bareRps.toFixed(1)} img/s | ${rps.toFixed(1)} img/s | ${(rps / bareRps).toFixed(2)}x bare (target >= 0.85x) |`,
-    );
-    console.log(
-      `| ${label} | p50, concurrency 1 | preprocess ${preP50.toFixed(1)} ms + inference ${inferP50.toFixed(1)} ms = ${(preP50 + inferP50).toFixed(1)} ms | ${serverP50.toFixed(1)} ms | ${serverP50 <= budget ? "within" : "over"} budget ${budget.toFixed(1)} ms |`,
-    );
-  }
-}
-
-async function measureServer(photos: Uint8Array[], queueDelayUs: number | undefined, fast: boolean) {
-  const repo = await seedRepository(queueDelayUs, fast);
-  const server = await startServer(repo);
+  await copyFile(model, join(repo, "resnet50_inference", "1", "model.onnx"));
+  const server = await startServerProcess(["--model-repository", repo]);
   try {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.url }));
+    const client = createClient(GRPCInferenceService, grpcTransport(server.grpc));
     const requests = photos.map((p) =>
       create(ModelInferRequestSchema, {
         modelName: "resnet50_ensemble",
@@ -207,15 +154,65 @@ async function measureServer(photos: Uint8Array[], queueDelayUs: number | undefi
         rawInputContents: [frameBytes([p])],
       }),
     );
-    const viaServer = (i: number) => client.modelInfer(requests[i % requests.length] as (typeof requests)[number]);
+    const viaServer = (i: number) => client.modelInfer(requests[i % requests.length]!);
     for (let i = 0; i < 6; i++) await viaServer(i);
     const rps = await throughput(viaServer, CONCURRENCY, SECONDS);
     return { rps, p50: await p50(viaServer, LATENCY_N) };
   } finally {
-    server.proc.kill("SIGTERM");
-    await new Promise((r) => server.proc.once("exit", r));
-    await rm(repo, { recursive: true, force: true });
+    await server.stop("SIGTERM");
+    await removeDir(repo);
   }
+}
+
+async function main() {
+  const photos = await fullHdPhotos();
+  const work = await mkdtemp(join(tmpdir(), "trellis-server-bench-model-"));
+  const model = USE_MOBILENET ? MOBILENET_PATH : join(work, "resnet50-synthetic.onnx");
+  if (!USE_MOBILENET) await synthesizeResNet50({ path: model });
+  const modelLabel = USE_MOBILENET ? "MobileNetV2 int8 (shared)" : "ResNet-50 v1.5 (synthetic weights, real cost)";
+
+  // Bare ORT with ORT's own defaults for a single session: every core intra-op, sequential.
+  const session = await ort.InferenceSession.create(model, {
+    intraOpNumThreads: cpus().length,
+    executionMode: "sequential",
+  });
+  const bareInfer = (t: Float32Array) =>
+    session.run({ [session.inputNames[0] as string]: new ort.Tensor("float32", t, [1, 3, 224, 224]) });
+  const tensors = await Promise.all(photos.map(handRolledPreprocess));
+  const inferOnly = (i: number) => bareInfer(tensors[i % tensors.length]!);
+  const handRolled = async (i: number) => bareInfer(await handRolledPreprocess(photos[i % photos.length]!));
+  for (let i = 0; i < 6; i++) await handRolled(i); // warm-up
+  const bareRps = await throughput(inferOnly, CONCURRENCY, SECONDS);
+  const loopRps = await throughput(handRolled, CONCURRENCY, SECONDS);
+  const inferP50 = await p50(inferOnly, LATENCY_N);
+  await session.release();
+  const preP50 = { seed: await preprocessP50(photos, "seed"), fast: await preprocessP50(photos, "fast") };
+
+  const rows: string[] = [];
+  for (const setup of SETUPS) {
+    const { rps, p50: serverP50 } = await measureServer(model, photos, setup);
+    const budget = preP50[setup.mode] + inferP50 + 2;
+    rows.push(
+      `| ${setup.label} | ${rps.toFixed(1)} img/s | ${(rps / bareRps).toFixed(2)}x | ${(rps / loopRps).toFixed(2)}x | ${serverP50.toFixed(1)} ms | ${preP50[setup.mode].toFixed(1)} + ${inferP50.toFixed(1)} + 2 = ${budget.toFixed(1)} ms: ${serverP50 <= budget ? "within" : `over by ${(serverP50 - budget).toFixed(1)} ms`} |`,
+    );
+  }
+  await removeDir(work);
+
+  console.log(
+    `\nserver.bench: ${cpus().length} CPUs, ${modelLabel}, ${PHOTOS.length} photos as 1920x1080 JPEG, concurrency ${CONCURRENCY} for ${SECONDS}s, p50 over ${LATENCY_N} sequential requests\n`,
+  );
+  console.log(`bare ORT (inference only, ready tensors): ${bareRps.toFixed(1)} img/s, p50 ${inferP50.toFixed(1)} ms`);
+  console.log(
+    `hand-rolled sharp + ORT loop (no server): ${loopRps.toFixed(1)} img/s = ${(loopRps / bareRps).toFixed(2)}x bare`,
+  );
+  console.log(
+    `preprocess stage p50 in-process: seed ${preP50.seed.toFixed(1)} ms, fast ${preP50.fast.toFixed(1)} ms\n`,
+  );
+  console.log(
+    "| server configuration (gRPC, loopback, seed ensemble) | throughput | vs bare ORT (target >= 0.85x) | vs hand-rolled loop | p50, concurrency 1 | budget: preprocess + inference + 2 ms |",
+  );
+  console.log("| --- | --- | --- | --- | --- | --- |");
+  for (const r of rows) console.log(r);
 }
 
 await main();
