@@ -189,7 +189,7 @@ export function serveStage(target: Stage | ModelRegistry, options: ServeOptions 
  * round trip every 64 KiB; these let a whole batch flow at once.
  */
 export const HTTP2_WINDOW_BYTES = 32 * 1024 * 1024;
-export const HTTP2_SETTINGS: http2.Settings = { initialWindowSize: HTTP2_WINDOW_BYTES };
+export const HTTP2_SETTINGS: http2.Settings = { initialWindowSize: HTTP2_WINDOW_BYTES, maxFrameSize: 2 ** 24 - 1 };
 
 /** Widens a new session's connection-level window (settings only cover streams). */
 export function widenSessionWindow(session: http2.Http2Session): void {

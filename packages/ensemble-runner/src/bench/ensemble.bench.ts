@@ -9,9 +9,7 @@
  * Every measurement runs CONCURRENCY requests in flight, one photo each.
  * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_CONCURRENCY, BENCH_ROUNDS.
  */
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
-import { cpus, tmpdir } from "node:os";
-import { join } from "node:path";
+import { cpus } from "node:os";
 import { parseModelConfig } from "@trellis/protocol";
 import {
   type InferRequest,
@@ -21,32 +19,13 @@ import {
   type Tensor,
   tensor,
 } from "@trellis/stage";
+import { fixturePhotos, makeSeedRepository, readFixtureImage, removeDir } from "@trellis/testing";
 import { createEnsemble, loadStage, scanRepository } from "../index.js";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 32);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const PAIRS = Number(process.env.BENCH_PAIRS ?? 6);
-
-const root = join(import.meta.dirname, "..", "..", "..", "..");
-const shared = join(root, "..", "shared");
-
-async function seedRepository(): Promise<string> {
-  const repo = await mkdtemp(join(tmpdir(), "trellis-bench-"));
-  for (const name of (await readdir(join(root, "models"))).filter((n) => n.startsWith("resnet50_"))) {
-    await mkdir(join(repo, name, "1"), { recursive: true });
-    await copyFile(join(root, "models", name, "config.pbtxt"), join(repo, name, "config.pbtxt"));
-  }
-  await copyFile(
-    join(shared, "models", "mobilenetv2-12-int8.onnx"),
-    join(repo, "resnet50_inference", "1", "model.onnx"),
-  );
-  await copyFile(
-    join(shared, "models", "imagenet_classes.txt"),
-    join(repo, "resnet50_postprocess", "1", "imagenet_classes.txt"),
-  );
-  return repo;
-}
 
 /** Requests per second with `CONCURRENCY` callers looping over `requests` for SECONDS. */
 async function throughput(
@@ -127,7 +106,7 @@ async function runnerOverhead(): Promise<{ ensembleUs: number; directUs: number 
 }
 
 async function main() {
-  const repo = await seedRepository();
+  const repo = await makeSeedRepository({ prefix: "trellis-bench-" });
   try {
     const { models } = await scanRepository([repo]);
     const load = (name: string) => {
@@ -148,9 +127,7 @@ async function main() {
     const ensembleModel = models.find((x) => x.name === "resnet50_ensemble")!;
     const ensemble = await loadStage(ensembleModel, { version: "1", resolveStep: (m) => byName[m]! });
 
-    const images = join(shared, "fixtures", "images");
-    const files = (await readdir(images)).filter((f) => f !== "truncated.jpg").sort();
-    const raw = await Promise.all(files.map(async (f) => new Uint8Array(await readFile(join(images, f)))));
+    const raw = fixturePhotos().map(readFixtureImage);
     const rawRequests = raw.map((b) => ({ inputs: [tensor("RAW_IMAGE", "BYTES", [1, 1], [b])] }));
     // Inputs for the later stages alone: what the earlier stages produce for the same photos.
     const pixels = await Promise.all(rawRequests.map(async (r) => (await pre.infer(r)).outputs[0]!));
@@ -217,7 +194,7 @@ async function main() {
     await ensemble.close();
     await Promise.all([pre.close(), inf.close(), post.close()]);
   } finally {
-    await rm(repo, { recursive: true, force: true });
+    await removeDir(repo);
   }
 }
 
