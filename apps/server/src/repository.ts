@@ -303,14 +303,9 @@ export class RepositoryManager implements ModelRegistry {
     if (!e.model) throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
     const model = e.model;
     if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name]));
-    await this.enqueue(e, () => this.loadEntry(e, model));
-    const failed = [...e.versions.values()].filter((v) => v.state !== "READY");
-    if (failed.length > 0) {
-      throw new StageError(
-        Code.InvalidArgument,
-        "",
-        `failed to load '${name}': ${failed.map((v) => `version ${v.version}: ${v.reason}`).join("; ")}`,
-      );
+    const failures = await this.enqueue(e, () => this.loadEntry(e, model));
+    if (failures.length > 0) {
+      throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${failures.join("; ")}`);
     }
   }
 
@@ -329,14 +324,19 @@ export class RepositoryManager implements ModelRegistry {
     }
   }
 
-  private async loadEntry(e: ModelEntry, model: RepositoryModel): Promise<void> {
+  /**
+   * Loads the versions the policy selects and unloads the others. Returns
+   * why each selected version failed (versions unloaded because the policy
+   * no longer selects them are not failures).
+   */
+  private async loadEntry(e: ModelEntry, model: RepositoryModel): Promise<string[]> {
     const wanted = selectVersions(model.config, model.versions);
     if (wanted.length === 0) {
       const reason = `no version is available (version folders: [${model.versions.join(", ")}])`;
       e.versions.set("", { version: "", state: "UNAVAILABLE", reason });
       e.loadedFrom = undefined;
       this.opts.logger.error({ model: model.name, state: "UNAVAILABLE", reason }, "model failed to load");
-      return;
+      return [reason];
     }
     e.versions.delete("");
     e.loadedFrom = `${model.versions.join(",")}\n${await readFile(model.configPath, "utf8").catch(() => "")}`;
@@ -351,8 +351,9 @@ export class RepositoryManager implements ModelRegistry {
         if (previous?.state === "READY" && previous.stage) return;
         const entry: VersionEntry = { version, state: "LOADING", reason: "" };
         e.versions.set(version, entry);
+        let stage: Stage | undefined;
         try {
-          const stage = await this.opts.loader.loadStage(model, {
+          stage = await this.opts.loader.loadStage(model, {
             version,
             resolveStep: (step, stepVersion) => this.stepStage(step, stepVersion),
             repositories: this.opts.repositories,
@@ -371,9 +372,19 @@ export class RepositoryManager implements ModelRegistry {
             { model: model.name, version, state: "UNAVAILABLE", reason: entry.reason },
             "model failed to load",
           );
+          // Loaded but never ready (warmup failed): release its sessions and workers.
+          await stage
+            ?.close()
+            .catch((closeErr: unknown) =>
+              this.opts.logger.warn({ model: model.name, version, err: String(closeErr) }, "error closing model"),
+            );
         }
       }),
     );
+    return wanted.flatMap((version) => {
+      const v = e.versions.get(version);
+      return v && v.state !== "READY" ? [`version ${version}: ${v.reason}`] : [];
+    });
   }
 
   /**

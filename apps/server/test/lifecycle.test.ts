@@ -3,13 +3,25 @@
  * HTTP and gRPC, unload with requests in flight, SIGTERM with requests in
  * flight, and a model that fails to load on request.
  */
+import { existsSync } from "node:fs";
+import { mkdir } from "node:fs/promises";
+import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CHAIN_CONFIG, echoConfig, floats, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
+import {
+  addModel,
+  CHAIN_CONFIG,
+  echoConfig,
+  floats,
+  makeRepository,
+  metricValue,
+  postJson,
+  scrape,
+} from "./helpers.js";
 
 const slowRequest = (delayMs: number, values = [1, 2, 3, 4]) => ({
   inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: values }],
@@ -143,6 +155,67 @@ describe("explicit model control", () => {
       inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data: [1, 1, 1, 1] }],
     });
     expect(back.json.outputs[0].data).toEqual([10, 10, 10, 10]);
+  });
+});
+
+describe("explicit model control: versions and failed warmup", () => {
+  let repo: string;
+  let server: ServerProcess;
+  beforeAll(async () => {
+    repo = await makeRepository({});
+    server = await startServerProcess(["--model-repository", repo, "--model-control-mode", "explicit"]);
+  });
+  afterAll(async () => {
+    expect(await server?.stop()).toBe(0);
+    await removeDir(repo);
+  });
+  const load = (model: string) => postJson(`${server.http}/v2/repository/models/${model}/load`, {});
+  const infer = (model: string) =>
+    postJson(`${server.http}/v2/models/${model}/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+    });
+
+  it("a load after a new version folder appears serves the new version and succeeds, the old one unloaded", async () => {
+    await addModel(repo, "versioned", { config: echoConfig("versioned", { params: { scale_by_version: "1" } }) });
+    expect((await load("versioned")).status).toBe(200);
+    expect((await infer("versioned")).json.outputs[0].data).toEqual([1, 2, 3, 4]);
+
+    // Default policy latest 1: version 2 replaces version 1, which is unloaded on purpose, not a failure.
+    await mkdir(join(repo, "versioned", "2"));
+    const reload = await load("versioned");
+    expect(reload.status, JSON.stringify(reload.json)).toBe(200);
+    expect((await infer("versioned")).json.outputs[0].data).toEqual([2, 4, 6, 8]);
+    const rows = (await postJson(`${server.http}/v2/repository/index`, {})).json as { name: string }[];
+    expect(rows.filter((r) => r.name === "versioned")).toEqual([
+      { name: "versioned", version: "1", state: "UNAVAILABLE", reason: "unloaded" },
+      { name: "versioned", version: "2", state: "READY" },
+    ]);
+  });
+
+  it("closes a stage that loaded but failed its warmup", async () => {
+    // A self-contained model.js: loads, then fails its readiness check; close() leaves a marker file.
+    const marker = join(repo, "cold", "1", "closed");
+    await addModel(repo, "cold", {
+      config: `name: "cold"\nbackend: "typescript"\nmax_batch_size: 0\n`,
+      files: {
+        "1/model.js": `import { writeFileSync } from "node:fs";
+export function createStage({ config, version }) {
+  return {
+    name: config.name, version, config,
+    isReady: async () => { throw new Error("warmup failed: no device"); },
+    metadata: () => ({ name: config.name, versions: [version], platform: "", inputs: [], outputs: [] }),
+    infer: async () => { throw new Error("never ready"); },
+    statistics: () => { throw new Error("never ready"); },
+    close: async () => writeFileSync(${JSON.stringify(marker)}, "closed"),
+  };
+}
+`,
+      },
+    });
+    const failed = await load("cold");
+    expect(failed.status).toBe(400);
+    expect(failed.json.error).toContain("warmup failed: no device");
+    expect(existsSync(marker)).toBe(true);
   });
 });
 
