@@ -42,19 +42,25 @@ class WideWindowSessionManager extends Http2SessionManager {
   }
 }
 
+/** A transport that owns its HTTP/2 connection: close() ends it (and any call still on it). */
+export interface ClosableTransport extends Transport {
+  close(): void;
+}
+
 /** A gRPC transport (HTTP/2) to a KServe v2 endpoint such as "http://127.0.0.1:8001" (or https:// with `tls`). */
 export function grpcTransport(
   baseUrl: string,
   options: { headers?: Record<string, string>; tls?: GrpcTlsOptions; connectTimeoutMs?: number } = {},
-): Transport {
+): ClosableTransport {
   const headers = options.headers;
-  return createGrpcTransport({
+  const sessionManager = new WideWindowSessionManager(
     baseUrl,
-    sessionManager: new WideWindowSessionManager(
-      baseUrl,
-      options.connectTimeoutMs !== undefined ? { connectTimeoutMs: options.connectTimeoutMs } : {},
-      { settings: HTTP2_SETTINGS, ...options.tls },
-    ),
+    options.connectTimeoutMs !== undefined ? { connectTimeoutMs: options.connectTimeoutMs } : {},
+    { settings: HTTP2_SETTINGS, ...options.tls },
+  );
+  const transport = createGrpcTransport({
+    baseUrl,
+    sessionManager,
     // Tensors barely compress; asking for gzip only costs CPU on both ends.
     acceptCompression: [],
     interceptors: headers
@@ -66,6 +72,8 @@ export function grpcTransport(
         ]
       : [],
   });
+  // Without this an unloaded remote step keeps its idle connection open for Connect's 15-minute idle timeout.
+  return Object.assign(transport, { close: () => sessionManager.abort() });
 }
 
 /** An in-process transport to a stage or registry: no sockets, same code path as a remote call. */

@@ -19,6 +19,7 @@ export {
   tensorToRaw,
 } from "./codec.js";
 export {
+  type ClosableTransport,
   type ConnectStageOptions,
   connectStage,
   type GrpcTlsOptions,

@@ -1,3 +1,4 @@
+import type http2 from "node:http2";
 import * as grpc from "@grpc/grpc-js";
 import { grpcJsInferenceClient } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -30,6 +31,28 @@ afterAll(async () => {
 });
 
 describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
+  it("ends the HTTP/2 connection when a grpcTransport is closed", async () => {
+    const own = await listenStage(echoStage());
+    try {
+      const open = new Set<http2.ServerHttp2Session>();
+      own.server.on("session", (s) => {
+        open.add(s);
+        s.on("close", () => open.delete(s));
+      });
+      const transport = grpcTransport(own.url);
+      const remote = await connectStage(transport, "echo");
+      await remote.infer(request());
+      const [session] = [...open];
+      expect(open.size).toBe(1);
+      const ended = new Promise((resolve) => session?.once("close", resolve));
+      transport.close();
+      await ended;
+      expect(open.size).toBe(0);
+    } finally {
+      await own.close();
+    }
+  });
+
   it("answers ModelInfer through our Connect client, tensors intact", async () => {
     const remote = await connectStage(grpcTransport(server.url), "echo");
     const res = await remote.infer(request());
