@@ -48,7 +48,28 @@ const exists = async (path: string) => (await stat(path).catch(() => undefined))
 export async function connectRemote(name: string, url: string, version = ""): Promise<Stage> {
   const options: ConnectStageOptions = { remoteLabel: url };
   if (version) options.version = version;
-  return connectStage(grpcTransport(url), name, options);
+  const transport = grpcTransport(url);
+  let stage: Stage;
+  try {
+    stage = await connectStage(transport, name, options);
+  } catch (err) {
+    transport.close();
+    throw err;
+  }
+  // The stage owns its connection: closing it (unload, ensemble close) ends the HTTP/2 session.
+  return {
+    name: stage.name,
+    version: stage.version,
+    config: stage.config,
+    isReady: () => stage.isReady(),
+    metadata: () => stage.metadata(),
+    infer: (request, opts) => stage.infer(request, opts),
+    statistics: () => stage.statistics(),
+    close: async () => {
+      await stage.close();
+      transport.close();
+    },
+  };
 }
 
 /** The factory a module exports: `createStage`, else a default-exported function. */

@@ -1,4 +1,5 @@
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import type { ServerHttp2Session } from "node:http2";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
@@ -6,6 +7,7 @@ import { ModelParameterSchema } from "@trellis/protocol";
 import { Code, type InferRequest, listenStage, type Stage, tensor } from "@trellis/stage";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
+  connectRemote,
   type EnsembleStage,
   loadStage,
   type RepositoryModel,
@@ -199,6 +201,33 @@ describe("loadStage", () => {
       await viaParam.close();
     } finally {
       await server.close();
+    }
+  });
+});
+
+describe("connectRemote", () => {
+  it("ends its HTTP/2 connection when the stage closes, and when the remote model is not there", async () => {
+    const local = await loadStage(await find("scale"), { version: "2" });
+    const server = await listenStage(local);
+    const sessions: ServerHttp2Session[] = [];
+    server.server.on("session", (s) => sessions.push(s));
+    const ended = (s: ServerHttp2Session | undefined) =>
+      new Promise((resolve) => (s?.closed ? resolve(undefined) : s?.once("close", resolve)));
+    try {
+      const remote = await connectRemote("scale", server.url);
+      const res = await remote.infer({ inputs: [tensor("IN", "FP32", [1, 4], Float32Array.from([1, 2, 3, 4]))] });
+      expect(Array.from(res.outputs[0]?.data as Float32Array)).toEqual([10000, 20000, 30000, 40000]);
+      expect(sessions).toHaveLength(1);
+      await remote.close();
+      await ended(sessions[0]);
+
+      const missing = await connectRemote("nothing", server.url).catch((e) => e);
+      expect(missing.code).toBe(Code.NotFound);
+      expect(sessions).toHaveLength(2);
+      await ended(sessions[1]);
+    } finally {
+      await server.close();
+      await local.close();
     }
   });
 });
