@@ -137,27 +137,35 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
     connectTimeoutMs: Math.min(timeoutMs, 10_000),
   });
   const client = createClient(GRPCInferenceService, transport);
-  await waitReady(
-    client,
-    name,
-    remoteLabel,
-    remoteName,
-    remoteVersion,
-    options.readyTimeoutMs ?? DEFAULTS.readyTimeoutMs,
-  );
-  const remote = await connectStage(transport, remoteName, {
-    version: remoteVersion,
-    remoteLabel: endpoint,
-    timeoutMs,
-  });
   const localMetadata: StageMetadata = metadataFromConfig(config, [version]);
-  const plan: BridgePlan = checkRemote(
-    name,
-    remoteLabel,
-    { config, metadata: localMetadata },
-    { config: remote.config, metadata: await remote.metadata() },
-    options.allowFp16Conversion ?? false,
-  );
+  let remote: Stage;
+  let plan: BridgePlan;
+  try {
+    await waitReady(
+      client,
+      name,
+      remoteLabel,
+      remoteName,
+      remoteVersion,
+      options.readyTimeoutMs ?? DEFAULTS.readyTimeoutMs,
+    );
+    remote = await connectStage(transport, remoteName, {
+      version: remoteVersion,
+      remoteLabel: endpoint,
+      timeoutMs,
+    });
+    plan = checkRemote(
+      name,
+      remoteLabel,
+      { config, metadata: localMetadata },
+      { config: remote.config, metadata: await remote.metadata() },
+      options.allowFp16Conversion ?? false,
+    );
+  } catch (err) {
+    // A failed load leaves no connection behind.
+    transport.close();
+    throw err;
+  }
   const converted = [...plan.inputs, ...plan.outputs].filter((p) => p.local !== p.remote);
   if (converted.length > 0) {
     options.logger?.info(
@@ -268,6 +276,6 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
       }
     },
     statistics: (): ModelStatistics => stats.snapshot(),
-    close: async () => {},
+    close: async () => transport.close(),
   };
 }

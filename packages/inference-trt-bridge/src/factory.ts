@@ -28,10 +28,21 @@ export const PARAMETERS = {
 export function bridgeOptionsFromConfig(options: StageFactoryOptions): TrtBridgeOptions {
   const { config, modelDir } = options;
   const param = (key: string) => configParameter(config, key);
-  const int = (key: string) => configInteger(config, key);
+  const int = (key: string, min = 0) => configInteger(config, key, min);
   const file = (key: string) => {
     const v = param(key);
-    return v === undefined ? undefined : readFileSync(isAbsolute(v) ? v : join(modelDir, v));
+    if (v === undefined) return undefined;
+    const path = isAbsolute(v) ? v : join(modelDir, v);
+    try {
+      return readFileSync(path);
+    } catch (err) {
+      throw new StageError(
+        Code.InvalidArgument,
+        config.name,
+        `parameter ${key}: cannot read ${path}: ${err instanceof Error ? err.message : String(err)}`,
+        { cause: err },
+      );
+    }
   };
   const endpoint = param(PARAMETERS.endpoint);
   if (!endpoint) {
@@ -64,7 +75,8 @@ export function bridgeOptionsFromConfig(options: StageFactoryOptions): TrtBridge
     endpoint,
     modelName: param(PARAMETERS.remoteModelName),
     modelVersion: param(PARAMETERS.remoteModelVersion),
-    timeoutMs: int(PARAMETERS.timeoutMs),
+    // A 0 ms deadline would fail every request, so the smallest is 1.
+    timeoutMs: int(PARAMETERS.timeoutMs, 1),
     readyTimeoutMs: int(PARAMETERS.readyTimeoutMs),
     allowFp16Conversion: fp16 === "true",
     retries:

@@ -1,5 +1,5 @@
 import { readFileSync } from "node:fs";
-import http2 from "node:http2";
+import http2, { type ServerHttp2Session } from "node:http2";
 import { join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
@@ -124,6 +124,54 @@ parameters { key: "header:triton-grpc-protocol-infer" value: { string_value: "in
     await expect(createStage({ config, modelDir: ".", version: "1", versionDir: "1" })).rejects.toThrow(
       /parameter endpoint is required/,
     );
+    const withParams = (extra: string) =>
+      parseModelConfig(`
+name: "scale_bridge"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+parameters { key: "endpoint" value: { string_value: "http://127.0.0.1:1" } }
+${extra}`);
+    const zero = await rejection(
+      createStage({
+        config: withParams(`parameters { key: "timeout_ms" value: { string_value: "0" } }`),
+        modelDir: ".",
+        version: "1",
+        versionDir: "1",
+      }),
+    );
+    expect(zero.code).toBe(Code.InvalidArgument);
+    expect(zero.message).toContain('parameter timeout_ms: expected a whole number ≥ 1, got "0"');
+    const noCa = await rejection(
+      createStage({
+        config: withParams(`parameters { key: "tls_ca_file" value: { string_value: "missing-ca.pem" } }`),
+        modelDir: "/nonexistent",
+        version: "1",
+        versionDir: "/nonexistent/1",
+      }),
+    );
+    expect(noCa.code).toBe(Code.InvalidArgument);
+    expect(noCa.message).toMatch(/parameter tls_ca_file: cannot read \/nonexistent\/missing-ca\.pem: ENOENT/);
+  });
+
+  it("ends its HTTP/2 connection on close, and after a load that fails", async () => {
+    const server = await serve(scaleStage(scaleConfig()));
+    const sessions: ServerHttp2Session[] = [];
+    server.server.on("session", (s) => sessions.push(s));
+    const ended = (s: ServerHttp2Session | undefined) =>
+      new Promise((resolve) => (s?.closed ? resolve(undefined) : s?.once("close", resolve)));
+    const bridge = await createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "scale" });
+    await bridge.infer({ inputs: [batch(1)] });
+    expect(sessions).toHaveLength(1);
+    await bridge.close();
+    await ended(sessions[0]);
+
+    const mismatch = await rejection(
+      createTrtBridge({ config: localConfig({ dims: [5] }), endpoint: server.url, modelName: "scale" }),
+    );
+    expect(mismatch.code).toBe(Code.InvalidArgument);
+    expect(sessions).toHaveLength(2);
+    await ended(sessions[1]);
   });
 
   it("speaks TLS when given a CA", async () => {
