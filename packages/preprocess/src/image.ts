@@ -6,7 +6,7 @@
  */
 import sharp, { type Sharp, type SharpOptions } from "sharp";
 import type { Encoding, Mode } from "./options.js";
-import { type AxisTable, axisTable, resizeWindow, sourceSpan } from "./resize.js";
+import { type AxisTable, axisTable, type RowSink, resizeRows, sourceSpan } from "./resize.js";
 
 /** Why one element was rejected; the stage prefixes the element index. */
 export class ElementError extends Error {
@@ -186,27 +186,41 @@ const FAIL_ON = "truncated" as const;
 const LARGE_FILE = 512 * 1024;
 
 /**
- * Decodes one image to its crop: cropSize * cropSize * 3 bytes, RGB, row-major.
- * ICC profiles are ignored and alpha is dropped (not composited), as
- * OpenCV's IMREAD_COLOR does; EXIF orientation is applied, as imdecode does.
+ * Decodes one image to its crop, cropSize rows of cropSize RGB pixels, handed
+ * row by row to `sink`. ICC profiles are ignored and alpha is dropped (not
+ * composited), as OpenCV's IMREAD_COLOR does; EXIF orientation is applied, as
+ * imdecode does.
  */
-export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSettings): Promise<Uint8Array> {
+export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSettings, sink: RowSink): Promise<void> {
   const input = { failOn: FAIL_ON, limitInputPixels: s.maxPixels, ignoreIcc: true } as const;
   try {
-    // Small files: seed mode needs no geometry up front, so one libvips call does it all
+    if (s.mode === "seed" && format === "jpeg") {
+      // JPEG's geometry, components and orientation come from its own header, read here in
+      // microseconds: the decode then keeps only the rows and columns the crop reads.
+      const h = jpegHeader(bytes);
+      if (h !== undefined && h.components !== 4) {
+        const turned = h.orientation >= 5;
+        const size = { width: turned ? h.height : h.width, height: turned ? h.width : h.height };
+        checkPixels(size.width, size.height, s.maxPixels);
+        // Plain RGB, upright: no orientation or colour stage in the libvips pipeline at all.
+        const plain = h.components === 3 && h.orientation === 1;
+        return await decodeSeed(bytes, input, s, false, sink, size, plain);
+      }
+    }
+    // Other small files: seed mode needs no geometry up front, so one libvips call does it all
     // (JPEG's CMYK is told from its frame header; TIFF's only from libvips' metadata).
     // Large files: a header read first lets the decode keep only the rows and columns
     // the crop reads, which saves more than the extra call costs.
     if (s.mode === "seed" && format !== "tiff" && bytes.length < LARGE_FILE) {
-      return await decodeSeed(bytes, input, s, format === "jpeg" && jpegComponents(bytes) === 4);
+      return await decodeSeed(bytes, input, s, format === "jpeg" && jpegComponents(bytes) === 4, sink);
     }
     const meta = await sharp(bytes, input).metadata();
     const width = meta.autoOrient?.width ?? meta.width;
     const height = meta.autoOrient?.height ?? meta.height;
     if (!width || !height) throw new ElementError(`${format} image without dimensions`);
     checkPixels(width, height, s.maxPixels);
-    if (s.mode === "seed") return await decodeSeed(bytes, input, s, meta.space === "cmyk", { width, height });
-    return await decodeFast(bytes, input, cropGeometry(width, height, s.resizeSize, s.cropSize), s.cropSize);
+    if (s.mode === "seed") return await decodeSeed(bytes, input, s, meta.space === "cmyk", sink, { width, height });
+    return await decodeFast(bytes, input, cropGeometry(width, height, s.resizeSize, s.cropSize), s.cropSize, sink);
   } catch (err) {
     if (err instanceof ElementError) throw err;
     const reason = vipsReason(err);
@@ -232,22 +246,77 @@ function checkPixels(width: number, height: number, maxPixels: number): void {
 
 /** Number of colour components in a JPEG's frame header (4 = CMYK/YCCK), or 0 if not found. */
 export function jpegComponents(b: Uint8Array): number {
+  return jpegHeader(b)?.components ?? 0;
+}
+
+export interface JpegHeader {
+  width: number;
+  height: number;
+  components: number;
+  /** EXIF orientation (1..8; 1 when there is no EXIF orientation tag). */
+  orientation: number;
+}
+
+const u16 = (b: Uint8Array, i: number, le: boolean) =>
+  le ? (b[i] as number) | ((b[i + 1] as number) << 8) : ((b[i] as number) << 8) | (b[i + 1] as number);
+const u32 = (b: Uint8Array, i: number, le: boolean) =>
+  le ? u16(b, i, true) + u16(b, i + 2, true) * 65536 : u16(b, i, false) * 65536 + u16(b, i + 2, false);
+
+/**
+ * A JPEG's frame header (SOF) and EXIF orientation, read from the marker segments
+ * before the scan; undefined when anything is unusual (no frame header, a zero
+ * dimension, two EXIF blocks, an EXIF block that does not parse, an orientation
+ * outside 1..8), so the caller falls back to asking libvips.
+ */
+export function jpegHeader(b: Uint8Array): JpegHeader | undefined {
+  let orientation: number | undefined;
   let i = 2;
   while (i + 9 < b.length) {
-    if (b[i] !== 0xff) return 0;
+    if (b[i] !== 0xff) return undefined;
     const marker = b[i + 1] as number;
     if (marker === 0xff) {
       i++;
       continue;
     }
+    const len = u16(b, i + 2, false);
     // SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC).
     if (marker >= 0xc0 && marker <= 0xcf && marker !== 0xc4 && marker !== 0xc8 && marker !== 0xcc) {
-      return b[i + 9] as number;
+      const height = u16(b, i + 5, false);
+      const width = u16(b, i + 7, false);
+      if (width === 0 || height === 0) return undefined;
+      return { width, height, components: b[i + 9] as number, orientation: orientation ?? 1 };
     }
-    if (marker === 0xda) return 0;
-    i += 2 + (((b[i + 2] as number) << 8) | (b[i + 3] as number));
+    if (marker === 0xda) return undefined;
+    // APP1 "Exif\0\0": libvips takes the orientation from IFD0's tag 0x0112.
+    if (marker === 0xe1 && len >= 8 && ascii(b, i + 4, i + 10) === "Exif\0\0") {
+      if (orientation !== undefined) return undefined;
+      orientation = exifOrientation(b, i + 10, Math.min(b.length, i + 2 + len));
+      if (orientation === undefined) return undefined;
+    }
+    i += 2 + len;
   }
-  return 0;
+  return undefined;
+}
+
+/** Orientation from a TIFF-structured EXIF block at [tiff, end): 1 if absent, undefined if malformed. */
+function exifOrientation(b: Uint8Array, tiff: number, end: number): number | undefined {
+  if (tiff + 8 > end) return undefined;
+  const order = ascii(b, tiff, tiff + 2);
+  if (order !== "II" && order !== "MM") return undefined;
+  const le = order === "II";
+  if (u16(b, tiff + 2, le) !== 42) return undefined;
+  const ifd = tiff + u32(b, tiff + 4, le);
+  if (ifd + 2 > end) return undefined;
+  const count = u16(b, ifd, le);
+  if (ifd + 2 + count * 12 > end) return undefined;
+  for (let e = ifd + 2; e < ifd + 2 + count * 12; e += 12) {
+    if (u16(b, e, le) !== 0x0112) continue;
+    // SHORT, one value, stored in the entry itself.
+    if (u16(b, e + 2, le) !== 3 || u32(b, e + 4, le) !== 1) return undefined;
+    const v = u16(b, e + 8, le);
+    return v >= 1 && v <= 8 ? v : undefined;
+  }
+  return 1;
 }
 
 /** To 3-channel 8-bit sRGB: grey is replicated, palettes expanded, alpha dropped, 16-bit scaled down. */
@@ -260,9 +329,11 @@ async function decodeSeed(
   input: SharpOptions,
   s: DecodeSettings,
   cmyk: boolean,
+  sink: RowSink,
   size?: { width: number; height: number },
-): Promise<Uint8Array> {
-  let image = sharp(bytes, input).autoOrient();
+  plain = false,
+): Promise<void> {
+  let image = plain ? sharp(bytes, input) : sharp(bytes, input).autoOrient();
   let region = { left: 0, top: 0 };
   let tables: { xs: AxisTable; ys: AxisTable } | undefined;
   if (size) {
@@ -275,20 +346,32 @@ async function decodeSeed(
   }
   const { data, info } = await (cmyk
     ? image.pipelineColourspace("cmyk").toColourspace("cmyk").raw({ depth: "uchar" })
-    : toRgb8(image)
+    : plain
+      ? image.raw({ depth: "uchar" })
+      : toRgb8(image)
   ).toBuffer({ resolveWithObject: true });
   if (!cmyk && info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);
   const rgb = cmyk ? cmykToRgbLikeOpenCV(data, info.channels) : data;
   const { xs, ys } = tables ?? seedTables(info.width, info.height, s);
-  return resizeWindow(rgb, info.width, 3, xs, ys, region.left, region.top);
+  resizeRows(rgb, info.width, 3, xs, ys, region.left, region.top, sink);
 }
 
+// Coefficient tables by geometry: a service sees few distinct image sizes, and building
+// them costs about as much as the resize itself at 640x480. Bounded, cleared when full.
+const tableCache = new Map<string, { xs: AxisTable; ys: AxisTable }>();
+
 function seedTables(width: number, height: number, s: DecodeSettings): { xs: AxisTable; ys: AxisTable } {
+  const key = `${width} ${height} ${s.resizeSize} ${s.cropSize}`;
+  const cached = tableCache.get(key);
+  if (cached) return cached;
   const g = cropGeometry(width, height, s.resizeSize, s.cropSize);
-  return {
+  const tables = {
     xs: axisTable(width, g.resizedWidth, g.left, s.cropSize),
     ys: axisTable(height, g.resizedHeight, g.top, s.cropSize),
   };
+  if (tableCache.size >= 256) tableCache.clear();
+  tableCache.set(key, tables);
+  return tables;
 }
 
 /**
@@ -308,7 +391,13 @@ function cmykToRgbLikeOpenCV(data: Uint8Array, channels: number): Uint8Array {
   return out;
 }
 
-async function decodeFast(bytes: Uint8Array, input: SharpOptions, g: CropGeometry, crop: number): Promise<Uint8Array> {
+async function decodeFast(
+  bytes: Uint8Array,
+  input: SharpOptions,
+  g: CropGeometry,
+  crop: number,
+  sink: RowSink,
+): Promise<void> {
   const { data, info } = await toRgb8(
     sharp(bytes, input)
       .autoOrient()
@@ -316,7 +405,7 @@ async function decodeFast(bytes: Uint8Array, input: SharpOptions, g: CropGeometr
       .extract({ left: g.left, top: g.top, width: crop, height: crop }),
   ).toBuffer({ resolveWithObject: true });
   if (info.channels !== 3) throw new ElementError(`decoded to ${info.channels} channels, expected 3`);
-  return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  for (let y = 0; y < crop; y++) sink(y, data, y * crop * 3);
 }
 
 export type { Supported };

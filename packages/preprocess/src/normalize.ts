@@ -1,9 +1,11 @@
 /**
- * RGB uint8 crop -> (x / 255 - mean) / std in the configured channel order,
- * layout and float width, written straight into the batch's output array.
+ * RGB uint8 crop rows -> (x / 255 - mean) / std in the configured channel order,
+ * layout and float width, written straight into the batch's output array as the
+ * resize produces them (no intermediate crop image).
  */
 import { float32ToFloat16Bits } from "@trellis/stage";
 import type { ChannelOrder, Layout } from "./options.js";
+import type { RowSink } from "./resize.js";
 
 export interface NormalizeSettings {
   mean: readonly [number, number, number];
@@ -12,10 +14,16 @@ export interface NormalizeSettings {
   layout: Layout;
 }
 
+/** Per output channel, every uint8 value's normalised float (and its FP16 bits). */
+export interface NormalizeTables {
+  f32: Float32Array[];
+  f16: Uint16Array[];
+}
+
 /** A 256-entry lookup per output channel: every uint8 maps to one float. */
-export function lookupTables(s: NormalizeSettings): Float32Array[] {
+export function lookupTables(s: NormalizeSettings): NormalizeTables {
   const colours = s.channelOrder === "RGB" ? [0, 1, 2] : [2, 1, 0];
-  return colours.map((c) => {
+  const f32 = colours.map((c) => {
     const t = new Float32Array(256);
     const mean = Math.fround(s.mean[c] as number);
     const std = Math.fround(s.std[c] as number);
@@ -23,33 +31,74 @@ export function lookupTables(s: NormalizeSettings): Float32Array[] {
     for (let v = 0; v < 256; v++) t[v] = Math.fround(Math.fround(Math.fround(v / 255) - mean) / std);
     return t;
   });
+  const f16 = f32.map((t) => Uint16Array.from(t, (v) => float32ToFloat16Bits(v)));
+  return { f32, f16 };
 }
 
-/** Writes one crop (pixels x 3, RGB interleaved) at element offset `offset` of `out`. */
-export function writeNormalized(
-  rgb: Uint8Array,
-  pixels: number,
-  tables: Float32Array[],
+/**
+ * A RowSink writing one image's crop (rows of `width` RGB pixels, `height` rows) at
+ * element `offset` of `out`, normalised, in the configured channel order and layout.
+ */
+export function rowWriter(
+  tables: NormalizeTables,
   layout: Layout,
   channelOrder: ChannelOrder,
+  width: number,
+  height: number,
   out: Float32Array | Uint16Array,
   offset: number,
-): void {
-  const half = out instanceof Uint16Array;
-  const src = channelOrder === "RGB" ? [0, 1, 2] : [2, 1, 0];
-  for (let c = 0; c < 3; c++) {
-    const t = tables[c] as Float32Array;
-    const sc = src[c] as number;
-    if (layout === "NCHW") {
-      const base = offset + c * pixels;
-      if (half)
-        for (let p = 0; p < pixels; p++) out[base + p] = float32ToFloat16Bits(t[rgb[p * 3 + sc] as number] as number);
-      else for (let p = 0; p < pixels; p++) out[base + p] = t[rgb[p * 3 + sc] as number] as number;
-    } else {
-      if (half)
-        for (let p = 0; p < pixels; p++)
-          out[offset + p * 3 + c] = float32ToFloat16Bits(t[rgb[p * 3 + sc] as number] as number);
-      else for (let p = 0; p < pixels; p++) out[offset + p * 3 + c] = t[rgb[p * 3 + sc] as number] as number;
+): RowSink {
+  // Output channel c reads source channel src[c] through table c.
+  const [s0, s1, s2] = channelOrder === "RGB" ? [0, 1, 2] : [2, 1, 0];
+  const t = out instanceof Uint16Array ? tables.f16 : tables.f32;
+  return layout === "NCHW"
+    ? planarWriter(out, offset, width * height, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!)
+    : interleavedWriter(out, offset, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!);
+}
+
+type Table = Float32Array | Uint16Array;
+
+function planarWriter(
+  out: Table,
+  offset: number,
+  plane: number,
+  width: number,
+  t0: Table,
+  t1: Table,
+  t2: Table,
+  s0: number,
+  s1: number,
+  s2: number,
+): RowSink {
+  return (y, data, start) => {
+    const o0 = offset + y * width;
+    const o1 = o0 + plane;
+    const o2 = o1 + plane;
+    for (let x = 0, i = start; x < width; x++, i += 3) {
+      out[o0 + x] = t0[data[i + s0] as number] as number;
+      out[o1 + x] = t1[data[i + s1] as number] as number;
+      out[o2 + x] = t2[data[i + s2] as number] as number;
     }
-  }
+  };
+}
+
+function interleavedWriter(
+  out: Table,
+  offset: number,
+  width: number,
+  t0: Table,
+  t1: Table,
+  t2: Table,
+  s0: number,
+  s1: number,
+  s2: number,
+): RowSink {
+  return (y, data, start) => {
+    let o = offset + y * width * 3;
+    for (let x = 0, i = start; x < width; x++, i += 3, o += 3) {
+      out[o] = t0[data[i + s0] as number] as number;
+      out[o + 1] = t1[data[i + s1] as number] as number;
+      out[o + 2] = t2[data[i + s2] as number] as number;
+    }
+  };
 }

@@ -74,12 +74,76 @@ export function sourceSpan(t: AxisTable): { start: number; end: number } {
   return { start, end };
 }
 
+/** Receives one output row: `data[start .. start + width * channels)`. */
+export type RowSink = (y: number, data: Uint8Array, start: number) => void;
+
+// Scratch rows, reused across calls (resizeRows is synchronous, so nothing else can hold them).
+let scratch = { len: 0, p: new Int32Array(0), q: new Int32Array(0), out: new Uint8Array(0) };
+
 /**
  * Resizes the window described by `xs`/`ys` out of `src` (`srcWidth` pixels
  * per row, `channels` interleaved, rows starting at source row `rowOffset`
- * and column `colOffset` — the decoded region may be a sub-rectangle) into a
- * new `ys.length` x `xs.length` x `channels` uint8 buffer.
+ * and column `colOffset` — the decoded region may be a sub-rectangle) and
+ * hands each of the `ys.length` output rows (`xs.length` x `channels` uint8)
+ * to `sink` as soon as it is computed; the row's buffer is reused afterwards.
  */
+export function resizeRows(
+  src: Uint8Array,
+  srcWidth: number,
+  channels: number,
+  xs: AxisTable,
+  ys: AxisTable,
+  colOffset: number,
+  rowOffset: number,
+  sink: RowSink,
+): void {
+  const outW = xs.src0.length;
+  const outH = ys.src0.length;
+  const rowLen = outW * channels;
+  if (scratch.len !== rowLen) {
+    scratch = { len: rowLen, p: new Int32Array(rowLen), q: new Int32Array(rowLen), out: new Uint8Array(rowLen) };
+  }
+  const out = scratch.out;
+  // Per output column, packed in one array for locality: byte offsets of its two source
+  // pixels within a row, and their weights.
+  const cols = new Int32Array(outW * 4);
+  for (let x = 0; x < outW; x++) {
+    cols[4 * x] = ((xs.src0[x] as number) - colOffset) * channels;
+    cols[4 * x + 1] = ((xs.src1[x] as number) - colOffset) * channels;
+    cols[4 * x + 2] = xs.w0[x] as number;
+    cols[4 * x + 3] = xs.w1[x] as number;
+  }
+  const horizontal = channels === 3 ? horizontal3 : horizontalN;
+  // Horizontal-pass results for two source rows. The table's source rows only move forward,
+  // so two slots are enough for each row's pass to run once (OpenCV keeps a ring of rows too).
+  let rowP = scratch.p;
+  let rowQ = scratch.q;
+  let p = -1;
+  let q = -1;
+  const stride = srcWidth * channels;
+  for (let y = 0; y < outH; y++) {
+    const s0 = ys.src0[y] as number;
+    const s1 = ys.src1[y] as number;
+    if (p !== s0) {
+      if (q === s0) {
+        const t = rowP;
+        rowP = rowQ;
+        rowQ = t;
+        q = p;
+      } else horizontal(src, (s0 - rowOffset) * stride, cols, outW, channels, rowP);
+      p = s0;
+    }
+    if (q !== s1) {
+      if (s1 === s0) rowQ.set(rowP);
+      else horizontal(src, (s1 - rowOffset) * stride, cols, outW, channels, rowQ);
+      q = s1;
+    }
+    verticalRow(rowP, rowQ, ys.w0[y] as number, ys.w1[y] as number, out, rowLen);
+    sink(y, out, 0);
+  }
+}
+
+/** resizeRows into a new `ys.length` x `xs.length` x `channels` uint8 buffer. */
 export function resizeWindow(
   src: Uint8Array,
   srcWidth: number,
@@ -89,47 +153,54 @@ export function resizeWindow(
   colOffset = 0,
   rowOffset = 0,
 ): Uint8Array {
-  const outW = xs.src0.length;
-  const outH = ys.src0.length;
-  const rowLen = outW * channels;
-  const out = new Uint8Array(outH * rowLen);
-  // Per output column: byte offsets of its two source pixels within a row, and weights.
-  const offA = new Int32Array(outW);
-  const offB = new Int32Array(outW);
-  for (let x = 0; x < outW; x++) {
-    offA[x] = ((xs.src0[x] as number) - colOffset) * channels;
-    offB[x] = ((xs.src1[x] as number) - colOffset) * channels;
-  }
-  const { w0, w1 } = xs;
-  // Horizontal pass per source row, computed once: consecutive output rows share source rows.
-  const firstRow = ys.src0[0] ?? 0;
-  const rows: (Int32Array | undefined)[] = [];
-  const hrow = (sy: number): Int32Array => {
-    const cached = rows[sy - firstRow];
-    if (cached) return cached;
-    const row = new Int32Array(rowLen);
-    const base = (sy - rowOffset) * srcWidth * channels;
-    for (let x = 0, o = 0; x < outW; x++) {
-      const a = base + (offA[x] as number);
-      const b = base + (offB[x] as number);
-      const wa = w0[x] as number;
-      const wb = w1[x] as number;
-      for (let c = 0; c < channels; c++, o++) row[o] = (src[a + c] as number) * wa + (src[b + c] as number) * wb;
-    }
-    rows[sy - firstRow] = row;
-    return row;
-  };
-  for (let y = 0; y < outH; y++) {
-    const r0 = hrow(ys.src0[y] as number);
-    const r1 = hrow(ys.src1[y] as number);
-    const b0 = ys.w0[y] as number;
-    const b1 = ys.w1[y] as number;
-    const o = y * rowLen;
-    for (let i = 0; i < rowLen; i++) {
-      // SSE2's pmulhw: signed high 16 bits of the 16x16-bit products, then a rounding shift by 2.
-      // Weights are non-negative and sum to 2048, so the result is already within 0..255.
-      out[o + i] = (((((r0[i] as number) >> 4) * b0) >> 16) + ((((r1[i] as number) >> 4) * b1) >> 16) + 2) >> 2;
-    }
-  }
+  const rowLen = xs.src0.length * channels;
+  const out = new Uint8Array(ys.src0.length * rowLen);
+  resizeRows(src, srcWidth, channels, xs, ys, colOffset, rowOffset, (y, row) => out.set(row, y * rowLen));
   return out;
+}
+
+/** The horizontal pass over one source row starting at byte `base`, for 3 channels (unrolled). */
+function horizontal3(
+  src: Uint8Array,
+  base: number,
+  cols: Int32Array,
+  outW: number,
+  _channels: number,
+  row: Int32Array,
+): void {
+  for (let x = 0, o = 0, t = 0; x < outW; x++, o += 3, t += 4) {
+    const a = base + (cols[t] as number);
+    const b = base + (cols[t + 1] as number);
+    const wa = cols[t + 2] as number;
+    const wb = cols[t + 3] as number;
+    row[o] = (src[a] as number) * wa + (src[b] as number) * wb;
+    row[o + 1] = (src[a + 1] as number) * wa + (src[b + 1] as number) * wb;
+    row[o + 2] = (src[a + 2] as number) * wa + (src[b + 2] as number) * wb;
+  }
+}
+
+function horizontalN(
+  src: Uint8Array,
+  base: number,
+  cols: Int32Array,
+  outW: number,
+  channels: number,
+  row: Int32Array,
+): void {
+  for (let x = 0, o = 0, t = 0; x < outW; x++, t += 4) {
+    const a = base + (cols[t] as number);
+    const b = base + (cols[t + 1] as number);
+    const wa = cols[t + 2] as number;
+    const wb = cols[t + 3] as number;
+    for (let c = 0; c < channels; c++, o++) row[o] = (src[a + c] as number) * wa + (src[b + c] as number) * wb;
+  }
+}
+
+/** The vertical pass for one output row, as OpenCV's SSE2 kernel computes it. */
+function verticalRow(r0: Int32Array, r1: Int32Array, b0: number, b1: number, out: Uint8Array, rowLen: number): void {
+  for (let i = 0; i < rowLen; i++) {
+    // pmulhw: signed high 16 bits of the 16x16-bit products, then a rounding shift by 2.
+    // Weights are non-negative and sum to 2048, so the result is already within 0..255.
+    out[i] = (((((r0[i] as number) >> 4) * b0) >> 16) + ((((r1[i] as number) >> 4) * b1) >> 16) + 2) >> 2;
+  }
 }

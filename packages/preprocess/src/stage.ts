@@ -24,7 +24,7 @@ import {
   tensor,
 } from "@trellis/stage";
 import { decodeCrop, ElementError, unwrap } from "./image.js";
-import { lookupTables, writeNormalized } from "./normalize.js";
+import { lookupTables, rowWriter } from "./normalize.js";
 import { type PreprocessParameters, parametersFromConfig, resolveParameters } from "./options.js";
 
 export interface PreprocessOptions extends Partial<PreprocessParameters> {
@@ -174,16 +174,9 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
             if (failures.length > 0 || signal?.aborted) return;
             try {
               const { bytes, format } = unwrap(element, params.encoding, params.maxBytes);
-              const rgb = await decodeCrop(bytes, format, params);
-              writeNormalized(
-                rgb,
-                params.cropSize * params.cropSize,
-                tables,
-                params.layout,
-                params.channelOrder,
-                out,
-                index * perImage,
-              );
+              const c = params.cropSize;
+              const sink = rowWriter(tables, params.layout, params.channelOrder, c, c, out, index * perImage);
+              await decodeCrop(bytes, format, params, sink);
             } catch (err) {
               if (!(err instanceof ElementError)) throw err;
               failures.push({ index, reason: err.message });
