@@ -94,7 +94,8 @@ export class RepositoryManager implements ModelRegistry {
   private started = false;
   private closed = false;
   private pollTimer?: NodeJS.Timeout;
-  private readonly remoteSteps: Stage[] = [];
+  /** Remote ensemble steps by "name@version", shared by every ensemble (and reload) that uses them. */
+  private readonly remoteSteps = new Map<string, Promise<Stage>>();
   readonly repository: ModelRepositoryControl;
 
   constructor(options: RepositoryManagerOptions) {
@@ -139,7 +140,7 @@ export class RepositoryManager implements ModelRegistry {
       (a, b) => Number(b.model ? isEnsemble(b.model.config) : 0) - Number(a.model ? isEnsemble(a.model.config) : 0),
     );
     for (const e of entries) await this.enqueue(e, () => this.unloadEntry(e));
-    await Promise.all(this.remoteSteps.map((s) => s.close()));
+    await Promise.allSettled([...this.remoteSteps.values()].map(async (s) => (await s).close()));
   }
 
   // ---- ModelRegistry ----
@@ -395,9 +396,14 @@ export class RepositoryManager implements ModelRegistry {
     const v = version > 0n ? String(version) : "";
     const url = this.opts.endpoints[name];
     if (url && !this.models.get(name)?.versions.size) {
-      // A remote step that this server does not load itself.
-      const remote = await this.opts.loader.connectRemote(name, url, v);
-      this.remoteSteps.push(remote);
+      // A remote step that this server does not load itself: one connection however often ensembles reload.
+      const key = `${name}@${v}`;
+      let remote = this.remoteSteps.get(key);
+      if (!remote) {
+        remote = this.opts.loader.connectRemote(name, url, v);
+        this.remoteSteps.set(key, remote);
+        remote.catch(() => this.remoteSteps.delete(key));
+      }
       return remote;
     }
     const current = this.resolve(name, v);
