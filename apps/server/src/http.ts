@@ -40,6 +40,8 @@ export function httpStatus(code: Code): number {
       return 500;
     case Code.NotFound:
       return 404;
+    // Triton reports a full queue as UNAVAILABLE ("Exceeds maximum queue size"): 503, worth retrying.
+    case Code.ResourceExhausted:
     case Code.Unavailable:
     case Code.DeadlineExceeded:
       return 503;
@@ -142,7 +144,13 @@ export function restHandler(ctx: RestContext) {
   };
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = decodeURI((req.url ?? "/").split("?")[0] ?? "/");
+    const rawPath = (req.url ?? "/").split("?")[0] ?? "/";
+    let path: string;
+    try {
+      path = decodeURI(rawPath);
+    } catch {
+      throw new HttpError(400, `malformed percent-encoding in path ${rawPath}`);
+    }
     if (path === "/v2" || path === "/v2/") {
       requireMethod(req, "GET");
       return sendJson(res, 200, { name: ctx.serverName, version: ctx.serverVersion, extensions: ctx.extensions });
@@ -238,13 +246,17 @@ export function restHandler(ctx: RestContext) {
   }
 
   async function infer(req: IncomingMessage, res: ServerResponse, model: string, version: string): Promise<void> {
-    let stage: ReturnType<ModelRegistry["resolve"]>;
-    try {
-      stage = registry.resolve(model, version);
-    } catch (err) {
-      // Triton answers an infer on an unknown or unavailable model with 400 (HandleInfer's error callback).
-      return sendError(res, err, 400);
-    }
+    // Triton answers an infer on an unknown or unavailable model with 400 (HandleInfer's error callback).
+    const resolve = () => {
+      try {
+        return registry.resolve(model, version);
+      } catch (err) {
+        sendError(res, err, 400);
+        return undefined;
+      }
+    };
+    // Checked before the upload, like Triton; looked up again after it (below).
+    if (!resolve()) return;
     const body = await readBody(req);
     const headerLength = req.headers[HEADER_LENGTH];
     let jsonPart: Uint8Array = body;
@@ -263,6 +275,9 @@ export function restHandler(ctx: RestContext) {
     }
     const parsed = parseJson(jsonPart, "inference request") as JsonInferRequest;
     if (!Array.isArray(parsed.inputs)) throw new StageError(Code.InvalidArgument, "", "request has no 'inputs' array");
+    if (parsed.outputs !== undefined && !Array.isArray(parsed.outputs)) {
+      throw new StageError(Code.InvalidArgument, "", "'outputs' must be an array");
+    }
 
     let offset = 0;
     const inputs = parsed.inputs.map((t) => {
@@ -299,6 +314,8 @@ export function restHandler(ctx: RestContext) {
 
     const binaryOutputs = new Map<string, boolean>();
     const outputs: RequestedOutput[] | undefined = parsed.outputs?.map((o) => {
+      if (typeof o?.name !== "string")
+        throw new StageError(Code.InvalidArgument, "", "every output needs a string 'name'");
       const p = parametersFromJson(o.parameters, `output '${o.name}'`) ?? {};
       const { binary_data: bin, ...rest } = p;
       if (bin !== undefined) binaryOutputs.set(o.name, bin === true);
@@ -316,6 +333,9 @@ export function restHandler(ctx: RestContext) {
       outputs,
       parameters: Object.keys(stageParams).length > 0 ? stageParams : undefined,
     };
+    // The model may have been unloaded or reloaded while the body arrived: use what is loaded now.
+    const stage = resolve();
+    if (!stage) return;
     const response = await stage.infer(request, options);
 
     const chunks: Uint8Array[] = [];

@@ -45,9 +45,22 @@ function flatten(data: unknown, out: unknown[]): void {
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
+/** Value ranges of the fixed-width integer types; a typed array would silently wrap anything outside. */
+const INTEGER_RANGE: Partial<Record<DataType, [number, number]>> = {
+  INT8: [-(2 ** 7), 2 ** 7 - 1],
+  INT16: [-(2 ** 15), 2 ** 15 - 1],
+  INT32: [-(2 ** 31), 2 ** 31 - 1],
+  UINT8: [0, 2 ** 8 - 1],
+  UINT16: [0, 2 ** 16 - 1],
+  UINT32: [0, 2 ** 32 - 1],
+  // JSON numbers are doubles: past 2^53 the value a client wrote is already lost.
+  INT64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER],
+  UINT64: [0, Number.MAX_SAFE_INTEGER],
+};
+
 function element(name: string, datatype: DataType, v: unknown, i: number): unknown {
-  const wrong = () =>
-    bad(`input '${name}': element ${i} of 'data' is ${JSON.stringify(v)}, not a valid ${datatype} value`);
+  const wrong = (why = `not a valid ${datatype} value`) =>
+    bad(`input '${name}': element ${i} of 'data' is ${JSON.stringify(v)}, ${why}`);
   switch (datatype) {
     case "BYTES":
       if (typeof v !== "string") throw wrong();
@@ -55,17 +68,21 @@ function element(name: string, datatype: DataType, v: unknown, i: number): unkno
     case "BOOL":
       if (typeof v !== "boolean") throw wrong();
       return v;
-    case "INT64":
-    case "UINT64":
-      if (typeof v !== "number" || !Number.isInteger(v)) throw wrong();
-      return BigInt(v);
     case "FP32":
     case "FP64":
       if (typeof v !== "number") throw wrong();
       return v;
-    default:
+    default: {
       if (typeof v !== "number" || !Number.isInteger(v)) throw wrong();
-      return v;
+      const [min, max] = INTEGER_RANGE[datatype] ?? [v, v];
+      if (v < min || v > max) {
+        const big = datatype === "INT64" || datatype === "UINT64";
+        throw wrong(
+          `outside ${datatype}'s range ${min}..${max}${big ? " that JSON carries exactly (send larger values as binary data)" : ""}`,
+        );
+      }
+      return datatype === "INT64" || datatype === "UINT64" ? BigInt(v) : v;
+    }
   }
 }
 

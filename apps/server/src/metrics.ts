@@ -21,7 +21,7 @@ export interface Metrics {
   scrape(): Promise<string>;
 }
 
-export function createMetrics(source: MetricsSource): Metrics {
+export function createMetrics(source: MetricsSource, logger?: { warn(obj: object, msg?: string): void }): Metrics {
   const register = new Registry();
   collectDefaultMetrics({ register });
 
@@ -30,12 +30,18 @@ export function createMetrics(source: MetricsSource): Metrics {
   const rows = () => {
     if (!scrape) {
       scrape = Promise.all(
-        source.list().map(async (stage) => ({
-          labels: { model: stage.name, version: stage.version },
-          stats: await stage.statistics(),
-          pending: stage.inflight,
-        })),
-      );
+        source.list().map(async (stage): Promise<StatsRow[]> => {
+          const labels = { model: stage.name, version: stage.version };
+          try {
+            return [{ labels, stats: await stage.statistics(), pending: stage.inflight }];
+          } catch (err) {
+            // A model whose statistics cannot be read now (a remote one that is down) is left out
+            // of this scrape; it must not take every other model's metrics down with it.
+            logger?.warn({ ...labels, err: String(err) }, "statistics unavailable for metrics");
+            return [];
+          }
+        }),
+      ).then((perStage) => perStage.flat());
     }
     return scrape;
   };

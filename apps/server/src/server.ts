@@ -116,7 +116,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     res.on("close", done);
   });
 
-  const metrics = createMetrics(manager);
+  const metrics = createMetrics(manager, logger);
   const metricsServer = http.createServer((req, res) => {
     if (req.method === "GET" && (req.url ?? "").split("?")[0] === "/metrics") {
       metrics.scrape().then(

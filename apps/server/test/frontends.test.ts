@@ -282,6 +282,40 @@ describe("HTTP/REST", () => {
     expect((await fetch(`${server.http}/v2/models/echo/infer`)).status).toBe(405);
   });
 
+  it("rejects JSON it cannot take exactly, and malformed requests, with 400 naming the problem", async () => {
+    // A typed array would wrap 300 to 44 without a word.
+    const wraps = await postJson(`${server.http}/v2/models/echo/infer`, {
+      inputs: [{ name: "INPUT", datatype: "UINT8", shape: [1, 4], data: [1, 2, 300, 4] }],
+    });
+    expect(wraps.status).toBe(400);
+    expect(wraps.json.error).toBe("input 'INPUT': element 2 of 'data' is 300, outside UINT8's range 0..255");
+    const negative = await postJson(`${server.http}/v2/models/echo/infer`, {
+      inputs: [{ name: "INPUT", datatype: "UINT32", shape: [1, 4], data: [1, -1, 3, 4] }],
+    });
+    expect(negative.status).toBe(400);
+    expect(negative.json.error).toContain("element 1 of 'data' is -1, outside UINT32's range");
+    // 2^53 + 1 reaches the server as 2^53: refuse rather than answer for another number.
+    const inexact = await fetch(`${server.http}/v2/models/echo_int/infer`, {
+      method: "POST",
+      body: '{"inputs":[{"name":"INPUT","datatype":"INT64","shape":[1,2],"data":[9007199254740993,1]}]}',
+    });
+    expect(inexact.status).toBe(400);
+    expect((await jsonOf(inexact)).error).toContain("send larger values as binary data");
+    const exact = await postJson(`${server.http}/v2/models/echo_int/infer`, {
+      inputs: [{ name: "INPUT", datatype: "INT64", shape: [1, 2], data: [Number.MAX_SAFE_INTEGER, -1] }],
+    });
+    expect(exact.json.outputs[0].data).toEqual([Number.MAX_SAFE_INTEGER, -1]);
+
+    const outputs = await postJson(`${server.http}/v2/models/echo/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+      outputs: { name: "OUTPUT" },
+    });
+    expect(outputs).toEqual({ status: 400, json: { error: "'outputs' must be an array" } });
+    const badPath = await fetch(`${server.http}/v2/models/%E0%A4%A/ready`);
+    expect(badPath.status).toBe(400);
+    expect((await jsonOf(badPath)).error).toContain("malformed percent-encoding");
+  });
+
   it("applies the version policy: latest 2 of versions 1,2,3", async () => {
     const infer = (path: string) =>
       postJson(`${server.http}${path}/infer`, {

@@ -2,16 +2,21 @@
  * The repository manager in-process, with the production loader: what the
  * black-box tests cannot see from outside the server process.
  */
+import http from "node:http";
 import { parseModelConfig } from "@trellis/protocol";
-import { listenStage, tensor } from "@trellis/stage";
+import { Code, listenStage, type Stage, tensor } from "@trellis/stage";
 import { removeDir } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { httpStatus } from "../src/http.js";
 import { modelLoader } from "../src/loader.js";
+import { ManagedStage } from "../src/managed.js";
+import { createMetrics } from "../src/metrics.js";
 import { RepositoryManager } from "../src/repository.js";
+import { startServer } from "../src/server.js";
 import { createStage as createEchoStage } from "./fixtures/echo-stage.js";
 import { CHAIN_CONFIG, echoConfig, makeRepository } from "./helpers.js";
 
-const quiet = { info() {}, warn() {}, error() {} };
+const quiet = { info() {}, warn() {}, error() {}, debug() {} };
 
 let repo: string;
 beforeAll(async () => {
@@ -60,5 +65,89 @@ describe("remote ensemble steps", () => {
       await manager.close();
       await remote.close();
     }
+  });
+});
+
+describe("HTTP inference", () => {
+  it("runs on the model loaded when the body has arrived, not the one unloaded during the upload", async () => {
+    const manager = new RepositoryManager({
+      repositories: [repo],
+      loader: modelLoader(),
+      mode: "explicit",
+      loadModels: ["echo10"],
+      logger: quiet,
+    });
+    await manager.start();
+    const server = await startServer(manager, { httpPort: 0, grpcPort: 0, metricsPort: 0, logger: quiet });
+    try {
+      const body = JSON.stringify({ inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] });
+      const answer = new Promise<{ status: number; text: string }>((resolve, reject) => {
+        const req = http.request(
+          {
+            host: "127.0.0.1",
+            port: server.httpPort,
+            method: "POST",
+            path: "/v2/models/echo10/infer",
+            headers: { "content-length": Buffer.byteLength(body) },
+          },
+          (res) => {
+            let text = "";
+            res.on("data", (d) => {
+              text += String(d);
+            });
+            res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+          },
+        );
+        req.on("error", reject);
+        req.write(body.slice(0, 10));
+        // The server has the request (and its model) before the rest of the body comes.
+        setTimeout(async () => {
+          try {
+            await manager.unload("echo10");
+            await manager.load("echo10");
+            req.end(body.slice(10));
+          } catch (err) {
+            reject(err);
+          }
+        }, 200);
+      });
+      const { status, text } = await answer;
+      expect(status, text).toBe(200);
+      expect(JSON.parse(text).outputs[0].data).toEqual([10, 20, 30, 40]);
+    } finally {
+      await server.shutdown(5000);
+    }
+  });
+
+  it("answers a full queue (RESOURCE_EXHAUSTED) with 503, as Triton does for its UNAVAILABLE queue-full error", () => {
+    expect(httpStatus(Code.ResourceExhausted)).toBe(503);
+    expect(httpStatus(Code.InvalidArgument)).toBe(400);
+  });
+});
+
+describe("metrics", () => {
+  it("still answers when one model's statistics cannot be read, leaving only that model out", async () => {
+    const echo = createEchoStage({ config: parseModelConfig(echoConfig("echo")), version: "1" });
+    const down: Stage = {
+      ...echo,
+      name: "remote_down",
+      version: "1",
+      config: echo.config,
+      statistics: async () => {
+        throw new Error("remote model remote_down: connection refused");
+      },
+    };
+    const warnings: object[] = [];
+    const metrics = createMetrics(
+      { list: () => [new ManagedStage(echo), new ManagedStage(down)] },
+      { warn: (obj) => warnings.push(obj) },
+    );
+    await echo.infer({ inputs: [tensor("INPUT", "FP32", [1, 4], Float32Array.from([1, 2, 3, 4]))] });
+    const text = await metrics.scrape();
+    expect(text).toContain('nv_inference_request_success{model="echo",version="1"} 1');
+    expect(text).not.toContain('model="remote_down"');
+    expect(warnings).toEqual([
+      { model: "remote_down", version: "1", err: "Error: remote model remote_down: connection refused" },
+    ]);
   });
 });
