@@ -31,6 +31,8 @@ export interface RestContext {
   serverVersion: string;
   extensions: string[];
   logger: { debug(obj: object, msg?: string): void };
+  /** Largest request body accepted (default DEFAULT_HTTP_MAX_INPUT_BYTES). */
+  maxInputBytes?: number;
 }
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -87,9 +89,26 @@ function sendError(res: ServerResponse, err: unknown, status?: number): void {
   sendJson(res, status ?? httpStatus(ce.code), { error: ce.rawMessage });
 }
 
-async function readBody(req: IncomingMessage): Promise<Buffer> {
+/** Triton's default --http-max-input-size: 64 MiB. */
+export const DEFAULT_HTTP_MAX_INPUT_BYTES = 64 * 1024 * 1024;
+
+/** The request body, refused (400, as Triton does) once it passes `maxBytes`, before it is all buffered. */
+async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer> {
+  const tooLarge = (size: string) =>
+    new StageError(
+      Code.InvalidArgument,
+      "",
+      `request body of ${size} bytes exceeds the maximum allowed value of ${maxBytes} bytes; use --http-max-input-size to increase the limit`,
+    );
+  const declared = Number(req.headers["content-length"] ?? 0);
+  if (declared > maxBytes) throw tooLarge(String(declared));
   const chunks: Buffer[] = [];
-  for await (const chunk of req) chunks.push(chunk as Buffer);
+  let total = 0;
+  for await (const chunk of req) {
+    total += (chunk as Buffer).byteLength;
+    if (total > maxBytes) throw tooLarge(`more than ${maxBytes}`);
+    chunks.push(chunk as Buffer);
+  }
   return chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks);
 }
 
@@ -138,6 +157,7 @@ const REPO_ROUTE = /^\/v2\/repository\/models\/([^/]+)\/(load|unload)$/;
 /** A request handler for the REST API; answers 404 for paths it does not know. */
 export function restHandler(ctx: RestContext) {
   const { registry } = ctx;
+  const maxInputBytes = ctx.maxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES;
 
   const requireMethod = (req: IncomingMessage, method: string) => {
     if (req.method !== method) throw new HttpError(405, "Method Not Allowed");
@@ -172,7 +192,7 @@ export function restHandler(ctx: RestContext) {
     }
     if (path === "/v2/repository/index") {
       requireMethod(req, "POST");
-      const body = parseJson(await readBody(req), "request") as { ready?: unknown };
+      const body = parseJson(await readBody(req, maxInputBytes), "request") as { ready?: unknown };
       const repo = registry.repository;
       if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
       const rows = await repo.index(body.ready === true);
@@ -191,7 +211,7 @@ export function restHandler(ctx: RestContext) {
     if (repoMatch) {
       requireMethod(req, "POST");
       const [, name = "", action] = repoMatch;
-      const body = parseJson(await readBody(req), "request") as { parameters?: Record<string, unknown> };
+      const body = parseJson(await readBody(req, maxInputBytes), "request") as { parameters?: Record<string, unknown> };
       const repo = registry.repository;
       if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
       if (action === "load") {
@@ -257,7 +277,7 @@ export function restHandler(ctx: RestContext) {
     };
     // Checked before the upload, like Triton; looked up again after it (below).
     if (!resolve()) return;
-    const body = await readBody(req);
+    const body = await readBody(req, maxInputBytes);
     const headerLength = req.headers[HEADER_LENGTH];
     let jsonPart: Uint8Array = body;
     let binary: Uint8Array = new Uint8Array(0);

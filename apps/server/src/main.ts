@@ -7,6 +7,7 @@ import { resolve } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
+import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
 import { type ControlMode, RepositoryManager } from "./repository.js";
 import { SERVER_VERSION, startServer } from "./server.js";
@@ -20,6 +21,16 @@ const port = (v: string) => {
 const seconds = (v: string) => {
   const n = Number(v);
   if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError("a number of seconds");
+  return n;
+};
+const positiveSeconds = (v: string) => {
+  const n = seconds(v);
+  if (n === 0) throw new InvalidArgumentError("a number of seconds greater than 0");
+  return n;
+};
+const bytes = (v: string) => {
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError("a whole number of bytes, at least 1");
   return n;
 };
 const collect = (v: string, prev: string[] = []) => [...prev, v];
@@ -41,6 +52,12 @@ const program = new Command("trellis-server")
   )
   .option("--metrics-port <port>", "Prometheus /metrics port; 0 picks a free port", port, 8002)
   .option("--host <address>", "address every listener binds to", "127.0.0.1")
+  .option(
+    "--http-max-input-size <bytes>",
+    "largest HTTP/REST request body accepted; larger ones get 400",
+    bytes,
+    DEFAULT_HTTP_MAX_INPUT_BYTES,
+  )
   .addOption(
     new Option(
       "--model-control-mode <mode>",
@@ -50,7 +67,7 @@ const program = new Command("trellis-server")
       .default("none"),
   )
   .option("--load-model <name>", 'model to load at start in explicit mode ("*" = all); repeatable', collect, [])
-  .option("--repository-poll-secs <secs>", "rescan interval in poll mode", seconds, 15)
+  .option("--repository-poll-secs <secs>", "rescan interval in poll mode", positiveSeconds, 15)
   .option(
     "--strict-model-config [bool]",
     "require a complete config.pbtxt (no filling in from the model file)",
@@ -76,6 +93,7 @@ interface Flags {
   grpcPort: number;
   metricsPort: number;
   host: string;
+  httpMaxInputSize: number;
   modelControlMode: ControlMode;
   loadModel: string[];
   repositoryPollSecs: number;
@@ -110,6 +128,7 @@ async function main(): Promise<void> {
     httpPort: flags.httpPort,
     grpcPort: flags.grpcPort,
     metricsPort: flags.metricsPort,
+    httpMaxInputBytes: flags.httpMaxInputSize,
     logger,
   });
 

@@ -39,6 +39,8 @@ export interface ServerOptions {
   httpPort?: number;
   grpcPort?: number;
   metricsPort?: number;
+  /** Largest HTTP/REST request body accepted (Triton's --http-max-input-size); default 64 MiB. */
+  httpMaxInputBytes?: number;
   logger: Logger;
 }
 
@@ -105,6 +107,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     serverVersion: SERVER_VERSION,
     extensions: EXTENSIONS,
     logger,
+    maxInputBytes: options.httpMaxInputBytes,
   });
   const httpServer = http.createServer(
     connectNodeAdapter({ routes, fallback: rest as NodeHandlerFn, ...UNCOMPRESSED_RESPONSES }),

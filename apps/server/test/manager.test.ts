@@ -119,6 +119,36 @@ describe("HTTP inference", () => {
     }
   });
 
+  it("refuses a body over --http-max-input-size with 400 naming the limit", async () => {
+    const manager = new RepositoryManager({ repositories: [repo], loader: modelLoader(), logger: quiet });
+    await manager.start();
+    const server = await startServer(manager, {
+      httpPort: 0,
+      grpcPort: 0,
+      metricsPort: 0,
+      httpMaxInputBytes: 200,
+      logger: quiet,
+    });
+    try {
+      const post = (id: string) =>
+        fetch(`http://127.0.0.1:${server.httpPort}/v2/models/echo10/infer`, {
+          method: "POST",
+          body: JSON.stringify({
+            id,
+            inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+          }),
+        });
+      expect((await post("small")).status).toBe(200);
+      const big = await post("x".repeat(200));
+      expect(big.status).toBe(400);
+      expect((await big.json()).error).toMatch(
+        /^request body of \d+ bytes exceeds the maximum allowed value of 200 bytes; use --http-max-input-size/,
+      );
+    } finally {
+      await server.shutdown(5000);
+    }
+  });
+
   it("answers a full queue (RESOURCE_EXHAUSTED) with 503, as Triton does for its UNAVAILABLE queue-full error", () => {
     expect(httpStatus(Code.ResourceExhausted)).toBe(503);
     expect(httpStatus(Code.InvalidArgument)).toBe(400);
