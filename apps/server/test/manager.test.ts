@@ -141,7 +141,7 @@ describe("HTTP inference", () => {
       expect((await post("small")).status).toBe(200);
       const big = await post("x".repeat(200));
       expect(big.status).toBe(400);
-      expect((await big.json()).error).toMatch(
+      expect(((await big.json()) as { error: string }).error).toMatch(
         /^request body of \d+ bytes exceeds the maximum allowed value of 200 bytes; use --http-max-input-size/,
       );
     } finally {

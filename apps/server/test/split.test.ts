@@ -29,19 +29,25 @@ beforeAll(async () => {
     "--load-model",
     model,
   ];
-  const [pre, inf] = await Promise.all([
+  const started = await Promise.allSettled([
     startServerProcess(explicit("resnet50_preprocess")),
     startServerProcess(explicit("resnet50_inference")),
   ]);
-  servers.push(pre as ServerProcess, inf as ServerProcess);
+  // Keep whichever started, so afterAll stops it even if the other failed.
+  for (const s of started) if (s.status === "fulfilled") servers.push(s.value);
+  const failed = started.find((s) => s.status === "rejected");
+  if (failed) throw failed.reason;
+  const [pre, inf] = servers as [ServerProcess, ServerProcess];
   const endpoints = join(repo, "endpoints.json");
   await writeFile(endpoints, JSON.stringify({ resnet50_preprocess: pre?.grpc, resnet50_inference: inf?.grpc }));
   servers.push(await startServerProcess([...explicit("resnet50_ensemble"), "--endpoints", endpoints]));
 });
 afterAll(async () => {
-  // Front first: it holds connections to the other two.
-  for (const s of [...servers].reverse()) expect(await s.stop()).toBe(0);
+  // Front first: it holds connections to the other two. Stop every one before asserting, so none is left running.
+  const exitCodes: (number | null)[] = [];
+  for (const s of [...servers].reverse()) exitCodes.push(await s.stop());
   await removeDir(repo);
+  expect(exitCodes).toEqual(servers.map(() => 0));
 });
 
 describe("three-process split", () => {

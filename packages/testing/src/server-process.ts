@@ -24,6 +24,8 @@ export interface ServerProcessOptions {
   main?: string;
   /** Working directory (default apps/server). */
   cwd?: string;
+  /** How long to wait for "server started" before killing the process (default 120 s). */
+  startTimeoutMs?: number;
 }
 
 /**
@@ -54,7 +56,13 @@ export async function startServerProcess(args: string[], options: ServerProcessO
     stderr += String(d);
   });
   const exited = new Promise<number | null>((resolve) => proc.on("exit", (code) => resolve(code)));
+  const startTimeoutMs = options.startTimeoutMs ?? 120_000;
+  let timer: NodeJS.Timeout | undefined;
   const started = new Promise<void>((resolve, reject) => {
+    timer = setTimeout(
+      () => reject(new Error(`server (pid ${proc.pid}) did not start within ${startTimeoutMs} ms:\n${stderr}`)),
+      startTimeoutMs,
+    );
     const lines = createInterface({ input: proc.stdout as NodeJS.ReadableStream });
     lines.on("line", (line) => {
       let entry: Record<string, unknown>;
@@ -69,7 +77,16 @@ export async function startServerProcess(args: string[], options: ServerProcessO
     });
     exited.then((code) => reject(new Error(`server exited with ${code} before starting:\n${stderr}`)));
   });
-  await started;
+  try {
+    await started;
+  } catch (err) {
+    // A server that never started must not outlive the test that asked for it.
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGKILL");
+    await exited;
+    throw err;
+  } finally {
+    clearTimeout(timer);
+  }
   const host = "http://127.0.0.1";
   return {
     proc,
