@@ -46,11 +46,8 @@ function locate(text: string, reason: string): { line: number; column: number } 
   }
   let end = lo;
   while (end > 0 && /[\w."'\-+]/.test(text[end - 1] ?? "") && /[\w."'\-+]/.test(text[end - 2] ?? "")) end--;
-  if (end > 0 && /\s/.test(text[end - 1] ?? "")) {
-    // nothing to do: the prefix ended right after whitespace
-  } else if (end > 0) {
-    end--;
-  }
+  // Unless the prefix ended right after whitespace, its last character belongs to the bad token.
+  if (end > 0 && !/\s/.test(text[end - 1] ?? "")) end--;
   const before = text.slice(0, end);
   const line = before.split("\n").length;
   const column = end - (before.lastIndexOf("\n") + 1) + 1;
