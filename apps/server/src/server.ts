@@ -57,6 +57,12 @@ export interface RunningServer {
   shutdown(timeoutMs: number): Promise<{ timedOut: boolean }>;
 }
 
+/**
+ * A health Watch stays open for as long as its client likes; it is not a
+ * request for shutdown to wait on (the session is destroyed after the rest finish).
+ */
+const HEALTH_WATCH = "/grpc.health.v1.Health/Watch";
+
 function listen(server: http.Server | http2.Http2Server, port: number, host: string): Promise<number> {
   return new Promise((resolve, reject) => {
     server.once("error", reject);
@@ -95,7 +101,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     // A session opened while stopping gets GOAWAY straight away.
     if (stopping) s.close();
   });
-  grpc.on("stream", (stream) => {
+  grpc.on("stream", (stream, headers) => {
+    if (headers[":path"] === HEALTH_WATCH) return;
     active++;
     stream.on("close", done);
   });
@@ -112,7 +119,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   const httpServer = http.createServer(
     connectNodeAdapter({ routes, fallback: rest as NodeHandlerFn, ...UNCOMPRESSED_RESPONSES }),
   );
-  httpServer.on("request", (_req, res) => {
+  httpServer.on("request", (req, res) => {
+    if (req.url === HEALTH_WATCH) return;
     active++;
     // Keep-alive connections would otherwise keep bringing new requests during shutdown.
     if (stopping) res.setHeader("connection", "close");

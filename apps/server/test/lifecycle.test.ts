@@ -9,7 +9,12 @@ import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import {
+  GRPCInferenceService,
+  Health,
+  HealthCheckResponse_ServingStatus,
+  ModelInferRequestSchema,
+} from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -220,6 +225,28 @@ export function createStage({ config, version }) {
 });
 
 describe("graceful shutdown", () => {
+  it("does not wait on open gRPC health Watch streams", async () => {
+    const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
+    const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
+    try {
+      const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
+      const watch = health.watch({})[Symbol.asyncIterator]();
+      expect((await watch.next()).value?.status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+      // Drain the stream so its end (the server going away) does not surface as an unhandled rejection.
+      const drained = (async () => {
+        for (let r = await watch.next().catch(() => ({ done: true })); !r.done; ) {
+          r = await watch.next().catch(() => ({ done: true }));
+        }
+      })();
+      expect(await server.stop("SIGTERM")).toBe(0);
+      await drained;
+      expect(server.logs.find((l) => l.msg === "stopped")).toMatchObject({ timedOut: false });
+    } finally {
+      await server.stop("SIGKILL");
+      await removeDir(repo);
+    }
+  });
+
   it("on SIGTERM finishes in-flight HTTP and gRPC requests, then exits 0", async () => {
     const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
     const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
