@@ -13,7 +13,7 @@ export class StageError extends ConnectError {
 
   // ConnectError answers instanceof by shape; StageError uses the prototype chain.
   static override [Symbol.hasInstance](v: unknown): boolean {
-    return v instanceof Error && StageError.prototype.isPrototypeOf(v);
+    return v instanceof Error && Object.prototype.isPrototypeOf.call(StageError.prototype, v);
   }
 
   constructor(code: Code, stage: string, message: string, options?: { cause?: unknown }) {
