@@ -93,6 +93,8 @@ export class RepositoryManager implements ModelRegistry {
   };
   private started = false;
   private closed = false;
+  /** Set when shutdown begins: the server stops reporting ready at once, as Triton does. */
+  private draining = false;
   private pollTimer?: NodeJS.Timeout;
   /** Remote ensemble steps by "name@version", shared by every ensemble (and reload) that uses them. */
   private readonly remoteSteps = new Map<string, Promise<Stage>>();
@@ -132,6 +134,11 @@ export class RepositoryManager implements ModelRegistry {
   }
 
   /** Unloads everything (after in-flight requests finish). */
+  /** Shutdown has begun: report not ready (load balancers move away) while in-flight requests finish. */
+  beginShutdown(): void {
+    this.draining = true;
+  }
+
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.pollTimer);
@@ -195,7 +202,7 @@ export class RepositoryManager implements ModelRegistry {
    * reported in the index but do not hold the server's readiness hostage.
    */
   async isReady(): Promise<boolean> {
-    if (!this.started || this.closed) return false;
+    if (!this.started || this.closed || this.draining) return false;
     const checks: (boolean | Promise<boolean>)[] = [];
     for (const e of this.models.values()) {
       for (const v of e.versions.values()) {

@@ -162,6 +162,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     inflight: () => active,
     async shutdown(timeoutMs) {
       stopping = true;
+      manager.beginShutdown();
       const closed = Promise.all([close(grpc), close(httpServer)]);
       for (const s of sessions) s.close();
       httpServer.closeIdleConnections();

@@ -247,6 +247,29 @@ describe("graceful shutdown", () => {
     }
   });
 
+  it("reports NOT_SERVING as soon as shutdown begins, while in-flight requests finish", async () => {
+    const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
+    const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
+    try {
+      const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
+      const watch = health.watch({})[Symbol.asyncIterator]();
+      expect((await watch.next()).value?.status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+      const slow = postJson(`${server.http}/v2/models/echo/infer`, slowRequest(2000, [7, 0, 0, 0]));
+      await until(async () => (await pending(server, "echo")) === 1, "1 request in flight");
+      const exitCode = server.stop("SIGTERM");
+      const next = await watch.next();
+      expect(next.value?.status).toBe(HealthCheckResponse_ServingStatus.NOT_SERVING);
+      expect((await slow).status).toBe(200);
+      for (let r = await watch.next().catch(() => ({ done: true })); !r.done; ) {
+        r = await watch.next().catch(() => ({ done: true }));
+      }
+      expect(await exitCode).toBe(0);
+    } finally {
+      await server.stop("SIGKILL");
+      await removeDir(repo);
+    }
+  });
+
   it("on SIGTERM finishes in-flight HTTP and gRPC requests, then exits 0", async () => {
     const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
     const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
