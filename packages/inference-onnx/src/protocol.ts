@@ -1,6 +1,7 @@
 /**
  * Messages between the stage (main thread) and its session workers. Tensor
- * data travels as typed arrays whose buffers are transferred, not copied.
+ * data travels as typed arrays whose buffers are transferred, not copied; the
+ * feeds' buffers travel back with the reply (`spent`) for reuse.
  */
 
 /** A tensor as ORT names its element types ("float32", "int64", "string", ...). */
@@ -29,8 +30,8 @@ export type WorkerRequest = { type: "run"; id: number; feeds: WireTensor[]; fetc
 export type WorkerReply =
   | { type: "ready"; inputs: ModelTensorInfo[]; outputs: ModelTensorInfo[] }
   | { type: "load-error"; message: string }
-  | { type: "result"; id: number; outputs: WireTensor[]; startNs: number; endNs: number }
-  | { type: "error"; id: number; message: string };
+  | { type: "result"; id: number; outputs: WireTensor[]; startNs: number; endNs: number; spent: ArrayBuffer[] }
+  | { type: "error"; id: number; message: string; spent: ArrayBuffer[] };
 
 /** Buffers to transfer for these tensors (each once: two views may share one). */
 export function transferList(tensors: WireTensor[]): ArrayBuffer[] {

@@ -22,12 +22,28 @@ export interface RunResult {
 
 const WORKER_URL = new URL("./worker.js", import.meta.url);
 
+type NumericArray = Exclude<ArrayBufferView, DataView>;
+type ArrayCtor = {
+  new (buffer: ArrayBuffer, byteOffset: number, length: number): NumericArray;
+  BYTES_PER_ELEMENT: number;
+};
+
+/** Spare input buffers kept per byte length (batch sizes give a handful of lengths). */
+const POOL_PER_SIZE = 2;
+const POOL_SIZES = 16;
+
 export class SessionWorker {
   readonly inputs: ModelTensorInfo[];
   readonly outputs: ModelTensorInfo[];
   private nextId = 0;
   private readonly pending = new Map<number, { resolve(r: RunResult): void; reject(e: Error): void }>();
   private dead: string | undefined;
+  /**
+   * Input buffers the worker handed back after a run, by byte length. A copy into
+   * one costs a memcpy; a fresh buffer per request also costs zeroing, page faults
+   * and GC pressure (measured: 13 µs vs 50-150 µs for a 600 KB image).
+   */
+  private readonly pool = new Map<number, ArrayBuffer[]>();
 
   private constructor(
     private readonly worker: Worker,
@@ -38,6 +54,7 @@ export class SessionWorker {
     this.outputs = ready.outputs;
     worker.on("message", (msg: WorkerReply) => {
       if (msg.type !== "result" && msg.type !== "error") return;
+      for (const b of msg.spent) this.recycle(b);
       const p = this.pending.get(msg.id);
       if (!p) return;
       this.pending.delete(msg.id);
@@ -77,7 +94,26 @@ export class SessionWorker {
     return this.dead === undefined;
   }
 
-  /** Runs one batch. The feeds' buffers are transferred: the caller must own them. */
+  /** A copy of `data` in a buffer of ours (pooled when one of its length is spare), for run's feeds. */
+  copyIn<T extends NumericArray>(data: T): T {
+    const ctor = data.constructor as ArrayCtor;
+    const buffer = this.pool.get(data.byteLength)?.pop() ?? new ArrayBuffer(data.byteLength);
+    const copy = new ctor(buffer, 0, data.byteLength / ctor.BYTES_PER_ELEMENT) as T;
+    (copy as unknown as { set(a: ArrayLike<number>): void }).set(data as unknown as ArrayLike<number>);
+    return copy;
+  }
+
+  private recycle(buffer: ArrayBuffer): void {
+    let spare = this.pool.get(buffer.byteLength);
+    if (!spare) {
+      if (this.pool.size >= POOL_SIZES) this.pool.clear();
+      spare = [];
+      this.pool.set(buffer.byteLength, spare);
+    }
+    if (spare.length < POOL_PER_SIZE) spare.push(buffer);
+  }
+
+  /** Runs one batch. The feeds' buffers are transferred (and come back to the pool): the caller must own them. */
   run(feeds: WireTensor[], fetches: string[]): Promise<RunResult> {
     if (this.dead) return Promise.reject(new StageError(Code.Unavailable, this.stage, this.dead));
     const id = this.nextId++;

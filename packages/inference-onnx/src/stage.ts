@@ -146,7 +146,7 @@ function requestValidator(config: ModelConfig): (request: InferRequest) => void 
 }
 
 /** Our tensor → a worker tensor whose buffer the worker may take. */
-function toWire(t: Tensor, owned: boolean): WireTensor {
+function toWire(t: Tensor, owned: boolean, worker: SessionWorker): WireTensor {
   const type = ortTypeOf(t.datatype);
   if (t.datatype === "BYTES") {
     return { name: t.name, type, dims: t.shape, data: (t.data as Uint8Array[]).map((b) => decoder.decode(b)) };
@@ -154,7 +154,7 @@ function toWire(t: Tensor, owned: boolean): WireTensor {
   const data = t.data as Exclude<TensorData, Uint8Array[]>;
   // A buffer we do not own (a view into a gRPC message, a caller's array) is copied, not transferred away.
   const whole = owned && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
-  return { name: t.name, type, dims: t.shape, data: whole ? data : data.slice() };
+  return { name: t.name, type, dims: t.shape, data: whole ? data : worker.copyIn(data) };
 }
 
 function fromWire(stage: string, w: WireTensor): Tensor {
@@ -291,7 +291,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     execute: async (batch, ctx) => {
       const worker = workers[ctx.instance]!;
       const t0 = nowNs();
-      const feeds = batch.inputs.map((t) => toWire(t, ctx.ownsInputs));
+      const feeds = batch.inputs.map((t) => toWire(t, ctx.ownsInputs, worker));
       const fetches = batch.outputs?.length ? batch.outputs.map((o) => o.name) : outputNames;
       const r = await worker.run(feeds, fetches);
       const outputs = r.outputs.map((w) => fromWire(name, w));

@@ -10,6 +10,7 @@ import {
   transferList,
   type WireTensor,
   type WorkerInit,
+  type WorkerReply,
   type WorkerRequest,
 } from "./protocol.js";
 
@@ -52,6 +53,8 @@ port.on("message", async (msg: WorkerRequest) => {
     port.close();
     return;
   }
+  // The feeds' buffers go back with the reply, once ORT is done with them, for the next request's input copy.
+  let spent = transferList(msg.feeds);
   try {
     const feeds: Record<string, ort.Tensor> = {};
     for (const t of msg.feeds) feeds[t.name] = toOrt(t);
@@ -59,8 +62,18 @@ port.on("message", async (msg: WorkerRequest) => {
     const results = await session.run(feeds, msg.fetches);
     const endNs = hrNs();
     const outputs = msg.fetches.map((name) => fromOrt(name, results[name]!));
-    port.postMessage({ type: "result", id: msg.id, outputs, startNs, endNs }, transferList(outputs));
+    // An output that shares an input's buffer (a pass-through) must not be reused as spare.
+    const out = transferList(outputs);
+    spent = spent.filter((b) => !out.includes(b));
+    const reply: WorkerReply = { type: "result", id: msg.id, outputs, startNs, endNs, spent };
+    port.postMessage(reply, [...out, ...spent]);
   } catch (err) {
-    port.postMessage({ type: "error", id: msg.id, message: err instanceof Error ? err.message : String(err) });
+    const reply: WorkerReply = {
+      type: "error",
+      id: msg.id,
+      message: err instanceof Error ? err.message : String(err),
+      spent,
+    };
+    port.postMessage(reply, spent);
   }
 });
