@@ -1,7 +1,8 @@
 /**
  * Bare InferenceSession.run vs the onnxruntime stage, in-process and over
  * gRPC on loopback, at concurrency 1/4/8 with dynamic batching off and on,
- * all in one run. `pnpm bench` (after `pnpm build`); BENCH_SECONDS sets each
+ * all in one run, against bare sessions with and without ORT's thread spinning
+ * (the stage's default is without). `pnpm bench` (after `pnpm build`); BENCH_SECONDS sets each
  * measurement's length (default 4). Uses the synthetic ResNet-50 from
  * `pnpm models:synth` when models/ has one, else ../shared's MobileNetV2.
  */
@@ -69,39 +70,58 @@ async function measure(
 const threads = availableParallelism();
 const rows: Row[] = [];
 
-// Bare: one session on this thread, the stage's defaults (all cores intra-op, sequential).
-const bare = await ort.InferenceSession.create(modelPath, {
-  intraOpNumThreads: threads,
-  interOpNumThreads: 1,
-  executionMode: "sequential",
-});
-const bareRun = (n: number) => {
-  const data = new Float32Array(n * IMAGE);
-  for (let i = 0; i < n; i++) data.set(images[i % 8]!, i * IMAGE);
-  return () => bare.run({ input: new ort.Tensor("float32", data, [n, 3, 224, 224]) });
-};
-const bare1 = bareRun(1);
-rows.push(await measure("bare InferenceSession.run, batch 1", 1, 1, bare1));
-const bare4 = bareRun(4);
-rows.push(await measure("bare InferenceSession.run, batch 4", 1, 4, bare4));
-const bare8 = bareRun(8);
-rows.push(await measure("bare InferenceSession.run, batch 8", 1, 8, bare8));
-await bare.release();
+// Bare: one session on this thread, all cores intra-op, sequential; once with ORT's default
+// thread spinning, once without (the stage's default, allow_spinning false): the stage's
+// own overhead is its gap to the bare session with the same options.
+const NO_SPIN = { session: { intra_op: { allow_spinning: "0" }, inter_op: { allow_spinning: "0" } } };
+for (const spin of [true, false]) {
+  const bare = await ort.InferenceSession.create(modelPath, {
+    intraOpNumThreads: threads,
+    interOpNumThreads: 1,
+    executionMode: "sequential",
+    ...(spin ? {} : { extra: NO_SPIN }),
+  });
+  for (const n of [1, 4, 8]) {
+    const data = new Float32Array(n * IMAGE);
+    for (let i = 0; i < n; i++) data.set(images[i % 8]!, i * IMAGE);
+    const label = `bare InferenceSession.run${spin ? "" : " (no spinning)"}, batch ${n}`;
+    rows.push(await measure(label, 1, n, () => bare.run({ input: new ort.Tensor("float32", data, [n, 3, 224, 224]) })));
+  }
+  await bare.release();
+}
+const bareRows = rows.slice();
 
 const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-bench-"));
 mkdirSync(join(repo, "m", "1"), { recursive: true });
 copyFileSync(modelPath, join(repo, "m", "1", "model.onnx"));
 const request = (k: number) => ({ inputs: [tensor("input", "FP32", [1, 3, 224, 224], images[k % 8]!)] });
 
-for (const batching of [false, true]) {
-  const config = parseModelConfig(`name: "m"
+// Batching "eager" (the stage's default, max_queue_delay 0): an idle instance takes what is
+// queued, so 8 closed-loop clients settle into alternating batches of 1 and 7. "delay":
+// Triton's rule with preferred_batch_size 8 and a 2 ms delay, so they form batches of 8.
+type Batching = "none" | "eager" | "delay";
+const BATCHING: Record<Batching, string> = {
+  none: "",
+  eager: "dynamic_batching { max_queue_delay_microseconds: 0 }",
+  delay: `dynamic_batching { preferred_batch_size: [8] max_queue_delay_microseconds: 2000 }
+    parameters { key: "dynamic_batching_strategy" value { string_value: "delay" } }`,
+};
+const LABEL: Record<Batching, string> = {
+  none: "no batching",
+  eager: "dynamic batching",
+  delay: "dynamic batching, delay strategy, preferred 8",
+};
+const stageConfig = (batching: Batching, spin: boolean) =>
+  parseModelConfig(`name: "m"
     platform: "onnxruntime_onnx"
     max_batch_size: 8
-    ${batching ? "dynamic_batching { max_queue_delay_microseconds: 0 }" : ""}`);
-  const stage = await createOnnxStage({ config, modelDir: join(repo, "m") });
+    ${BATCHING[batching]}
+    ${spin ? 'parameters { key: "allow_spinning" value { string_value: "true" } }' : ""}`);
+for (const batching of ["none", "eager"] as const) {
+  const stage = await createOnnxStage({ config: stageConfig(batching, false), modelDir: join(repo, "m") });
   const server = await listenStage(stage);
   const remote: Stage = await connectStage(grpcTransport(server.url), "m");
-  const label = batching ? "dynamic batching" : "no batching";
+  const label = LABEL[batching];
   for (const c of [1, 4, 8])
     rows.push(await measure(`stage in-process, ${label}`, c, 1, (k) => stage.infer(request(k))));
   for (const c of [1, 4, 8])
@@ -109,13 +129,30 @@ for (const batching of [false, true]) {
   await server.close();
   await stage.close();
 }
+// In-process only: the delay strategy, and everything again with allow_spinning "true"
+// (ORT's default, as the first bare session).
+const extra: [Batching, boolean, number[]][] = [
+  ["delay", false, [8]],
+  ["none", true, [1]],
+  ["eager", true, [4, 8]],
+  ["delay", true, [8]],
+];
+for (const [batching, spin, concurrencies] of extra) {
+  const stage = await createOnnxStage({ config: stageConfig(batching, spin), modelDir: join(repo, "m") });
+  const label = `stage in-process, ${spin ? "allow_spinning, " : ""}${LABEL[batching]}`;
+  for (const c of concurrencies) rows.push(await measure(label, c, 1, (k) => stage.infer(request(k))));
+  await stage.close();
+}
 rmSync(repo, { recursive: true, force: true });
 
-const bareBs1 = rows[0]!;
-const bestBare = rows.slice(0, 3).reduce((a, b) => (b.imgPerS > a.imgPerS ? b : a));
-const stageRows = rows.slice(3);
-const best = stageRows.reduce((a, b) => (b.imgPerS > a.imgPerS ? b : a));
-const c1 = stageRows.filter((r) => r.concurrency === 1);
+const fastest = (xs: Row[]) => xs.reduce((a, b) => (b.imgPerS > a.imgPerS ? b : a));
+const bareSpin = bareRows.slice(0, 3);
+const bareNoSpin = bareRows.slice(3);
+const bareBs1 = bareSpin[0]!;
+const bestBare = fastest(bareRows);
+const stageRows = rows.slice(bareRows.length);
+const spinRows = stageRows.filter((r) => r.what.includes("allow_spinning"));
+const defaultRows = stageRows.filter((r) => !r.what.includes("allow_spinning"));
 
 console.log(
   `model: ${modelLabel}; ${cpus()[0]?.model ?? "cpu"} × ${threads}; ${seconds} s per row; node ${process.version}, onnxruntime-node ${ort.env.versions.node ?? "1.30"}\n`,
@@ -127,11 +164,22 @@ for (const r of rows) {
     `| ${r.what} | ${r.concurrency} | ${r.imgPerS.toFixed(1)} | ${(r.imgPerS / bareBs1.imgPerS).toFixed(2)} | ${(r.imgPerS / bestBare.imgPerS).toFixed(2)} | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} |`,
   );
 }
-console.log(
-  `\nbest stage: ${best.what}, concurrency ${best.concurrency}: ${best.imgPerS.toFixed(1)} img/s = ${(best.imgPerS / bestBare.imgPerS).toFixed(3)}× best bare (${bestBare.what}, ${bestBare.imgPerS.toFixed(1)} img/s), ${(best.imgPerS / bareBs1.imgPerS).toFixed(3)}× bare batch 1`,
-);
-for (const r of c1) {
+const signed = (x: number) => `${x >= 0 ? "+" : ""}${x.toFixed(2)}`;
+console.log("");
+for (const [label, stageSet, bareSet] of [
+  ["stage defaults (no spinning) vs bare without spinning", defaultRows, bareNoSpin],
+  ["stage defaults (no spinning) vs bare with ORT's defaults", defaultRows, bareSpin],
+  ["stage allow_spinning true vs bare with ORT's defaults", spinRows, bareSpin],
+] as const) {
+  const best = fastest([...stageSet]);
+  const bestB = fastest([...bareSet]);
+  const b1 = bareSet[0]!;
   console.log(
-    `p50 at concurrency 1, ${r.what}: ${r.p50.toFixed(2)} ms vs bare ${bareBs1.p50.toFixed(2)} ms (${r.p50 - bareBs1.p50 >= 0 ? "+" : ""}${(r.p50 - bareBs1.p50).toFixed(2)} ms)`,
+    `${label}: best ${best.what} c=${best.concurrency} ${best.imgPerS.toFixed(1)} img/s = ${(best.imgPerS / bestB.imgPerS).toFixed(3)}× best bare (${bestB.what}, ${bestB.imgPerS.toFixed(1)} img/s)`,
   );
+  for (const r of stageSet.filter((x) => x.concurrency === 1)) {
+    console.log(
+      `  p50 at concurrency 1, ${r.what}: ${r.p50.toFixed(2)} ms vs ${b1.what} ${b1.p50.toFixed(2)} ms (${signed(r.p50 - b1.p50)} ms)`,
+    );
+  }
 }
