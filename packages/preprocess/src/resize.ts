@@ -13,6 +13,8 @@
  * `((hi16((a >> 4) * b0) + hi16((c >> 4) * b1)) + 2) >> 2`.
  */
 
+import { type SimdResizer, simdResizer } from "./resize-simd.js";
+
 const COEF_SCALE = 2048;
 
 /** One axis: for each output index, the two source indices and their weights. */
@@ -97,6 +99,11 @@ export function resizeRows(
   rowOffset: number,
   sink: RowSink,
 ): void {
+  const simd = channels === 3 ? simdResizer() : undefined;
+  if (simd && nextPixelPairs(xs)) {
+    resizeRowsSimd(simd, src, srcWidth, xs, ys, colOffset, rowOffset, sink);
+    return;
+  }
   const outW = xs.src0.length;
   const outH = ys.src0.length;
   const rowLen = outW * channels;
@@ -143,6 +150,95 @@ export function resizeRows(
   }
 }
 
+/** Every column's second source pixel is the next one, or carries no weight (what the SIMD pass assumes). */
+function nextPixelPairs(xs: AxisTable): boolean {
+  for (let x = 0; x < xs.src0.length; x++) {
+    if (xs.src1[x] !== (xs.src0[x] as number) + 1 && xs.w1[x] !== 0) return false;
+  }
+  return true;
+}
+
+/** Sources up to this size are copied into the module memory whole; larger ones a row at a time. */
+const BULK_COPY = 4 << 20;
+const align16 = (n: number) => (n + 15) & ~15;
+
+/** resizeRows for 3 channels with the WebAssembly SIMD kernels (same arithmetic, same results). */
+function resizeRowsSimd(
+  k: SimdResizer,
+  src: Uint8Array,
+  srcWidth: number,
+  xs: AxisTable,
+  ys: AxisTable,
+  colOffset: number,
+  rowOffset: number,
+  sink: RowSink,
+): void {
+  const outW = xs.src0.length;
+  const outH = ys.src0.length;
+  const blocks = Math.ceil((outW * 3) / 16);
+  const stride = srcWidth * 3;
+  const bulk = src.length <= BULK_COPY;
+  // Module memory: column offsets, column weights, two int32 rows, the uint8 output row, the source.
+  const offs = 0;
+  const weights = align16(offs + outW * 4);
+  const rowA = align16(weights + outW * 16);
+  const rowB = align16(rowA + blocks * 64 + 16);
+  const out = align16(rowB + blocks * 64 + 16);
+  const srcAt = align16(out + blocks * 16);
+  const mem = k.memory(srcAt + (bulk ? src.length : stride) + 16);
+  const colOffs = new Int32Array(mem.buffer, offs, outW);
+  const colWeights = new Int16Array(mem.buffer, weights, outW * 8);
+  for (let x = 0; x < outW; x++) {
+    colOffs[x] = ((xs.src0[x] as number) - colOffset) * 3;
+    const w0 = xs.w0[x] as number;
+    const w1 = xs.w1[x] as number;
+    colWeights.set([w0, w1, w0, w1, w0, w1, 0, 0], x * 8);
+  }
+  if (bulk) mem.set(src, srcAt);
+  const horizontal = (row: number, sy: number) => {
+    const start = (sy - rowOffset) * stride;
+    if (bulk) k.hpass(srcAt + start, offs, weights, outW, row);
+    else {
+      mem.set(src.subarray(start, start + stride), srcAt);
+      k.hpass(srcAt, offs, weights, outW, row);
+    }
+  };
+  // Which source row each int32 row holds; the table's rows only move forward (see resizeRows).
+  let heldA = -1;
+  let heldB = -1;
+  for (let y = 0; y < outH; y++) {
+    const s0 = ys.src0[y] as number;
+    const s1 = ys.src1[y] as number;
+    let r0: number;
+    if (heldA === s0) r0 = rowA;
+    else if (heldB === s0) r0 = rowB;
+    else if (heldA === s1) {
+      horizontal(rowB, s0);
+      heldB = s0;
+      r0 = rowB;
+    } else {
+      horizontal(rowA, s0);
+      heldA = s0;
+      r0 = rowA;
+    }
+    let r1: number;
+    if (s1 === s0) r1 = r0;
+    else if (heldA === s1) r1 = rowA;
+    else if (heldB === s1) r1 = rowB;
+    else if (r0 === rowA) {
+      horizontal(rowB, s1);
+      heldB = s1;
+      r1 = rowB;
+    } else {
+      horizontal(rowA, s1);
+      heldA = s1;
+      r1 = rowA;
+    }
+    k.vpass(r0, r1, ys.w0[y] as number, ys.w1[y] as number, blocks, out);
+    sink(y, mem, out);
+  }
+}
+
 /** resizeRows into a new `ys.length` x `xs.length` x `channels` uint8 buffer. */
 export function resizeWindow(
   src: Uint8Array,
@@ -155,7 +251,9 @@ export function resizeWindow(
 ): Uint8Array {
   const rowLen = xs.src0.length * channels;
   const out = new Uint8Array(ys.src0.length * rowLen);
-  resizeRows(src, srcWidth, channels, xs, ys, colOffset, rowOffset, (y, row) => out.set(row, y * rowLen));
+  resizeRows(src, srcWidth, channels, xs, ys, colOffset, rowOffset, (y, row, start) =>
+    out.set(row.subarray(start, start + rowLen), y * rowLen),
+  );
   return out;
 }
 
