@@ -18,6 +18,9 @@ export interface NormalizeSettings {
 export interface NormalizeTables {
   f32: Float32Array[];
   f16: Uint16Array[];
+  /** The float32 mean and std the tables use, listed R, G, B. */
+  mean: [number, number, number];
+  std: [number, number, number];
 }
 
 /** A 256-entry lookup per output channel: every uint8 maps to one float. */
@@ -32,7 +35,9 @@ export function lookupTables(s: NormalizeSettings): NormalizeTables {
     return t;
   });
   const f16 = f32.map((t) => Uint16Array.from(t, (v) => float32ToFloat16Bits(v)));
-  return { f32, f16 };
+  const mean = s.mean.map((m) => Math.fround(m)) as [number, number, number];
+  const std = s.std.map((d) => Math.fround(d)) as [number, number, number];
+  return { f32, f16, mean, std };
 }
 
 /**
@@ -51,9 +56,21 @@ export function rowWriter(
   // Output channel c reads source channel src[c] through table c.
   const [s0, s1, s2] = channelOrder === "RGB" ? [0, 1, 2] : [2, 1, 0];
   const t = out instanceof Uint16Array ? tables.f16 : tables.f32;
-  return layout === "NCHW"
-    ? planarWriter(out, offset, width * height, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!)
-    : interleavedWriter(out, offset, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!);
+  if (layout === "NHWC") return interleavedWriter(out, offset, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!);
+  const sink: RowSink = planarWriter(out, offset, width * height, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!);
+  if (out instanceof Float32Array) {
+    // Colour k lands in output channel s_k (the order is its own inverse).
+    sink.planar = {
+      out,
+      offset,
+      plane: width * height,
+      width,
+      channelOf: [s0!, s1!, s2!],
+      mean: tables.mean,
+      std: tables.std,
+    };
+  }
+  return sink;
 }
 
 type Table = Float32Array | Uint16Array;

@@ -46,6 +46,17 @@ const I32X4_SHR_S = simd(172);
 const I32X4_ADD = simd(174);
 const I32X4_MUL = simd(181);
 const I32X4_DOT_I16X8_S = simd(186);
+const I8X16_SHUFFLE = (lanes: number[]) => [...simd(13), ...lanes];
+const I16X8_EXTEND_LOW_I8X16_U = simd(137);
+const I16X8_EXTEND_HIGH_I8X16_U = simd(138);
+const I32X4_EXTEND_LOW_I16X8_U = simd(169);
+const I32X4_EXTEND_HIGH_I16X8_U = simd(170);
+const F32X4_SPLAT = simd(19);
+const F32X4_SUB = simd(229);
+const F32X4_DIV = simd(231);
+const F32X4_CONVERT_I32X4_U = simd(251);
+const V128_STORE_AT = (offset: number) => [...simd(11), 0, ...uleb(offset)];
+const F32 = 0x7d;
 
 function uleb(n: number): number[] {
   const out: number[] = [];
@@ -175,6 +186,81 @@ const vpass = [
   END,
 ];
 
+// planar(rgb, blocks, outR, outG, outB, meanR, stdR, meanG, stdG, meanB, stdB): 16 RGB pixels
+// per block to three float planes, each value ((v / 255) - mean) / std in float32 — the same
+// three correctly rounded operations normalize.ts's lookup tables are built with.
+// Locals: 11-16 the mean/std splats, 17 the 255 splat, 18-20 v0..v2, 21 a channel, 22 lo, 23 hi.
+const CH = 21;
+const LO = 22;
+const HI = 23;
+// Deinterleave: channel c's 16 bytes sit at 3i + c of v0|v1|v2; two shuffles gather them.
+function gather(c: number): number[] {
+  const first = Array.from({ length: 16 }, (_, i) => (3 * i + c < 32 ? 3 * i + c : 0));
+  const fromV2 = Array.from({ length: 16 }, (_, i) => (3 * i + c < 32 ? i : 16 + 3 * i + c - 32));
+  return [...get(18), ...get(19), ...I8X16_SHUFFLE(first), ...get(20), ...I8X16_SHUFFLE(fromV2), ...set(CH)];
+}
+function normalizeChannel(out: number, mean: number, std: number): number[] {
+  const quarter = (half: number, extend: number[], offset: number) => [
+    ...get(out),
+    ...get(half),
+    ...extend,
+    ...F32X4_CONVERT_I32X4_U,
+    ...get(17),
+    ...F32X4_DIV,
+    ...get(mean),
+    ...F32X4_SUB,
+    ...get(std),
+    ...F32X4_DIV,
+    ...V128_STORE_AT(offset),
+  ];
+  return [
+    ...get(CH),
+    ...I16X8_EXTEND_LOW_I8X16_U,
+    ...set(LO),
+    ...get(CH),
+    ...I16X8_EXTEND_HIGH_I8X16_U,
+    ...set(HI),
+    ...quarter(LO, I32X4_EXTEND_LOW_I16X8_U, 0),
+    ...quarter(LO, I32X4_EXTEND_HIGH_I16X8_U, 16),
+    ...quarter(HI, I32X4_EXTEND_LOW_I16X8_U, 32),
+    ...quarter(HI, I32X4_EXTEND_HIGH_I16X8_U, 48),
+  ];
+}
+const F32_255 = [0x43, 0x7f, 0x00, 0x00].reverse(); // 255.0f, little-endian
+const planar = [
+  1,
+  13,
+  V128, // locals 11..23
+  ...[5, 6, 7, 8, 9, 10].flatMap((p) => [...get(p), ...F32X4_SPLAT, ...set(p + 6)]),
+  0x43, // f32.const 255
+  ...F32_255,
+  ...F32X4_SPLAT,
+  ...set(17),
+  ...repeat(1, [
+    ...get(0),
+    ...V128_LOAD(0),
+    ...set(18),
+    ...get(0),
+    ...V128_LOAD(16),
+    ...set(19),
+    ...get(0),
+    ...V128_LOAD(32),
+    ...set(20),
+    ...gather(0),
+    ...normalizeChannel(2, 11, 12),
+    ...gather(1),
+    ...normalizeChannel(3, 13, 14),
+    ...gather(2),
+    ...normalizeChannel(4, 15, 16),
+    ...addTo(0, 48),
+    ...addTo(2, 64),
+    ...addTo(3, 64),
+    ...addTo(4, 64),
+    ...countdown(1),
+  ]),
+  END,
+];
+
 const section = (id: number, body: number[]) => [id, ...uleb(body.length), ...body];
 const vec = (items: number[][]) => [...uleb(items.length), ...items.flat()];
 const name = (s: string) => [...uleb(s.length), ...Array.from(s, (c) => c.charCodeAt(0))];
@@ -193,9 +279,10 @@ const MODULE = new Uint8Array([
     vec([
       [0x60, 5, I32, I32, I32, I32, I32, 0],
       [0x60, 6, I32, I32, I32, I32, I32, I32, 0],
+      [0x60, 11, I32, I32, I32, I32, I32, F32, F32, F32, F32, F32, F32, 0],
     ]),
   ),
-  ...section(3, vec([[0], [1]])),
+  ...section(3, vec([[0], [1], [2]])),
   ...section(5, vec([[0, 1]])), // one memory, at least one page
   ...section(
     7,
@@ -203,9 +290,10 @@ const MODULE = new Uint8Array([
       [...name("memory"), 2, 0],
       [...name("hpass"), 0, 0],
       [...name("vpass"), 0, 1],
+      [...name("planar"), 0, 2],
     ]),
   ),
-  ...section(10, vec([hpass, vpass].map((body) => [...uleb(body.length), ...body]))),
+  ...section(10, vec([hpass, vpass, planar].map((body) => [...uleb(body.length), ...body]))),
 ]);
 
 // The WebAssembly global as far as it is used here (this package's TypeScript lib has no DOM types).
@@ -219,6 +307,19 @@ interface Kernels {
   memory: { buffer: ArrayBuffer; grow(pages: number): number };
   hpass(src: number, offs: number, weights: number, outW: number, row: number): void;
   vpass(r0: number, r1: number, b0: number, b1: number, blocks: number, out: number): void;
+  planar(
+    rgb: number,
+    blocks: number,
+    outR: number,
+    outG: number,
+    outB: number,
+    meanR: number,
+    stdR: number,
+    meanG: number,
+    stdG: number,
+    meanB: number,
+    stdB: number,
+  ): void;
 }
 
 /** The SIMD kernels and the module memory they work in, laid out per call by resize.ts. */
@@ -242,6 +343,11 @@ export class SimdResizer {
 
   vpass(r0: number, r1: number, b0: number, b1: number, blocks: number, out: number): void {
     this.k.vpass(r0, r1, b0, b1, blocks, out);
+  }
+
+  /** 16 * blocks RGB pixels at `rgb` (reads 48 per block) to float planes; mean/std per colour. */
+  planar(rgb: number, blocks: number, outs: [number, number, number], mean: readonly number[], std: readonly number[]) {
+    this.k.planar(rgb, blocks, ...outs, mean[0]!, std[0]!, mean[1]!, std[1]!, mean[2]!, std[2]!);
   }
 }
 

@@ -76,8 +76,24 @@ export function sourceSpan(t: AxisTable): { start: number; end: number } {
   return { start, end };
 }
 
-/** Receives one output row: `data[start .. start + width * channels)`. */
-export type RowSink = (y: number, data: Uint8Array, start: number) => void;
+/**
+ * Receives one output row: `data[start .. start + width * channels)`. A sink that
+ * only normalises RGB into float32 planes says so in `planar`, and the SIMD path
+ * then does that arithmetic itself (bit-identical to the sink's lookup tables).
+ */
+export type RowSink = ((y: number, data: Uint8Array, start: number) => void) & { planar?: PlanarTarget };
+
+/** Row y of colour k goes to `out[offset + channelOf[k] * plane + y * width ...]`, ((v / 255) - mean[k]) / std[k]. */
+export interface PlanarTarget {
+  out: Float32Array;
+  offset: number;
+  plane: number;
+  width: number;
+  channelOf: readonly [number, number, number];
+  /** float32 values, listed R, G, B. */
+  mean: readonly [number, number, number];
+  std: readonly [number, number, number];
+}
 
 // Scratch rows, reused across calls (resizeRows is synchronous, so nothing else can hold them).
 let scratch = { len: 0, p: new Int32Array(0), q: new Int32Array(0), out: new Uint8Array(0) };
@@ -184,8 +200,14 @@ function resizeRowsSimd(
   const rowA = align16(weights + outW * 16);
   const rowB = align16(rowA + blocks * 64 + 16);
   const out = align16(rowB + blocks * 64 + 16);
-  const srcAt = align16(out + blocks * 16);
+  const target = sink.planar;
+  const pixelBlocks = Math.ceil(outW / 16);
+  const planes = align16(out + Math.max(blocks * 16, pixelBlocks * 48) + 16);
+  const planeBytes = pixelBlocks * 64;
+  const srcAt = align16(planes + (target ? 3 * planeBytes : 0));
   const mem = k.memory(srcAt + (bulk ? src.length : stride) + 16);
+  const planeAt: [number, number, number] = [planes, planes + planeBytes, planes + 2 * planeBytes];
+  const planeViews = planeAt.map((at) => new Float32Array(mem.buffer, at, outW));
   const colOffs = new Int32Array(mem.buffer, offs, outW);
   const colWeights = new Int16Array(mem.buffer, weights, outW * 8);
   for (let x = 0; x < outW; x++) {
@@ -235,7 +257,13 @@ function resizeRowsSimd(
       r1 = rowA;
     }
     k.vpass(r0, r1, ys.w0[y] as number, ys.w1[y] as number, blocks, out);
-    sink(y, mem, out);
+    if (target) {
+      k.planar(out, pixelBlocks, planeAt, target.mean, target.std);
+      const o = target.offset + y * target.width;
+      for (let c = 0; c < 3; c++) {
+        target.out.set(planeViews[c] as Float32Array, o + (target.channelOf[c] as number) * target.plane);
+      }
+    } else sink(y, mem, out);
   }
 }
 
