@@ -224,20 +224,29 @@ export function createStage({ config, version }) {
   });
 });
 
+/** A health Watch stream on `server`, after checking it starts SERVING. */
+async function watchHealth(server: ServerProcess) {
+  const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
+  const watch = health.watch({})[Symbol.asyncIterator]();
+  expect((await watch.next()).value?.status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+  return {
+    next: () => watch.next(),
+    /** Reads to the end, so the stream ending (the server going away) does not surface as an unhandled rejection. */
+    async drain() {
+      for (let r = await watch.next().catch(() => ({ done: true })); !r.done; ) {
+        r = await watch.next().catch(() => ({ done: true }));
+      }
+    },
+  };
+}
+
 describe("graceful shutdown", () => {
   it("does not wait on open gRPC health Watch streams", async () => {
     const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
     const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
     try {
-      const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
-      const watch = health.watch({})[Symbol.asyncIterator]();
-      expect((await watch.next()).value?.status).toBe(HealthCheckResponse_ServingStatus.SERVING);
-      // Drain the stream so its end (the server going away) does not surface as an unhandled rejection.
-      const drained = (async () => {
-        for (let r = await watch.next().catch(() => ({ done: true })); !r.done; ) {
-          r = await watch.next().catch(() => ({ done: true }));
-        }
-      })();
+      const watch = await watchHealth(server);
+      const drained = watch.drain();
       expect(await server.stop("SIGTERM")).toBe(0);
       await drained;
       expect(server.logs.find((l) => l.msg === "stopped")).toMatchObject({ timedOut: false });
@@ -251,18 +260,14 @@ describe("graceful shutdown", () => {
     const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
     const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
     try {
-      const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
-      const watch = health.watch({})[Symbol.asyncIterator]();
-      expect((await watch.next()).value?.status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+      const watch = await watchHealth(server);
       const slow = postJson(`${server.http}/v2/models/echo/infer`, slowRequest(2000, [7, 0, 0, 0]));
       await until(async () => (await pending(server, "echo")) === 1, "1 request in flight");
       const exitCode = server.stop("SIGTERM");
       const next = await watch.next();
       expect(next.value?.status).toBe(HealthCheckResponse_ServingStatus.NOT_SERVING);
       expect((await slow).status).toBe(200);
-      for (let r = await watch.next().catch(() => ({ done: true })); !r.done; ) {
-        r = await watch.next().catch(() => ({ done: true }));
-      }
+      await watch.drain();
       expect(await exitCode).toBe(0);
     } finally {
       await server.stop("SIGKILL");
