@@ -134,7 +134,7 @@ for (const batching of ["none", "eager"] as const) {
 const extra: [Batching, boolean, number[]][] = [
   ["delay", false, [8]],
   ["none", true, [1]],
-  ["eager", true, [4, 8]],
+  ["eager", true, [8]],
   ["delay", true, [8]],
 ];
 for (const [batching, spin, concurrencies] of extra) {
