@@ -1,10 +1,11 @@
 /**
  * Bare InferenceSession.run vs the onnxruntime stage, in-process and over
  * gRPC on loopback, at concurrency 1/4/8 with dynamic batching off and on,
- * all in one run, against bare sessions with and without ORT's thread spinning
- * (the stage's default is without). `pnpm bench` (after `pnpm build`); BENCH_SECONDS sets each
- * measurement's length (default 4). Uses the synthetic ResNet-50 from
- * `pnpm models:synth` when models/ has one, else ../shared's MobileNetV2.
+ * all in one run, against bare sessions with and without ORT's thread
+ * spinning (the stage's default is without). `pnpm bench` (after `pnpm
+ * build`); BENCH_SECONDS sets each row's length (default 4), split over
+ * BENCH_ROUNDS interleaved rounds (default 4). Uses the synthetic ResNet-50
+ * from `pnpm models:synth` when models/ has one, else ../shared's MobileNetV2.
  */
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { availableParallelism, cpus, tmpdir } from "node:os";
@@ -21,6 +22,8 @@ const modelPath = existsSync(resnet) ? resnet : mobilenet;
 const modelLabel =
   modelPath === resnet ? "ResNet-50 (models/resnet50_inference, synthetic or fetched)" : "MobileNetV2 int8 (../shared)";
 const seconds = Number(process.env.BENCH_SECONDS ?? 4);
+/** Interleaved rounds each row's time is split into (BENCH_ROUNDS). */
+const ROUNDS = Math.max(1, Number(process.env.BENCH_ROUNDS ?? 4));
 const IMAGE = 3 * 224 * 224;
 const images = Array.from({ length: 8 }, (_, k) =>
   Float32Array.from({ length: IMAGE }, (_, i) => Math.sin(i * 0.001 + k)),
@@ -39,36 +42,40 @@ const pct = (xs: number[], p: number) => {
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN;
 };
 
-/** `concurrency` closed-loop clients, each running `call` (items per call) back to back. */
-async function measure(
-  what: string,
-  concurrency: number,
-  items: number,
-  call: (k: number) => Promise<unknown>,
-): Promise<Row> {
-  for (let i = 0; i < 2; i++) await call(i); // warm
-  const latencies: number[] = [];
-  const end = performance.now() + seconds * 1000;
+/** One row of the table: closed-loop clients running `call` (items per call) back to back. */
+interface Cell {
+  what: string;
+  concurrency: number;
+  items: number;
+  call: (k: number) => Promise<unknown>;
+  latencies: number[];
+  done: number;
+  seconds: number;
+}
+
+/** Runs a cell for about `slice` seconds more, after one untimed call per client (warm). */
+async function measure(cell: Cell, slice: number): Promise<void> {
+  await Promise.all(Array.from({ length: cell.concurrency }, (_, c) => cell.call(c)));
+  const end = performance.now() + slice * 1000;
   const t0 = performance.now();
-  let done = 0;
   await Promise.all(
-    Array.from({ length: concurrency }, async (_, c) => {
+    Array.from({ length: cell.concurrency }, async (_, c) => {
       while (performance.now() < end) {
         const t = performance.now();
-        await call(c);
-        latencies.push(performance.now() - t);
-        done += items;
+        await cell.call(c);
+        cell.latencies.push(performance.now() - t);
+        cell.done += cell.items;
       }
     }),
   );
-  const elapsed = (performance.now() - t0) / 1000;
-  const row = { what, concurrency, imgPerS: done / elapsed, p50: pct(latencies, 50), p99: pct(latencies, 99) };
-  console.error(`${what} c=${concurrency}: ${row.imgPerS.toFixed(1)} img/s, p50 ${row.p50.toFixed(1)} ms`);
-  return row;
+  cell.seconds += (performance.now() - t0) / 1000;
 }
 
 const threads = availableParallelism();
-const rows: Row[] = [];
+const cells: Cell[] = [];
+const cell = (what: string, concurrency: number, items: number, call: Cell["call"]) =>
+  cells.push({ what, concurrency, items, call, latencies: [], done: 0, seconds: 0 });
+const closers: (() => Promise<unknown>)[] = [];
 
 // Bare: one session on this thread, all cores intra-op, sequential; once with ORT's default
 // thread spinning, once without (the stage's default, allow_spinning false): the stage's
@@ -81,15 +88,15 @@ for (const spin of [true, false]) {
     executionMode: "sequential",
     ...(spin ? {} : { extra: NO_SPIN }),
   });
+  closers.push(() => bare.release());
   for (const n of [1, 4, 8]) {
     const data = new Float32Array(n * IMAGE);
     for (let i = 0; i < n; i++) data.set(images[i % 8]!, i * IMAGE);
     const label = `bare InferenceSession.run${spin ? "" : " (no spinning)"}, batch ${n}`;
-    rows.push(await measure(label, 1, n, () => bare.run({ input: new ort.Tensor("float32", data, [n, 3, 224, 224]) })));
+    cell(label, 1, n, () => bare.run({ input: new ort.Tensor("float32", data, [n, 3, 224, 224]) }));
   }
-  await bare.release();
 }
-const bareRows = rows.slice();
+const bareCells = cells.length;
 
 const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-bench-"));
 mkdirSync(join(repo, "m", "1"), { recursive: true });
@@ -121,15 +128,15 @@ for (const batching of ["none", "eager"] as const) {
   const stage = await createOnnxStage({ config: stageConfig(batching, false), modelDir: join(repo, "m") });
   const server = await listenStage(stage);
   const remote: Stage = await connectStage(grpcTransport(server.url), "m");
+  closers.push(
+    () => server.close(),
+    () => stage.close(),
+  );
   const label = LABEL[batching];
-  for (const c of [1, 4, 8])
-    rows.push(await measure(`stage in-process, ${label}`, c, 1, (k) => stage.infer(request(k))));
-  for (const c of [1, 4, 8])
-    rows.push(await measure(`stage over gRPC, ${label}`, c, 1, (k) => remote.infer(request(k))));
-  await server.close();
-  await stage.close();
+  for (const c of [1, 4, 8]) cell(`stage in-process, ${label}`, c, 1, (k) => stage.infer(request(k)));
+  for (const c of [1, 4, 8]) cell(`stage over gRPC, ${label}`, c, 1, (k) => remote.infer(request(k)));
 }
-// In-process only: the delay strategy, and everything again with allow_spinning "true"
+// In-process only: the delay strategy, and the stage again with allow_spinning "true"
 // (ORT's default, as the first bare session).
 const extra: [Batching, boolean, number[]][] = [
   ["delay", false, [8]],
@@ -139,12 +146,32 @@ const extra: [Batching, boolean, number[]][] = [
 ];
 for (const [batching, spin, concurrencies] of extra) {
   const stage = await createOnnxStage({ config: stageConfig(batching, spin), modelDir: join(repo, "m") });
+  closers.push(() => stage.close());
   const label = `stage in-process, ${spin ? "allow_spinning, " : ""}${LABEL[batching]}`;
-  for (const c of concurrencies) rows.push(await measure(label, c, 1, (k) => stage.infer(request(k))));
-  await stage.close();
+  for (const c of concurrencies) cell(label, c, 1, (k) => stage.infer(request(k)));
 }
+
+// Every setup is loaded before any is timed, and the cells run in ROUNDS interleaved rounds,
+// so a slow spell on a shared machine spreads over all rows instead of skewing a few.
+for (let round = 0; round < ROUNDS; round++) {
+  for (const c of cells) {
+    await measure(c, seconds / ROUNDS);
+    if (round === ROUNDS - 1) {
+      console.error(`${c.what} c=${c.concurrency}: ${(c.done / c.seconds).toFixed(1)} img/s`);
+    }
+  }
+}
+for (const close of closers.reverse()) await close();
 rmSync(repo, { recursive: true, force: true });
 
+const rows: Row[] = cells.map((c) => ({
+  what: c.what,
+  concurrency: c.concurrency,
+  imgPerS: c.done / c.seconds,
+  p50: pct(c.latencies, 50),
+  p99: pct(c.latencies, 99),
+}));
+const bareRows = rows.slice(0, bareCells);
 const fastest = (xs: Row[]) => xs.reduce((a, b) => (b.imgPerS > a.imgPerS ? b : a));
 const bareSpin = bareRows.slice(0, 3);
 const bareNoSpin = bareRows.slice(3);
@@ -155,7 +182,7 @@ const spinRows = stageRows.filter((r) => r.what.includes("allow_spinning"));
 const defaultRows = stageRows.filter((r) => !r.what.includes("allow_spinning"));
 
 console.log(
-  `model: ${modelLabel}; ${cpus()[0]?.model ?? "cpu"} × ${threads}; ${seconds} s per row; node ${process.version}, onnxruntime-node ${ort.env.versions.node ?? "1.30"}\n`,
+  `model: ${modelLabel}; ${cpus()[0]?.model ?? "cpu"} × ${threads}; ${seconds} s per row in ${ROUNDS} interleaved rounds; node ${process.version}, onnxruntime-node ${ort.env.versions.node ?? "1.30"}\n`,
 );
 console.log("| setup | concurrency | img/s | × bare batch 1 | × best bare | p50 ms | p99 ms |");
 console.log("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
