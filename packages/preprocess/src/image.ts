@@ -194,14 +194,19 @@ const LARGE_FILE = 512 * 1024;
 export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSettings, sink: RowSink): Promise<void> {
   const input = { failOn: FAIL_ON, limitInputPixels: s.maxPixels, ignoreIcc: true } as const;
   try {
-    if (s.mode === "seed" && format === "jpeg") {
+    if (format === "jpeg") {
       // JPEG's geometry, components and orientation come from its own header, read here in
-      // microseconds: the decode then keeps only the rows and columns the crop reads.
+      // microseconds instead of a libvips metadata call: seed mode's decode then keeps only
+      // the rows and columns the crop reads, fast mode knows its resize at once.
       const h = jpegHeader(bytes);
       if (h !== undefined && h.components !== 4) {
         const turned = h.orientation >= 5;
         const size = { width: turned ? h.height : h.width, height: turned ? h.width : h.height };
         checkPixels(size.width, size.height, s.maxPixels);
+        if (s.mode === "fast") {
+          const g = cropGeometry(size.width, size.height, s.resizeSize, s.cropSize);
+          return await decodeFast(bytes, input, g, s.cropSize, sink);
+        }
         // Plain RGB, upright: no orientation or colour stage in the libvips pipeline at all.
         const plain = h.components === 3 && h.orientation === 1;
         return await decodeSeed(bytes, input, s, false, sink, size, plain);
