@@ -225,37 +225,27 @@ function resizeRowsSimd(
       k.hpass(srcAt, offs, weights, outW, row);
     }
   };
-  // Which source row each int32 row holds; the table's rows only move forward (see resizeRows).
-  let heldA = -1;
-  let heldB = -1;
+  // The same two-slot ring as resizeRows: P holds source row p, Q holds q; rows only move forward.
+  let rowP = rowA;
+  let rowQ = rowB;
+  let p = -1;
+  let q = -1;
   for (let y = 0; y < outH; y++) {
     const s0 = ys.src0[y] as number;
     const s1 = ys.src1[y] as number;
-    let r0: number;
-    if (heldA === s0) r0 = rowA;
-    else if (heldB === s0) r0 = rowB;
-    else if (heldA === s1) {
-      horizontal(rowB, s0);
-      heldB = s0;
-      r0 = rowB;
-    } else {
-      horizontal(rowA, s0);
-      heldA = s0;
-      r0 = rowA;
+    if (p !== s0) {
+      if (q === s0) {
+        [rowP, rowQ] = [rowQ, rowP];
+        q = p;
+      } else horizontal(rowP, s0);
+      p = s0;
     }
-    let r1: number;
-    if (s1 === s0) r1 = r0;
-    else if (heldA === s1) r1 = rowA;
-    else if (heldB === s1) r1 = rowB;
-    else if (r0 === rowA) {
-      horizontal(rowB, s1);
-      heldB = s1;
-      r1 = rowB;
-    } else {
-      horizontal(rowA, s1);
-      heldA = s1;
-      r1 = rowA;
+    if (s1 !== s0 && q !== s1) {
+      horizontal(rowQ, s1);
+      q = s1;
     }
+    const r0 = rowP;
+    const r1 = s1 === s0 ? rowP : rowQ;
     k.vpass(r0, r1, ys.w0[y] as number, ys.w1[y] as number, blocks, out);
     if (target) {
       k.planar(out, pixelBlocks, planeAt, target.mean, target.std);
