@@ -26,8 +26,10 @@ import {
   createOnnxStage,
   createStage,
   type OnnxStage,
+  planInstances,
   readOnnxMetadataProps,
   SYNTHETIC_METADATA_KEY,
+  sessionOptions,
 } from "../dist/index.js";
 import { identityModel } from "./onnx-writer.js";
 
@@ -504,5 +506,46 @@ describe("hand-built ONNX models", () => {
     expect(done.schedulingChoice.case).toBeUndefined();
     expect(done.output.map((o) => [o.name, o.dims.map(Number)])).toEqual([["a_out", [7]]]);
     expect(config.output).toHaveLength(0);
+  });
+
+  it("spins ORT's pool threads within a run and stops them after it by default; both are parameters", async () => {
+    const config = (params: string) => parseModelConfig(`name: "spin"\n${params}`);
+    const entries = (c: ReturnType<typeof config>) =>
+      (sessionOptions(c, planInstances(c)[0]!, 1).extra as { session: Record<string, unknown> }).session;
+    expect(entries(config(""))).toEqual({
+      intra_op: { allow_spinning: "1" },
+      inter_op: { allow_spinning: "1" },
+      force_spinning_stop: "1",
+    });
+    const off = config(
+      `parameters { key: "allow_spinning" value { string_value: "false" } }
+       parameters { key: "force_spinning_stop" value { string_value: "FALSE" } }`,
+    );
+    expect(entries(off)).toEqual({
+      intra_op: { allow_spinning: "0" },
+      inter_op: { allow_spinning: "0" },
+      force_spinning_stop: "0",
+    });
+    const bad = config(`parameters { key: "force_spinning_stop" value { string_value: "yes" } }`);
+    let err: unknown;
+    try {
+      entries(bad);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(StageError);
+    expect((err as StageError).code).toBe(Code.InvalidArgument);
+    expect((err as StageError).message).toMatch(/parameter force_spinning_stop: expected true or false, got "yes"/);
+
+    // ORT itself takes both settings: a stage with each loads and answers.
+    for (const params of ["", `parameters { key: "allow_spinning" value { string_value: "false" } }`]) {
+      const stage = await load(
+        `toy_spin_${params ? "off" : "on"}`,
+        identityModel([{ name: "a", type: "float32", shape: ["N", 4] }]),
+        params,
+      );
+      const out = await stage.infer({ inputs: [tensor("a", "FP32", [1, 4], new Float32Array([1, 2, 3, 4]))] });
+      expect(Array.from(out.outputs[0]!.data as Float32Array)).toEqual([1, 2, 3, 4]);
+    }
   });
 });
