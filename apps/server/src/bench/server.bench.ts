@@ -168,7 +168,9 @@ async function measureServer(model: string, photos: Uint8Array[], setup: ServerS
       if (name === "resnet50_inference" && setup.intraThreads)
         t += parameter("intra_op_thread_count", String(setup.intraThreads));
       if (name === "resnet50_inference" && setup.spinning !== undefined)
-        t = t.replace(/\nparameters \{\s*key: "allow_spinning"[^}]*\}\s*\}/, "") + parameter("allow_spinning", String(setup.spinning));
+        t =
+          t.replace(/\nparameters \{\s*key: "allow_spinning"[^}]*\}\s*\}/, "") +
+          parameter("allow_spinning", String(setup.spinning));
       if (name === "resnet50_inference" && setup.spinStop !== undefined)
         t += parameter("force_spinning_stop", String(setup.spinStop));
       if (name === "resnet50_preprocess" && setup.mode === "fast") t += parameter("mode", "fast");
