@@ -1,7 +1,7 @@
 /**
  * ManagedStage: how the repository manager hands a loaded stage to the
- * frontends. It counts in-flight requests (for the pending-request metric,
- * graceful unload and shutdown) and implements Triton's classification
+ * frontends. It counts in-flight requests (for graceful unload and shutdown,
+ * and the pending-request metric of stages without a queue of their own) and implements Triton's classification
  * extension, so HTTP and gRPC behave the same without each stage knowing.
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
@@ -43,6 +43,10 @@ export class ManagedStage implements Stage {
   /** Requests this stage is executing right now. */
   get inflight(): number {
     return this.inflightCount;
+  }
+  /** Requests waiting to execute (the stage's own queue), else those in flight, as Triton counts ensembles. */
+  pendingRequests(): number {
+    return this.inner.pendingRequests?.() ?? this.inflightCount;
   }
 
   isReady(): boolean | Promise<boolean> {

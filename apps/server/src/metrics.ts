@@ -33,7 +33,7 @@ export function createMetrics(source: MetricsSource, logger?: { warn(obj: object
         source.list().map(async (stage): Promise<StatsRow[]> => {
           const labels = { model: stage.name, version: stage.version };
           try {
-            return [{ labels, stats: await stage.statistics(), pending: stage.inflight }];
+            return [{ labels, stats: await stage.statistics(), pending: stage.pendingRequests() }];
           } catch (err) {
             // A model whose statistics cannot be read now (a remote one that is down) is left out
             // of this scrape; it must not take every other model's metrics down with it.

@@ -54,6 +54,7 @@ describe("explicit model control", () => {
       echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
       chain: { config: CHAIN_CONFIG },
       other: { config: echoConfig("other", { params: { scale: "2" } }) },
+      serial: { config: echoConfig("serial", { params: { serial: "1" } }) },
       broken: { config: echoConfig("broken", { params: { module: "./missing.js" } }) },
     });
     server = await startServerProcess([
@@ -88,6 +89,7 @@ describe("explicit model control", () => {
       { name: "echo", version: "1", state: "READY" },
       { name: "echo10", version: "1", state: "READY" },
       { name: "other" },
+      { name: "serial" },
     ]);
     const res = await postJson(`${server.http}/v2/models/other/infer`, slowRequest(0));
     expect(res.status).toBe(400);
@@ -126,6 +128,20 @@ describe("explicit model control", () => {
     expect((await fetch(`${server.http}/v2/health/live`)).status).toBe(200);
     // A failed model is reported, not counted against readiness.
     expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
+  });
+
+  it("counts a stage's queued requests as pending, not the one executing (a stage without a queue: those in flight)", async () => {
+    expect((await postJson(`${server.http}/v2/repository/models/serial/load`, {})).status).toBe(200);
+    const requests = [1, 2, 3].map((i) =>
+      postJson(`${server.http}/v2/models/serial/infer`, slowRequest(600, [i, i, i, i])),
+    );
+    await until(async () => (await pending(server, "serial")) === 2, "2 requests queued on serial");
+    const answers = await Promise.all(requests);
+    answers.forEach((a, k) => {
+      expect(a.status).toBe(200);
+      expect(a.json.outputs[0].data).toEqual([k + 1, k + 1, k + 1, k + 1]);
+    });
+    expect(await pending(server, "serial")).toBe(0);
   });
 
   it("lets in-flight requests finish when their model is unloaded, refusing new ones meanwhile", async () => {

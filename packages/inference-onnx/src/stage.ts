@@ -66,6 +66,8 @@ export interface OnnxStage extends Stage {
   readonly synthetic: boolean;
   /** The ONNX file loaded. */
   readonly modelPath: string;
+  /** Requests in the dynamic batcher's queue (executing ones not counted). */
+  pendingRequests(): number;
 }
 
 /** ONNX metadata_props key (or version-folder file) that marks a synthetic model (`pnpm models:synth`). */
@@ -338,6 +340,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     isReady: () => !closed && workers.every((w) => w.alive),
     metadata: () => metadata,
     infer: (request, opts) => batcher.infer(request, opts),
+    pendingRequests: () => batcher.queued,
     statistics: () => recorder.snapshot(),
     async close() {
       if (closed) return;

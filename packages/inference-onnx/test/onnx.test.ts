@@ -201,6 +201,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     it("answers RESOURCE_EXHAUSTED at once when the queue is full", async () => {
       const running = stage.infer(imageRequest(16, 1));
       const queued = [stage.infer(imageRequest(16, 2)), stage.infer(imageRequest(16, 3))];
+      expect(stage.pendingRequests()).toBe(2); // the running batch is not pending
       const err = await rejection(stage.infer(imageRequest(1, 4)));
       expect(err.code).toBe(Code.ResourceExhausted);
       expect(err.message).toMatch(/maximum queue size: 2/);

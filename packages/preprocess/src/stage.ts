@@ -124,6 +124,8 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
   const perImage = 3 * params.cropSize * params.cropSize;
   const metadata = metadataFromConfig(config, [version]);
   let closed = false;
+  /** Requests none of whose images has started decoding (the limiter is full). */
+  let waiting = 0;
 
   /** The request's elements, checked against the config's input. */
   function elementsOf(request: InferRequest): Uint8Array[] {
@@ -167,9 +169,17 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
       const out = params.outputDatatype === "FP16" ? new Uint16Array(n * perImage) : new Float32Array(n * perImage);
       const failures: { index: number; reason: string }[] = [];
       const signal = opts.signal;
+      let started = n === 0;
+      if (!started) waiting++;
+      const markStarted = () => {
+        if (started) return;
+        started = true;
+        waiting--;
+      };
       await Promise.all(
         items.map((element, index) =>
           limiter.run(async () => {
+            markStarted();
             // One bad element fails the request: skip work that can no longer be used.
             if (failures.length > 0 || signal?.aborted) return;
             try {
@@ -222,6 +232,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
     metadata: () => metadata,
     infer,
     statistics: () => stats.snapshot(),
+    pendingRequests: () => waiting,
     close: async () => {
       closed = true;
     },

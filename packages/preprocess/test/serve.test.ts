@@ -186,3 +186,22 @@ describe("parameters from config.pbtxt", () => {
     expect((err as StageError).rawMessage).toMatch(message);
   });
 });
+
+describe("pending requests", () => {
+  it("counts the requests waiting for a decode slot, not the ones decoding", async () => {
+    const s = createPreprocess({ concurrency: 1 });
+    const chelsea = readFixtureImage("chelsea.jpg");
+    expect(s.pendingRequests?.()).toBe(0);
+    const first = s.infer(rawImageRequest([chelsea, chelsea]));
+    const second = s.infer(rawImageRequest([chelsea]));
+    const third = s.infer(rawImageRequest([chelsea]));
+    // One slot: the first request is decoding; the other two wait.
+    expect(s.pendingRequests?.()).toBe(2);
+    await first;
+    await Promise.all([second, third]);
+    expect(s.pendingRequests?.()).toBe(0);
+    // A request that fails still leaves the count.
+    await s.infer(rawImageRequest(["not an image"])).catch(() => undefined);
+    expect(s.pendingRequests?.()).toBe(0);
+  });
+});

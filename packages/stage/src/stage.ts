@@ -68,6 +68,13 @@ export interface Stage {
   metadata(): StageMetadata | Promise<StageMetadata>;
   infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
   statistics(): ModelStatistics | Promise<ModelStatistics>;
+  /**
+   * Requests accepted but not yet executing: waiting for an instance or a
+   * batch (Triton's pending-request count). Stages without a queue of their
+   * own leave it out; the server then counts the requests in flight, as Triton
+   * does for ensembles.
+   */
+  pendingRequests?(): number;
   /** Releases sessions, workers and connections. */
   close(): Promise<void>;
 }
