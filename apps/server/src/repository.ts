@@ -4,7 +4,7 @@
  * (READY / UNAVAILABLE / LOADING / UNLOADING) and serves them as a
  * ModelRegistry to both frontends.
  */
-import { readFile } from "node:fs/promises";
+import { readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import type { LoadStageOptions, RepositoryModel, RepositoryScan } from "@trellis/ensemble-runner";
 import type { ModelConfig } from "@trellis/protocol";
@@ -58,7 +58,7 @@ interface ModelEntry {
   versions: Map<string, VersionEntry>;
   /** Serialises load/unload of one model. */
   queue: Promise<void>;
-  /** Versions and config text the model was last loaded from (poll mode compares them). */
+  /** What the model was last loaded from (see sourceOf): a load or poll reloads only when it changed. */
   loadedFrom?: string;
 }
 
@@ -213,11 +213,6 @@ export class RepositoryManager implements ModelRegistry {
     return (await Promise.all(checks)).every(Boolean);
   }
 
-  /** Requests in flight per loaded stage, for the pending-request metric. */
-  inflight(): { stage: ManagedStage; count: number }[] {
-    return this.list().map((stage) => ({ stage, count: stage.inflight }));
-  }
-
   index(readyOnly: boolean): ModelIndexEntry[] {
     const rows: ModelIndexEntry[] = [];
     for (const e of [...this.models.values()].sort((a, b) => a.name.localeCompare(b.name))) {
@@ -262,6 +257,7 @@ export class RepositoryManager implements ModelRegistry {
       this.opts.logger.info({ dir }, "not a model (no config.pbtxt, no version folder): skipped");
     for (const err of scan.errors) {
       const e = this.entry(err.name);
+      e.model = undefined;
       e.scanError = err.error.message;
       this.opts.logger.error({ model: err.name, reason: err.error.message }, "model configuration invalid");
     }
@@ -333,9 +329,13 @@ export class RepositoryManager implements ModelRegistry {
   }
 
   /**
-   * Loads the versions the policy selects and unloads the others. Returns
-   * why each selected version failed (versions unloaded because the policy
-   * no longer selects them are not failures).
+   * Loads the versions the policy selects and unloads the others. A version
+   * already READY is kept as it is when nothing it was loaded from changed;
+   * when something did, it is reloaded as Triton does: the new stage replaces
+   * the old one only once it is ready (requests keep flowing meanwhile, and
+   * the old one's in-flight requests finish), and if the reload fails the old
+   * one stays loaded. Returns why each selected version failed (versions
+   * unloaded because the policy no longer selects them are not failures).
    */
   private async loadEntry(e: ModelEntry, model: RepositoryModel): Promise<string[]> {
     const wanted = selectVersions(model.config, model.versions);
@@ -347,18 +347,21 @@ export class RepositoryManager implements ModelRegistry {
       return [reason];
     }
     e.versions.delete("");
-    e.loadedFrom = `${model.versions.join(",")}\n${await readFile(model.configPath, "utf8").catch(() => "")}`;
+    const source = await sourceOf(model, wanted);
+    const changed = e.loadedFrom !== source;
     const labels = await readLabels(model);
     // Versions no longer selected go first (e.g. a newer one appeared under "latest 1").
     for (const v of [...e.versions.values()]) {
       if (!wanted.includes(v.version)) await this.unloadVersion(e, v);
     }
+    const failures: string[] = [];
     await Promise.all(
       wanted.map(async (version) => {
         const previous = e.versions.get(version);
-        if (previous?.state === "READY" && previous.stage) return;
+        const serving = previous?.state === "READY" && previous.stage ? previous : undefined;
+        if (serving && !changed) return;
         const entry: VersionEntry = { version, state: "LOADING", reason: "" };
-        e.versions.set(version, entry);
+        if (!serving) e.versions.set(version, entry);
         let stage: Stage | undefined;
         try {
           stage = await this.opts.loader.loadStage(model, {
@@ -372,14 +375,25 @@ export class RepositoryManager implements ModelRegistry {
           if (!(await stage.isReady())) await waitReady(stage);
           entry.stage = new ManagedStage(stage, labels, () => this.readyVersions(model.name));
           entry.state = "READY";
-          this.opts.logger.info({ model: model.name, version, state: "READY" }, "model loaded");
-        } catch (err) {
-          entry.state = "UNAVAILABLE";
-          entry.reason = err instanceof Error ? err.message : String(err);
-          this.opts.logger.error(
-            { model: model.name, version, state: "UNAVAILABLE", reason: entry.reason },
-            "model failed to load",
+          e.versions.set(version, entry);
+          this.opts.logger.info(
+            { model: model.name, version, state: "READY" },
+            serving ? "model reloaded" : "model loaded",
           );
+          if (serving?.stage) await this.retire(model.name, version, serving.stage);
+        } catch (err) {
+          const reason = err instanceof Error ? err.message : String(err);
+          failures.push(`version ${version}: ${reason}`);
+          if (serving) {
+            this.opts.logger.error(
+              { model: model.name, version, state: "READY", reason },
+              "model failed to reload: the loaded one stays",
+            );
+          } else {
+            entry.state = "UNAVAILABLE";
+            entry.reason = reason;
+            this.opts.logger.error({ model: model.name, version, state: "UNAVAILABLE", reason }, "model failed to load");
+          }
           // Loaded but never ready (warmup failed): release its sessions and workers.
           await stage
             ?.close()
@@ -389,10 +403,17 @@ export class RepositoryManager implements ModelRegistry {
         }
       }),
     );
-    return wanted.flatMap((version) => {
-      const v = e.versions.get(version);
-      return v && v.state !== "READY" ? [`version ${version}: ${v.reason}`] : [];
-    });
+    // A failed reload is retried by the next load or poll; a failed first load too.
+    e.loadedFrom = failures.length === 0 ? source : undefined;
+    return failures;
+  }
+
+  /** A replaced stage: it already takes no new requests; it closes once its in-flight ones finish. */
+  private async retire(model: string, version: string, stage: ManagedStage): Promise<void> {
+    await stage.drained();
+    await stage
+      .close()
+      .catch((err: unknown) => this.opts.logger.warn({ model, version, err: String(err) }, "error closing model"));
   }
 
   /**
@@ -479,7 +500,7 @@ export class RepositoryManager implements ModelRegistry {
     this.pollTimer.unref();
   }
 
-  /** Loads new models, unloads removed ones, reloads ones whose config or versions changed. */
+  /** Loads new models, unloads removed ones, reloads ones whose config, versions or files changed. */
   async poll(): Promise<void> {
     const scan = await this.opts.loader.scanRepository(this.opts.repositories);
     const present = new Set([...scan.models.map((m) => m.name), ...scan.errors.map((x) => x.name)]);
@@ -492,17 +513,35 @@ export class RepositoryManager implements ModelRegistry {
     const changed: string[] = [];
     for (const m of scan.models) {
       const e = this.models.get(m.name);
-      const text = await readFile(m.configPath, "utf8").catch(() => "");
-      if (!e || e.loadedFrom !== `${m.versions.join(",")}\n${text}`) changed.push(m.name);
+      if (!e || e.loadedFrom !== (await sourceOf(m, selectVersions(m.config, m.versions)))) changed.push(m.name);
     }
     await this.scan();
-    for (const name of changed) {
-      const e = this.entry(name);
-      await this.enqueue(e, () => this.unloadEntry(e));
-      e.versions.clear();
-    }
     await this.loadMany(changed);
   }
+}
+
+/**
+ * What a model is loaded from, as one comparable string: its config.pbtxt
+ * text, its version folders, and the name, size and modification time of
+ * each file in the model folder and in the selected version folders.
+ */
+async function sourceOf(model: RepositoryModel, versions: string[]): Promise<string> {
+  const files = async (dir: string): Promise<string[]> => {
+    const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+    return Promise.all(
+      entries
+        .filter((d) => !d.isDirectory())
+        .sort((a, b) => a.name.localeCompare(b.name))
+        .map(async (d) => {
+          const s = await stat(join(dir, d.name)).catch(() => undefined);
+          return `${d.name}:${s?.size}:${s?.mtimeMs}`;
+        }),
+    );
+  };
+  const config = await readFile(model.configPath, "utf8").catch(() => "");
+  const parts = [config, model.versions.join(","), ...(await files(model.modelDir))];
+  for (const v of versions) parts.push(`[${v}]`, ...(await files(join(model.modelDir, v))));
+  return parts.join("\n");
 }
 
 /** Waits for a stage that loaded but is still warming up. */

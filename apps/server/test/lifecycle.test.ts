@@ -4,7 +4,7 @@
  * flight, and a model that fails to load on request.
  */
 import { existsSync } from "node:fs";
-import { mkdir } from "node:fs/promises";
+import { mkdir, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
@@ -213,6 +213,38 @@ describe("explicit model control: versions and failed warmup", () => {
     ]);
   });
 
+  it("reloads a READY model whose config changed, without a gap; a failed reload keeps the loaded one", async () => {
+    await addModel(repo, "tuned", { config: echoConfig("tuned", { params: { scale: "2" } }) });
+    expect((await load("tuned")).status).toBe(200);
+    expect((await infer("tuned")).json.outputs[0].data).toEqual([2, 4, 6, 8]);
+    const reloads = () => server.logs.filter((l) => l.model === "tuned" && l.msg === "model reloaded").length;
+
+    // Unchanged: a load is a no-op.
+    expect((await load("tuned")).status).toBe(200);
+    expect(reloads()).toBe(0);
+
+    // Changed: the new config serves once loaded; a request already running on the old one finishes on it.
+    const slow = postJson(`${server.http}/v2/models/tuned/infer`, slowRequest(800));
+    await new Promise((r) => setTimeout(r, 100));
+    await writeFile(join(repo, "tuned", "config.pbtxt"), echoConfig("tuned", { params: { scale: "3" } }));
+    expect((await load("tuned")).status).toBe(200);
+    expect(reloads()).toBe(1);
+    expect((await infer("tuned")).json.outputs[0].data).toEqual([3, 6, 9, 12]);
+    expect((await slow).json.outputs[0].data).toEqual([2, 4, 6, 8]);
+
+    // A reload that fails is reported, and the loaded model goes on serving.
+    await writeFile(
+      join(repo, "tuned", "config.pbtxt"),
+      echoConfig("tuned", { params: { scale: "4", module: "./missing.js" } }),
+    );
+    const failed = await load("tuned");
+    expect(failed.status).toBe(400);
+    expect(failed.json.error).toContain("missing.js");
+    expect((await infer("tuned")).json.outputs[0].data).toEqual([3, 6, 9, 12]);
+    const rows = (await postJson(`${server.http}/v2/repository/index`, {})).json as { name: string }[];
+    expect(rows.filter((r) => r.name === "tuned")).toEqual([{ name: "tuned", version: "1", state: "READY" }]);
+  });
+
   it("closes a stage that loaded but failed its warmup", async () => {
     // A self-contained model.js: loads, then fails its readiness check; close() leaves a marker file.
     const marker = join(repo, "cold", "1", "closed");
@@ -325,5 +357,72 @@ describe("graceful shutdown", () => {
       await server.stop("SIGKILL");
       await removeDir(repo);
     }
+  });
+});
+
+describe("poll mode over two repositories", () => {
+  let first: string;
+  let second: string;
+  let server: ServerProcess;
+  beforeAll(async () => {
+    first = await makeRepository({
+      echo: { config: echoConfig("echo", { params: { scale: "2" } }) },
+      twin: { config: echoConfig("twin", { params: { scale: "5" } }) },
+    });
+    second = await makeRepository({
+      twin: { config: echoConfig("twin", { params: { scale: "7" } }) },
+      other: { config: echoConfig("other", { params: { scale: "3" } }) },
+    });
+    server = await startServerProcess([
+      "--model-repository",
+      first,
+      "--model-repository",
+      second,
+      "--model-control-mode",
+      "poll",
+      "--repository-poll-secs",
+      "0.2",
+    ]);
+  });
+  afterAll(async () => {
+    expect(await server?.stop()).toBe(0);
+    await removeDir(first);
+    await removeDir(second);
+  });
+  const infer = async (model: string) =>
+    postJson(`${server.http}/v2/models/${model}/infer`, {
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+    });
+  const output = async (model: string) => (await infer(model)).json.outputs?.[0]?.data;
+
+  it("refuses a model name found in both repositories and serves the rest; loads it once it is in one", async () => {
+    expect(await output("echo")).toEqual([2, 4, 6, 8]);
+    expect(await output("other")).toEqual([3, 6, 9, 12]);
+    const twin = (await postJson(`${server.http}/v2/repository/index`, {})).json.find(
+      (m: { name: string }) => m.name === "twin",
+    );
+    expect(twin).toMatchObject({ name: "twin", state: "UNAVAILABLE" });
+    expect(twin.reason).toBe(
+      `model "twin" is in more than one repository (${join(first, "twin")}, ${join(second, "twin")}): none of them is loaded`,
+    );
+    expect((await infer("twin")).status).toBe(400);
+    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
+
+    await rm(join(second, "twin"), { recursive: true });
+    await until(async () => (await infer("twin")).status === 200, "twin to load from the first repository");
+    expect(await output("twin")).toEqual([5, 10, 15, 20]);
+  });
+
+  it("reloads a model whose config changed without refusing a request meanwhile", async () => {
+    await writeFile(join(first, "echo", "config.pbtxt"), echoConfig("echo", { params: { scale: "4" } }));
+    const seen = new Set<string>();
+    await until(async () => {
+      const res = await infer("echo");
+      seen.add(res.status === 200 ? JSON.stringify(res.json.outputs[0].data) : `status ${res.status}`);
+      return res.status === 200 && res.json.outputs[0].data[0] === 4;
+    }, "echo to serve scale 4");
+    // Every answer came from the old or the new config: no refusal while the new one loaded.
+    expect([...seen].every((x) => x === "[2,4,6,8]" || x === "[4,8,12,16]")).toBe(true);
+    expect(server.logs.some((l) => l.model === "echo" && l.msg === "model reloaded")).toBe(true);
   });
 });

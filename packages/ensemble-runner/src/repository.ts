@@ -60,15 +60,31 @@ export async function scanRepository(repositories: string[]): Promise<Repository
         if (config.name !== name) {
           throw new Error(`${configPath}: config name "${config.name}" does not match its directory "${name}"`);
         }
-        const existing = models.find((m) => m.name === name);
-        if (existing) throw new Error(`model "${name}" is in both ${existing.repository} and ${repository}`);
         models.push({ name, repository, modelDir, configPath, config, versions });
       } catch (err) {
         errors.push({ name, modelDir, error: err instanceof Error ? err : new Error(String(err)) });
       }
     }
   }
-  return { models, errors, skipped };
+  // As Triton: a name found in more than one repository is ambiguous, so none of them loads.
+  const dirsByName = new Map<string, string[]>();
+  for (const { name, modelDir } of [...models, ...errors])
+    dirsByName.set(name, [...(dirsByName.get(name) ?? []), modelDir]);
+  const clashes = [...dirsByName].filter(([, dirs]) => dirs.length > 1);
+  if (clashes.length === 0) return { models, errors, skipped };
+  const clashing = new Set(clashes.map(([name]) => name));
+  return {
+    models: models.filter((m) => !clashing.has(m.name)),
+    errors: [
+      ...errors.filter((e) => !clashing.has(e.name)),
+      ...clashes.map(([name, dirs]) => ({
+        name,
+        modelDir: dirs[0] as string,
+        error: new Error(`model "${name}" is in more than one repository (${dirs.join(", ")}): none of them is loaded`),
+      })),
+    ],
+    skipped,
+  };
 }
 
 /**

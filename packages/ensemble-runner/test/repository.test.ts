@@ -121,6 +121,27 @@ describe("scanRepository", () => {
     expect(errors[0]!.error.message).toMatch(/broken\/config\.pbtxt:2:\d+: /);
     expect(errors[1]!.error.message).toContain('config name "other" does not match its directory "misnamed"');
   });
+
+  it("refuses a model name found in two repositories (neither loads, as in Triton), keeping the rest", async () => {
+    const second = await mkdtemp(join(tmpdir(), "trellis-repo2-"));
+    try {
+      await mkdir(join(second, "scale", "1"), { recursive: true });
+      await writeFile(join(second, "scale", "config.pbtxt"), unary("scale", ""));
+      await mkdir(join(second, "solo", "1"), { recursive: true });
+      await writeFile(join(second, "solo", "config.pbtxt"), unary("solo", ""));
+      const { models, errors } = await scanRepository([repo, second]);
+      expect(models.map((m) => m.name)).not.toContain("scale");
+      expect(models.map((m) => m.name)).toContain("solo");
+      expect(models.map((m) => m.name)).toContain("offset");
+      const clash = errors.filter((e) => e.name === "scale");
+      expect(clash).toHaveLength(1);
+      expect(clash[0]!.error.message).toBe(
+        `model "scale" is in more than one repository (${join(repo, "scale")}, ${join(second, "scale")}): none of them is loaded`,
+      );
+    } finally {
+      await rm(second, { recursive: true, force: true });
+    }
+  });
 });
 
 describe("loadStage", () => {
