@@ -19,6 +19,7 @@ import {
 import {
   type JsonInferRequest,
   parametersFromJson,
+  stringifyJson,
   tensorFromBinary,
   tensorFromJson,
   tensorToJsonData,
@@ -66,7 +67,7 @@ class HttpError extends Error {
 const HEADER_LENGTH = "inference-header-content-length";
 
 function sendJson(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
+  const text = stringifyJson(body);
   res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
   res.end(text);
 }
@@ -369,16 +370,12 @@ export function restHandler(ctx: RestContext) {
       return { name: t.name, datatype: t.datatype, shape: t.shape, data: tensorToJsonData(t) };
     });
     const head = Buffer.from(
-      JSON.stringify({
+      stringifyJson({
         ...(response.id ? { id: response.id } : {}),
         model_name: response.modelName,
         model_version: response.modelVersion,
         ...(response.parameters && Object.keys(response.parameters).length > 0
-          ? {
-              parameters: Object.fromEntries(
-                Object.entries(response.parameters).map(([k, v]) => [k, typeof v === "bigint" ? Number(v) : v]),
-              ),
-            }
+          ? { parameters: response.parameters }
           : {}),
         outputs: outJson,
       }),

@@ -4,6 +4,7 @@
  * byte-level work is @trellis/stage's codec; this file only maps JSON
  * values onto InferTensorContents and back.
  */
+import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { type InferTensorContents, InferTensorContentsSchema } from "@trellis/protocol";
 import {
@@ -129,8 +130,26 @@ export function tensorToJsonData(t: Tensor): unknown[] {
     );
   }
   const contents = tensorToContents(t);
-  const values = contents[contentsFieldOf(t.datatype) as keyof InferTensorContents] as unknown[];
-  return t.datatype === "INT64" || t.datatype === "UINT64" ? values.map(Number) : values;
+  // INT64/UINT64 stay bigints: stringifyJson writes them exactly.
+  return contents[contentsFieldOf(t.datatype) as keyof InferTensorContents] as unknown[];
+}
+
+/**
+ * JSON text for a response body, with bigints (INT64/UINT64 data and
+ * parameters) written as exact JSON integers, as Triton writes them:
+ * JSON.stringify cannot write a bigint, and a double rounds past 2^53.
+ */
+export function stringifyJson(body: unknown): string {
+  let marker: string | undefined;
+  const text = JSON.stringify(body, (_key, v: unknown) => {
+    if (typeof v !== "bigint") return v;
+    marker ??= `\u0000${randomUUID()}:`;
+    return `${marker}${v}`;
+  });
+  if (marker === undefined) return text;
+  // Each bigint came out as "<marker><digits>"; a control character plus a fresh UUID is in no other string.
+  const [head = "", ...rest] = text.split(JSON.stringify(marker).slice(0, -1));
+  return head + rest.map((part) => part.replace(/^(-?\d+)"/, "$1")).join("");
 }
 
 export { tensorToRaw };

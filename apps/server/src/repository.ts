@@ -392,7 +392,10 @@ export class RepositoryManager implements ModelRegistry {
           } else {
             entry.state = "UNAVAILABLE";
             entry.reason = reason;
-            this.opts.logger.error({ model: model.name, version, state: "UNAVAILABLE", reason }, "model failed to load");
+            this.opts.logger.error(
+              { model: model.name, version, state: "UNAVAILABLE", reason },
+              "model failed to load",
+            );
           }
           // Loaded but never ready (warmup failed): release its sessions and workers.
           await stage

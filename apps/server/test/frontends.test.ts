@@ -187,6 +187,23 @@ describe("HTTP/REST", () => {
     });
   });
 
+  it("writes INT64 outputs past 2^53 as exact JSON integers (binary in, JSON out)", async () => {
+    const values = [2n ** 62n + 1n, -(2n ** 63n), 9007199254740993n, -1n];
+    const res = await postBinary(
+      `${server.http}/v2/models/echo_int/infer`,
+      { inputs: [{ name: "INPUT", datatype: "INT64", shape: [2, 2] }] },
+      [new Uint8Array(BigInt64Array.from(values).buffer)],
+    );
+    expect(res.status).toBe(200);
+    const text = await res.text();
+    expect(text).toContain('"data":[4611686018427387905,-9223372036854775808,9007199254740993,-1]');
+    // A BYTES output that looks like the internal marker is left alone.
+    const strs = await postJson(`${server.http}/v2/models/echo_str/infer`, {
+      inputs: [{ name: "INPUT", datatype: "BYTES", shape: [1, 1], data: ['\u00001234"5'] }],
+    });
+    expect(strs.json.outputs[0].data).toEqual(['\u00001234"5']);
+  });
+
   it("speaks the binary tensor extension both ways, and mixes it with JSON", async () => {
     const values = [1.5, -2, 0.25, 3, 4, 5, 6, 7];
     const res = await postBinary(
