@@ -10,7 +10,7 @@ import { ensureSeedModels } from "./bootstrap.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
 import { type ControlMode, RepositoryManager } from "./repository.js";
-import { SERVER_VERSION, startServer } from "./server.js";
+import { DEFAULT_GRPC_MAX_INPUT_BYTES, SERVER_VERSION, startServer } from "./server.js";
 
 const port = (v: string) => {
   const n = Number(v);
@@ -58,6 +58,12 @@ const program = new Command("trellis-server")
     bytes,
     DEFAULT_HTTP_MAX_INPUT_BYTES,
   )
+  .option(
+    "--grpc-max-input-size <bytes>",
+    "largest gRPC request message accepted on the gRPC port; larger ones get RESOURCE_EXHAUSTED (default: Triton's 2^31-1)",
+    bytes,
+    DEFAULT_GRPC_MAX_INPUT_BYTES,
+  )
   .addOption(
     new Option(
       "--model-control-mode <mode>",
@@ -94,6 +100,7 @@ interface Flags {
   metricsPort: number;
   host: string;
   httpMaxInputSize: number;
+  grpcMaxInputSize: number;
   modelControlMode: ControlMode;
   loadModel: string[];
   repositoryPollSecs: number;
@@ -129,6 +136,7 @@ async function main(): Promise<void> {
     grpcPort: flags.grpcPort,
     metricsPort: flags.metricsPort,
     httpMaxInputBytes: flags.httpMaxInputSize,
+    grpcMaxInputBytes: flags.grpcMaxInputSize,
     logger,
   });
 

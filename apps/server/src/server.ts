@@ -9,7 +9,7 @@ import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { HTTP2_SETTINGS, serveStage, UNCOMPRESSED_RESPONSES, widenSessionWindow } from "@trellis/stage";
-import { restHandler } from "./http.js";
+import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
 
@@ -34,6 +34,9 @@ export interface Logger {
   debug(obj: object | string, msg?: string): void;
 }
 
+/** Triton's gRPC frontend accepts messages up to INT32_MAX bytes. */
+export const DEFAULT_GRPC_MAX_INPUT_BYTES = 2 ** 31 - 1;
+
 export interface ServerOptions {
   host?: string;
   httpPort?: number;
@@ -41,6 +44,8 @@ export interface ServerOptions {
   metricsPort?: number;
   /** Largest HTTP/REST request body accepted (Triton's --http-max-input-size); default 64 MiB. */
   httpMaxInputBytes?: number;
+  /** Largest gRPC request message accepted on the gRPC port; default 2^31 - 1 bytes, Triton's gRPC cap. */
+  grpcMaxInputBytes?: number;
   logger: Logger;
 }
 
@@ -91,7 +96,11 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   // gRPC: each HTTP/2 stream is one call.
   const grpc = http2.createServer(
     { settings: HTTP2_SETTINGS },
-    connectNodeAdapter({ routes, ...UNCOMPRESSED_RESPONSES }),
+    connectNodeAdapter({
+      routes,
+      readMaxBytes: options.grpcMaxInputBytes ?? DEFAULT_GRPC_MAX_INPUT_BYTES,
+      ...UNCOMPRESSED_RESPONSES,
+    }),
   );
   const sessions = new Set<http2.ServerHttp2Session>();
   grpc.on("session", (s) => {
@@ -116,8 +125,14 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     logger,
     maxInputBytes: options.httpMaxInputBytes,
   });
+  // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
   const httpServer = http.createServer(
-    connectNodeAdapter({ routes, fallback: rest as NodeHandlerFn, ...UNCOMPRESSED_RESPONSES }),
+    connectNodeAdapter({
+      routes,
+      fallback: rest as NodeHandlerFn,
+      readMaxBytes: options.httpMaxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES,
+      ...UNCOMPRESSED_RESPONSES,
+    }),
   );
   httpServer.on("request", (req, res) => {
     if (req.url === HEALTH_WATCH) return;

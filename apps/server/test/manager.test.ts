@@ -3,8 +3,9 @@
  * black-box tests cannot see from outside the server process.
  */
 import http from "node:http";
-import { parseModelConfig } from "@trellis/protocol";
-import { Code, listenStage, type Stage, tensor } from "@trellis/stage";
+import { ConnectError, createClient } from "@connectrpc/connect";
+import { GRPCInferenceService, parseModelConfig } from "@trellis/protocol";
+import { Code, grpcTransport, listenStage, type Stage, tensor } from "@trellis/stage";
 import { removeDir } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpStatus } from "../src/http.js";
@@ -145,6 +146,38 @@ describe("HTTP inference", () => {
         /^request body of \d+ bytes exceeds the maximum allowed value of 200 bytes; use --http-max-input-size/,
       );
     } finally {
+      await server.shutdown(5000);
+    }
+  });
+
+  it("refuses a gRPC message over --grpc-max-input-size with RESOURCE_EXHAUSTED, and serves the next one", async () => {
+    const manager = new RepositoryManager({ repositories: [repo], loader: modelLoader(), logger: quiet });
+    await manager.start();
+    const server = await startServer(manager, {
+      httpPort: 0,
+      grpcPort: 0,
+      metricsPort: 0,
+      grpcMaxInputBytes: 300,
+      logger: quiet,
+    });
+    const transport = grpcTransport(`http://127.0.0.1:${server.grpcPort}`);
+    try {
+      const client = createClient(GRPCInferenceService, transport);
+      const infer = (id: string) =>
+        client.modelInfer({
+          modelName: "echo10",
+          id,
+          inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+          rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
+        });
+      const big = await infer("x".repeat(300)).catch((e: unknown) => ConnectError.from(e));
+      expect(big).toBeInstanceOf(ConnectError);
+      expect((big as ConnectError).code).toBe(Code.ResourceExhausted);
+      expect((big as ConnectError).rawMessage).toMatch(/message size \d+ is larger than configured readMaxBytes 300/);
+      const ok = await infer("small");
+      expect(new Float32Array(ok.rawOutputContents[0]!.slice().buffer)).toEqual(new Float32Array([10, 20, 30, 40]));
+    } finally {
+      transport.close();
       await server.shutdown(5000);
     }
   });
