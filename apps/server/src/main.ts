@@ -4,6 +4,7 @@
  * gRPC and HTTP/REST, with Prometheus metrics, like `tritonserver`.
  */
 import { resolve } from "node:path";
+import v8 from "node:v8";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
@@ -34,6 +35,13 @@ const bytes = (v: string) => {
   return n;
 };
 const collect = (v: string, prev: string[] = []) => [...prev, v];
+
+// Every request allocates megabytes of ArrayBuffers (encoded image, decoded pixels, tensors)
+// around a small, steady JS heap. V8's adaptive heap growth then keeps the old-generation
+// limit just above the live heap and runs a mark-compact every few requests (measured: 32-46
+// per 200 ensemble requests, 140-180 ms of pauses); a fixed 4x growth factor cuts that to 5
+// (55 ms). Set before any worker thread starts, so session and decode workers get it too.
+v8.setFlagsFromString("--heap-growing-percent=300");
 
 const program = new Command("trellis-server")
   .description("Serve a Triton-layout model repository over KServe v2 gRPC and HTTP/REST, with Prometheus metrics.")
