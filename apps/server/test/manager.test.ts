@@ -13,11 +13,18 @@ import { modelLoader } from "../src/loader.js";
 import { ManagedStage } from "../src/managed.js";
 import { createMetrics } from "../src/metrics.js";
 import { RepositoryManager } from "../src/repository.js";
-import { startServer } from "../src/server.js";
+import { type ServerOptions, startServer } from "../src/server.js";
 import { createStage as createEchoStage } from "./fixtures/echo-stage.js";
 import { CHAIN_CONFIG, echoConfig, makeRepository } from "./helpers.js";
 
 const quiet = { info() {}, warn() {}, error() {}, debug() {} };
+
+/** The test repository (mode none) behind a server on ephemeral ports, with `limits`. */
+async function serveRepository(limits: Pick<ServerOptions, "httpMaxInputBytes" | "grpcMaxInputBytes">) {
+  const manager = new RepositoryManager({ repositories: [repo], loader: modelLoader(), logger: quiet });
+  await manager.start();
+  return startServer(manager, { httpPort: 0, grpcPort: 0, metricsPort: 0, logger: quiet, ...limits });
+}
 
 let repo: string;
 beforeAll(async () => {
@@ -121,15 +128,7 @@ describe("HTTP inference", () => {
   });
 
   it("refuses a body over --http-max-input-size with 400 naming the limit", async () => {
-    const manager = new RepositoryManager({ repositories: [repo], loader: modelLoader(), logger: quiet });
-    await manager.start();
-    const server = await startServer(manager, {
-      httpPort: 0,
-      grpcPort: 0,
-      metricsPort: 0,
-      httpMaxInputBytes: 200,
-      logger: quiet,
-    });
+    const server = await serveRepository({ httpMaxInputBytes: 200 });
     try {
       const post = (id: string) =>
         fetch(`http://127.0.0.1:${server.httpPort}/v2/models/echo10/infer`, {
@@ -151,15 +150,7 @@ describe("HTTP inference", () => {
   });
 
   it("refuses a gRPC message over --grpc-max-input-size with RESOURCE_EXHAUSTED, and serves the next one", async () => {
-    const manager = new RepositoryManager({ repositories: [repo], loader: modelLoader(), logger: quiet });
-    await manager.start();
-    const server = await startServer(manager, {
-      httpPort: 0,
-      grpcPort: 0,
-      metricsPort: 0,
-      grpcMaxInputBytes: 300,
-      logger: quiet,
-    });
+    const server = await serveRepository({ grpcMaxInputBytes: 300 });
     const transport = grpcTransport(`http://127.0.0.1:${server.grpcPort}`);
     try {
       const client = createClient(GRPCInferenceService, transport);
