@@ -27,8 +27,11 @@ async function present(path: string): Promise<boolean> {
 }
 
 /** Fetches the real artifacts if the model is missing; offline, synthesises a stand-in instead. */
-export async function ensureModels(options: FetchModelsOptions & { seed?: number }): Promise<EnsureModelsResult> {
+export async function ensureModels(
+  options: FetchModelsOptions & { seed?: number; warn?: (line: string) => void },
+): Promise<EnsureModelsResult> {
   const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
+  const warn = options.warn ?? log;
   const modelPath = join(options.repository, INFERENCE_MODEL);
   const labelsPath = join(options.repository, LABELS_FILE);
   if ((await present(modelPath)) && (await present(labelsPath))) return { source: "present", modelPath, labelsPath };
@@ -37,10 +40,10 @@ export async function ensureModels(options: FetchModelsOptions & { seed?: number
     return { source: "fetched", modelPath, labelsPath };
   } catch (err) {
     if (!(err instanceof OfflineError)) throw err;
-    log(`WARNING: ${err.message}. Falling back to a SYNTHETIC ResNet-50 (random weights, meaningless predictions).`);
+    warn(`WARNING: ${err.message}. Falling back to a SYNTHETIC ResNet-50 (random weights, meaningless predictions).`);
     await synthesizeResNet50({ seed: options.seed ?? 0, path: modelPath });
     if (await writeSyntheticLabels(labelsPath)) {
-      log(
+      warn(
         `WARNING: wrote placeholder labels synthetic_class_<i> to ${labelsPath}; run \`pnpm models:fetch\` for the real ones.`,
       );
     }

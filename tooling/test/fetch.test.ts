@@ -169,15 +169,21 @@ describe("models:fetch against a local HTTP server", () => {
   it("ensureModels falls back to the synthetic model when offline", async () => {
     const repository = join(dir, "fallback");
     const lines: string[] = [];
+    const warnings: string[] = [];
     const result = await ensureModels({
       repository,
       artifacts: [{ ...labelsArtifact(sha(labels)), url: `http://127.0.0.1:${deadPort}/labels.txt` }],
       log: (l) => lines.push(l),
+      warn: (l) => warnings.push(l),
     });
     expect(result.source).toBe("synthetic");
     expect(await isSyntheticModel(result.modelPath)).toBe(true);
     expect((await readFile(result.labelsPath, "utf8")).split("\n")[0]).toBe("synthetic_class_0");
-    expect(lines.join("\n")).toContain("SYNTHETIC ResNet-50");
+    // The fallback and the placeholder labels are warnings, not progress lines.
+    expect(warnings).toHaveLength(2);
+    expect(warnings[0]).toContain("SYNTHETIC ResNet-50");
+    expect(warnings[1]).toContain("placeholder labels");
+    expect(lines.join("\n")).not.toContain("WARNING");
     expect((await ensureModels({ repository, log: () => {} })).source).toBe("present");
   });
 });

@@ -23,6 +23,7 @@ export async function ensureSeedModels(repositories: string[], logger: Logger): 
       repository,
       progress: false,
       log: (line) => logger.info({ repository }, line),
+      warn: (line) => logger.warn({ repository }, line),
     });
     if (result.source === "synthetic") {
       const banner =
