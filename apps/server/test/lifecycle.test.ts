@@ -225,7 +225,7 @@ describe("explicit model control: versions and failed warmup", () => {
 
     // Changed: the new config serves once loaded; a request already running on the old one finishes on it.
     const slow = postJson(`${server.http}/v2/models/tuned/infer`, slowRequest(800));
-    await new Promise((r) => setTimeout(r, 100));
+    await until(async () => (await pending(server, "tuned")) === 1, "the slow request to be running on tuned");
     await writeFile(join(repo, "tuned", "config.pbtxt"), echoConfig("tuned", { params: { scale: "3" } }));
     expect((await load("tuned")).status).toBe(200);
     expect(reloads()).toBe(1);
