@@ -349,7 +349,8 @@ export class RepositoryManager implements ModelRegistry {
     e.versions.delete("");
     const source = await sourceOf(model, wanted);
     const changed = e.loadedFrom !== source;
-    const labels = await readLabels(model);
+    // Read once, and only if some version is actually (re)loaded.
+    let labels: Promise<Map<string, string[]>> | undefined;
     // Versions no longer selected go first (e.g. a newer one appeared under "latest 1").
     for (const v of [...e.versions.values()]) {
       if (!wanted.includes(v.version)) await this.unloadVersion(e, v);
@@ -373,7 +374,8 @@ export class RepositoryManager implements ModelRegistry {
             logger: this.opts.logger,
           });
           if (!(await stage.isReady())) await waitReady(stage);
-          entry.stage = new ManagedStage(stage, labels, () => this.readyVersions(model.name));
+          labels ??= readLabels(model);
+          entry.stage = new ManagedStage(stage, await labels, () => this.readyVersions(model.name));
           entry.state = "READY";
           e.versions.set(version, entry);
           this.opts.logger.info(
@@ -503,23 +505,20 @@ export class RepositoryManager implements ModelRegistry {
     this.pollTimer.unref();
   }
 
-  /** Loads new models, unloads removed ones, reloads ones whose config, versions or files changed. */
+  /**
+   * Loads new models, unloads removed ones; loading a model that is already
+   * READY reloads it only if what it was loaded from changed (see loadEntry).
+   */
   async poll(): Promise<void> {
-    const scan = await this.opts.loader.scanRepository(this.opts.repositories);
+    const scan = await this.scan();
     const present = new Set([...scan.models.map((m) => m.name), ...scan.errors.map((x) => x.name)]);
-    for (const e of this.models.values()) {
+    for (const e of [...this.models.values()]) {
       if (!present.has(e.name)) {
         await this.enqueue(e, () => this.unloadEntry(e));
         this.models.delete(e.name);
       }
     }
-    const changed: string[] = [];
-    for (const m of scan.models) {
-      const e = this.models.get(m.name);
-      if (!e || e.loadedFrom !== (await sourceOf(m, selectVersions(m.config, m.versions)))) changed.push(m.name);
-    }
-    await this.scan();
-    await this.loadMany(changed);
+    await this.loadMany(scan.models.map((m) => m.name));
   }
 }
 
