@@ -2,9 +2,8 @@
  * What a server runs at start on a fresh machine: the real models when the
  * network allows, else the synthetic stand-in, loudly labelled.
  */
-import { access } from "node:fs/promises";
 import { join } from "node:path";
-import { type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
+import { exists, type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
 import { synthesizeResNet50, writeSyntheticLabels } from "./synth.js";
 
 export const INFERENCE_MODEL = "resnet50_inference/1/model.onnx";
@@ -17,15 +16,6 @@ export interface EnsureModelsResult {
   labelsPath: string;
 }
 
-async function present(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /** Fetches the real artifacts if the model is missing; offline, synthesises a stand-in instead. */
 export async function ensureModels(
   options: FetchModelsOptions & { seed?: number; warn?: (line: string) => void },
@@ -34,7 +24,7 @@ export async function ensureModels(
   const warn = options.warn ?? log;
   const modelPath = join(options.repository, INFERENCE_MODEL);
   const labelsPath = join(options.repository, LABELS_FILE);
-  if ((await present(modelPath)) && (await present(labelsPath))) return { source: "present", modelPath, labelsPath };
+  if ((await exists(modelPath)) && (await exists(labelsPath))) return { source: "present", modelPath, labelsPath };
   try {
     await fetchModels({ ...options, log });
     return { source: "fetched", modelPath, labelsPath };

@@ -143,7 +143,8 @@ async function sha256File(path: string): Promise<string> {
   return hash.digest("hex");
 }
 
-async function exists(path: string): Promise<boolean> {
+/** Whether anything is at `path`. */
+export async function exists(path: string): Promise<boolean> {
   try {
     await stat(path);
     return true;
