@@ -56,8 +56,10 @@ export function rowWriter(
   // Output channel c reads source channel src[c] through table c.
   const [s0, s1, s2] = channelOrder === "RGB" ? [0, 1, 2] : [2, 1, 0];
   const t = out instanceof Uint16Array ? tables.f16 : tables.f32;
-  if (layout === "NHWC") return interleavedWriter(out, offset, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!);
-  const sink: RowSink = planarWriter(out, offset, width * height, width, t[0]!, t[1]!, t[2]!, s0!, s1!, s2!);
+  const channels = [t[0]!, t[1]!, t[2]!, s0!, s1!, s2!] as const;
+  // NHWC: a pixel's three channels are adjacent; NCHW: each channel is its own plane.
+  if (layout === "NHWC") return stridedWriter(out, offset, width, width * 3, 3, 1, ...channels);
+  const sink: RowSink = stridedWriter(out, offset, width, width, 1, width * height, ...channels);
   if (out instanceof Float32Array) {
     // Colour k lands in output channel s_k (the order is its own inverse).
     sink.planar = {
@@ -75,11 +77,17 @@ export function rowWriter(
 
 type Table = Float32Array | Uint16Array;
 
-function planarWriter(
+/**
+ * Writes row y's `width` pixels at offset + y * rowStride + x * pixelStride,
+ * channel c a further c * channelStride along: one loop for both layouts.
+ */
+function stridedWriter(
   out: Table,
   offset: number,
-  plane: number,
   width: number,
+  rowStride: number,
+  pixelStride: number,
+  channelStride: number,
   t0: Table,
   t1: Table,
   t2: Table,
@@ -88,34 +96,11 @@ function planarWriter(
   s2: number,
 ): RowSink {
   return (y, data, start) => {
-    const o0 = offset + y * width;
-    const o1 = o0 + plane;
-    const o2 = o1 + plane;
-    for (let x = 0, i = start; x < width; x++, i += 3) {
-      out[o0 + x] = t0[data[i + s0] as number] as number;
-      out[o1 + x] = t1[data[i + s1] as number] as number;
-      out[o2 + x] = t2[data[i + s2] as number] as number;
-    }
-  };
-}
-
-function interleavedWriter(
-  out: Table,
-  offset: number,
-  width: number,
-  t0: Table,
-  t1: Table,
-  t2: Table,
-  s0: number,
-  s1: number,
-  s2: number,
-): RowSink {
-  return (y, data, start) => {
-    let o = offset + y * width * 3;
-    for (let x = 0, i = start; x < width; x++, i += 3, o += 3) {
+    let o = offset + y * rowStride;
+    for (let x = 0, i = start; x < width; x++, i += 3, o += pixelStride) {
       out[o] = t0[data[i + s0] as number] as number;
-      out[o + 1] = t1[data[i + s1] as number] as number;
-      out[o + 2] = t2[data[i + s2] as number] as number;
+      out[o + channelStride] = t1[data[i + s1] as number] as number;
+      out[o + 2 * channelStride] = t2[data[i + s2] as number] as number;
     }
   };
 }
