@@ -1,3 +1,4 @@
+export { type ClosedLoopResult, closedLoop } from "./bench.js";
 export {
   type GrpcJsInferenceClient,
   type GrpcJsInferRequest,

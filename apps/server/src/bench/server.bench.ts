@@ -28,6 +28,7 @@ import { createPreprocess } from "@trellis/preprocess";
 import { GRPCInferenceService, ModelInferRequestSchema, parseModelConfig } from "@trellis/protocol";
 import { bytesTensor, frameBytes, grpcTransport } from "@trellis/stage";
 import {
+  closedLoop,
   fixtureImagesDir,
   grpcJsInferenceClient,
   MOBILENET_PATH,
@@ -135,18 +136,9 @@ async function throughput(subjects: Subject[], concurrency: number, seconds: num
   for (let round = 0; round < rounds; round++) {
     for (const s of subjects) {
       await pause(50); // the previous subject's threads settle first
-      const end = performance.now() + (seconds * 1000) / rounds;
-      let next = 0;
-      const start = performance.now();
-      await Promise.all(
-        Array.from({ length: concurrency }, async () => {
-          while (performance.now() < end) {
-            await s.call(next++);
-            s.done++;
-          }
-        }),
-      );
-      s.seconds += (performance.now() - start) / 1000;
+      const r = await closedLoop(s.call, concurrency, seconds / rounds);
+      s.done += r.calls;
+      s.seconds += r.seconds;
     }
   }
 }

@@ -19,7 +19,7 @@ import {
   type Tensor,
   tensor,
 } from "@trellis/stage";
-import { fixturePhotos, makeSeedRepository, readFixtureImage, removeDir } from "@trellis/testing";
+import { closedLoop, fixturePhotos, makeSeedRepository, readFixtureImage, removeDir } from "@trellis/testing";
 import { createEnsemble, loadStage, scanRepository } from "../index.js";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
@@ -33,19 +33,8 @@ async function throughput(
   requests: InferRequest[],
   seconds = SECONDS,
 ): Promise<number> {
-  const end = performance.now() + seconds * 1000;
-  let done = 0;
-  let next = 0;
-  const start = performance.now();
-  await Promise.all(
-    Array.from({ length: CONCURRENCY }, async () => {
-      while (performance.now() < end) {
-        await run(requests[next++ % requests.length]!);
-        done += 1;
-      }
-    }),
-  );
-  return done / ((performance.now() - start) / 1000);
+  const r = await closedLoop((i) => run(requests[i % requests.length]!), CONCURRENCY, seconds);
+  return r.calls / r.seconds;
 }
 
 const median = (xs: number[]) => {

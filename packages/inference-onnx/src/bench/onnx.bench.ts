@@ -12,6 +12,7 @@ import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseModelConfig } from "@trellis/protocol";
 import { connectStage, grpcTransport, listenStage, type Stage, tensor } from "@trellis/stage";
+import { closedLoop } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
 import { createOnnxStage } from "../index.js";
 
@@ -56,19 +57,10 @@ interface Cell {
 /** Runs a cell for about `slice` seconds more, after one untimed call per client (warm). */
 async function measure(cell: Cell, slice: number): Promise<void> {
   await Promise.all(Array.from({ length: cell.concurrency }, (_, c) => cell.call(c)));
-  const end = performance.now() + slice * 1000;
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: cell.concurrency }, async (_, c) => {
-      while (performance.now() < end) {
-        const t = performance.now();
-        await cell.call(c);
-        cell.latencies.push(performance.now() - t);
-        cell.done += cell.items;
-      }
-    }),
-  );
-  cell.seconds += (performance.now() - t0) / 1000;
+  const r = await closedLoop(cell.call, cell.concurrency, slice);
+  for (const l of r.latencies) cell.latencies.push(l);
+  cell.done += r.calls * cell.items;
+  cell.seconds += r.seconds;
 }
 
 const threads = availableParallelism();
