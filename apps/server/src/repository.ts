@@ -540,8 +540,7 @@ async function sourceOf(model: RepositoryModel, versions: string[]): Promise<str
         }),
     );
   };
-  const config = await readFile(model.configPath, "utf8").catch(() => "");
-  const parts = [config, model.versions.join(","), ...(await files(model.modelDir))];
+  const parts = [model.configText, model.versions.join(","), ...(await files(model.modelDir))];
   for (const v of versions) parts.push(`[${v}]`, ...(await files(join(model.modelDir, v))));
   return parts.join("\n");
 }

@@ -4,13 +4,15 @@
  */
 import { readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { loadModelConfig, type ModelConfig } from "@trellis/protocol";
+import { type ModelConfig, parseModelConfig } from "@trellis/protocol";
 
 export interface RepositoryModel {
   name: string;
   repository: string;
   modelDir: string;
   configPath: string;
+  /** config.pbtxt as read, for comparing against a later scan. */
+  configText: string;
   config: ModelConfig;
   /** Numeric version folder names, ascending numerically. */
   versions: string[];
@@ -55,12 +57,13 @@ export async function scanRepository(repositories: string[]): Promise<Repository
       }
       try {
         if (!hasConfig) throw new Error(`${configPath}: no config.pbtxt`);
-        const config = await loadModelConfig(configPath);
+        const configText = await readFile(configPath, "utf8");
+        const config = parseModelConfig(configText, configPath);
         if (!config.name) config.name = name;
         if (config.name !== name) {
           throw new Error(`${configPath}: config name "${config.name}" does not match its directory "${name}"`);
         }
-        models.push({ name, repository, modelDir, configPath, config, versions });
+        models.push({ name, repository, modelDir, configPath, configText, config, versions });
       } catch (err) {
         errors.push({ name, modelDir, error: err instanceof Error ? err : new Error(String(err)) });
       }
