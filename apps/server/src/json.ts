@@ -140,6 +140,12 @@ export function tensorToJsonData(t: Tensor): unknown[] {
  * JSON.stringify cannot write a bigint, and a double rounds past 2^53.
  */
 export function stringifyJson(body: unknown): string {
+  try {
+    // Most bodies hold no bigint: no replacer call per value for them.
+    return JSON.stringify(body);
+  } catch (err) {
+    if (!(err instanceof TypeError)) throw err;
+  }
   let marker: string | undefined;
   const text = JSON.stringify(body, (_key, v: unknown) => {
     if (typeof v !== "bigint") return v;
