@@ -4,10 +4,8 @@
  */
 import { join } from "node:path";
 import { exists, type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
+import { INFERENCE_MODEL, LABELS_FILE } from "./paths.js";
 import { synthesizeResNet50, writeSyntheticLabels } from "./synth.js";
-
-export const INFERENCE_MODEL = "resnet50_inference/1/model.onnx";
-export const LABELS_FILE = "resnet50_postprocess/1/imagenet_classes.txt";
 
 export interface EnsureModelsResult {
   /** "present": nothing to do; "fetched": real artifacts; "synthetic": offline fallback. */

@@ -1,4 +1,4 @@
-export { type EnsureModelsResult, ensureModels, INFERENCE_MODEL, LABELS_FILE } from "./ensure.js";
+export { type EnsureModelsResult, ensureModels } from "./ensure.js";
 export {
   type Artifact,
   ChecksumError,
@@ -17,7 +17,7 @@ export {
   SOURCE_SHA256_KEY,
 } from "./fetch.js";
 export { isSyntheticModel, type OnnxFileMetadata, readOnnxMetadata, SYNTHETIC_METADATA_KEY } from "./onnx.js";
-export { DEFAULT_REPOSITORY } from "./paths.js";
+export { DEFAULT_REPOSITORY, INFERENCE_CONFIG, INFERENCE_MODEL, LABELS_FILE } from "./paths.js";
 export {
   buildResNet50,
   countParameters,

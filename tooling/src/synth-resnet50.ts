@@ -2,8 +2,7 @@
 // CLI: pnpm models:synth [--seed N] [--repository DIR] [--out FILE]
 import { join } from "node:path";
 import { Command } from "commander";
-import { INFERENCE_MODEL, LABELS_FILE } from "./ensure.js";
-import { DEFAULT_REPOSITORY } from "./paths.js";
+import { DEFAULT_REPOSITORY, INFERENCE_MODEL, LABELS_FILE } from "./paths.js";
 import { synthesizeResNet50, writeSyntheticLabels } from "./synth.js";
 
 const program = new Command("models:synth")

@@ -6,18 +6,17 @@
  */
 import { stat } from "node:fs/promises";
 import { join } from "node:path";
+import { INFERENCE_CONFIG, INFERENCE_MODEL, LABELS_FILE } from "@trellis/tooling/paths";
 import type { Logger } from "./server.js";
 
 const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
 
 export async function ensureSeedModels(repositories: string[], logger: Logger): Promise<void> {
   for (const repository of repositories) {
-    if (!(await exists(join(repository, "resnet50_inference", "config.pbtxt")))) continue;
-    const model = join(repository, "resnet50_inference", "1", "model.onnx");
-    const labels = join(repository, "resnet50_postprocess", "1", "imagenet_classes.txt");
-    if ((await exists(model)) && (await exists(labels))) continue;
+    if (!(await exists(join(repository, INFERENCE_CONFIG)))) continue;
+    if ((await exists(join(repository, INFERENCE_MODEL))) && (await exists(join(repository, LABELS_FILE)))) continue;
     logger.info({ repository }, "ResNet-50 weights or labels missing; fetching them (pnpm models:fetch)");
-    // Loaded only now: a normal start never pays for the tooling.
+    // Loaded only now: a normal start never pays for the rest of the tooling.
     const { ensureModels } = await import("@trellis/tooling");
     const result = await ensureModels({
       repository,
