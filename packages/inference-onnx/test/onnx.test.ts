@@ -17,7 +17,7 @@ import {
   type StageLogger,
   tensor,
 } from "@trellis/stage";
-import { MOBILENET_PATH } from "@trellis/testing";
+import { MOBILENET_PATH, rejectionOf } from "@trellis/testing";
 import { synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -90,15 +90,6 @@ function expectClose(got: Float32Array, want: Float32Array) {
   let worst = 0;
   for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i]! - want[i]!));
   expect(worst).toBeLessThanOrEqual(1e-5);
-}
-
-async function rejection(p: Promise<unknown>): Promise<StageError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(StageError);
-  return err as StageError;
 }
 
 /**
@@ -202,7 +193,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
       const running = stage.infer(imageRequest(16, 1));
       const queued = [stage.infer(imageRequest(16, 2)), stage.infer(imageRequest(16, 3))];
       expect(stage.pendingRequests()).toBe(2); // the running batch is not pending
-      const err = await rejection(stage.infer(imageRequest(1, 4)));
+      const err = await rejectionOf(stage.infer(imageRequest(1, 4)), StageError);
       expect(err.code).toBe(Code.ResourceExhausted);
       expect(err.message).toMatch(/maximum queue size: 2/);
       await Promise.all([running, ...queued]);
@@ -212,7 +203,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
       const running = stage.infer(imageRequest(16, 5));
       const late = stage.infer(imageRequest(1, 6), { timeoutMicroseconds: 1000 });
       const patient = stage.infer(imageRequest(1, 7));
-      const err = await rejection(late);
+      const err = await rejectionOf(late, StageError);
       expect(err.code).toBe(Code.Unavailable);
       expect(err.message).toMatch(/Request timeout expired.*1000 µs/);
       expect((await patient).outputs[0]!.shape).toEqual([1, 1000]);
@@ -249,7 +240,7 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
         [imageRequest(17, 1), /batch size 17 exceeds the model's max_batch_size 16/],
       ];
       for (const [req, message] of cases) {
-        const err = await rejection(stage.infer(req));
+        const err = await rejectionOf(stage.infer(req), StageError);
         expect(err.code).toBe(Code.InvalidArgument);
         expect(err.message).toMatch(message);
       }

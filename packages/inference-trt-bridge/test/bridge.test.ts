@@ -13,6 +13,7 @@ import {
   serveStage,
   tensor,
 } from "@trellis/stage";
+import { rejectionOf } from "@trellis/testing";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { createStage, createTrtBridge } from "../src/index.js";
 import { scaleConfig, scaleStage } from "./fixtures/test-stage.mjs";
@@ -45,15 +46,6 @@ const batch = (n: number, width = 4) =>
     [n, width],
     Float32Array.from({ length: n * width }, (_, i) => i * 0.25 - 1),
   );
-
-async function rejection(p: Promise<unknown>): Promise<ConnectError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err, "expected a rejection").toBeInstanceOf(ConnectError);
-  return err as ConnectError;
-}
 
 describe("bridge over real gRPC", () => {
   it("gives the direct stage's outputs and keeps per-request statistics", async () => {
@@ -132,23 +124,25 @@ input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 parameters { key: "endpoint" value: { string_value: "http://127.0.0.1:1" } }
 ${extra}`);
-    const zero = await rejection(
+    const zero = await rejectionOf(
       createStage({
         config: withParams(`parameters { key: "timeout_ms" value: { string_value: "0" } }`),
         modelDir: ".",
         version: "1",
         versionDir: "1",
       }),
+      ConnectError,
     );
     expect(zero.code).toBe(Code.InvalidArgument);
     expect(zero.message).toContain('parameter timeout_ms: expected a whole number ≥ 1, got "0"');
-    const noCa = await rejection(
+    const noCa = await rejectionOf(
       createStage({
         config: withParams(`parameters { key: "tls_ca_file" value: { string_value: "missing-ca.pem" } }`),
         modelDir: "/nonexistent",
         version: "1",
         versionDir: "/nonexistent/1",
       }),
+      ConnectError,
     );
     expect(noCa.code).toBe(Code.InvalidArgument);
     expect(noCa.message).toMatch(/parameter tls_ca_file: cannot read \/nonexistent\/missing-ca\.pem: ENOENT/);
@@ -166,8 +160,9 @@ ${extra}`);
     await bridge.close();
     await ended(sessions[0]);
 
-    const mismatch = await rejection(
+    const mismatch = await rejectionOf(
       createTrtBridge({ config: localConfig({ dims: [5] }), endpoint: server.url, modelName: "scale" }),
+      ConnectError,
     );
     expect(mismatch.code).toBe(Code.InvalidArgument);
     expect(sessions).toHaveLength(2);
@@ -186,8 +181,9 @@ ${extra}`);
     const res = await bridge.infer({ inputs: [batch(1)] });
     expect(Array.from(res.outputs[0]?.data as Float32Array)).toEqual([-2, -1.5, -1, -0.5]);
     // Without trusting the CA the handshake fails, so the load cannot succeed.
-    const err = await rejection(
+    const err = await rejectionOf(
       createTrtBridge({ config: localConfig(), endpoint, modelName: "scale", readyTimeoutMs: 300 }),
+      ConnectError,
     );
     expect(err.code).toBe(Code.Unavailable);
     expect(err.message).toMatch(/certificate/i);
@@ -205,8 +201,9 @@ describe("load-time checks", () => {
   for (const [what, opts, message] of cases) {
     it(`names the tensor, expected and got on a ${what} mismatch`, async () => {
       const server = await serve(scaleStage(scaleConfig()));
-      const err = await rejection(
+      const err = await rejectionOf(
         createTrtBridge({ config: localConfig(opts), endpoint: server.url, modelName: "scale" }),
+        ConnectError,
       );
       expect(err.code).toBe(Code.InvalidArgument);
       expect(err.message).toMatch(message);
@@ -220,13 +217,16 @@ describe("load-time checks", () => {
 name: "b" max_batch_size: 8
 input [ { name: "images" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]`);
-    const err = await rejection(createTrtBridge({ config, endpoint: server.url, modelName: "scale" }));
+    const err = await rejectionOf(createTrtBridge({ config, endpoint: server.url, modelName: "scale" }), ConnectError);
     expect(err.message).toMatch(/input images: expected a remote input named images, got \[x\]/);
   });
 
   it("refuses an FP16 engine unless conversion is allowed, then converts both ways", async () => {
     const server = await serve(scaleStage(scaleConfig({ datatype: "TYPE_FP16" })));
-    const err = await rejection(createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "scale" }));
+    const err = await rejectionOf(
+      createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "scale" }),
+      ConnectError,
+    );
     expect(err.code).toBe(Code.InvalidArgument);
     expect(err.message).toMatch(/input x: datatype expected FP32, got FP16 .*fp16_conversion/);
     const bridge = await createTrtBridge({
@@ -249,8 +249,9 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]`);
     const port = await freePort();
     const endpoint = `http://127.0.0.1:${port}`;
     const started = Date.now();
-    const err = await rejection(
+    const err = await rejectionOf(
       createTrtBridge({ config: localConfig(), endpoint, modelName: "scale", readyTimeoutMs: 700 }),
+      ConnectError,
     );
     expect(Date.now() - started).toBeGreaterThanOrEqual(700);
     expect(err.code).toBe(Code.Unavailable);
@@ -274,8 +275,9 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]`);
 
   it("reports a model the server does not host as not ready", async () => {
     const server = await serve(scaleStage(scaleConfig()));
-    const err = await rejection(
+    const err = await rejectionOf(
       createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "resnet50_trt", readyTimeoutMs: 300 }),
+      ConnectError,
     );
     expect(err.message).toMatch(
       /remote model resnet50_trt at .* not ready .*server is ready but model resnet50_trt is not/,
@@ -288,7 +290,7 @@ describe("failures while running", () => {
     const server = await serve(scaleStage(scaleConfig()));
     const bridge = await createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "scale" });
     const bad = tensor("x", "INT32", [1, 4], Int32Array.from([1, 2, 3, 4]));
-    const err = await rejection(bridge.infer({ inputs: [bad] }));
+    const err = await rejectionOf(bridge.infer({ inputs: [bad] }), ConnectError);
     expect(err.code).toBe(Code.InvalidArgument);
     expect(err.message).toContain(`remote model scale at ${server.url}`);
     expect(err.message).toContain("input x: expected FP32, got INT32");
@@ -303,7 +305,7 @@ describe("failures while running", () => {
     const pending = bridge.infer({ inputs: [batch(1)] }, { signal: ctl.signal });
     await new Promise((r) => setTimeout(r, 100));
     ctl.abort();
-    const err = await rejection(pending);
+    const err = await rejectionOf(pending, ConnectError);
     expect(err.code).toBe(Code.Canceled);
     await vi.waitFor(() => expect(aborted).toBe(true));
   });
@@ -318,7 +320,7 @@ describe("failures while running", () => {
       modelName: "scale",
       timeoutMs: 300,
     });
-    const err = await rejection(bridge.infer({ inputs: [batch(1)] }));
+    const err = await rejectionOf(bridge.infer({ inputs: [batch(1)] }), ConnectError);
     expect(err.code).toBe(Code.DeadlineExceeded);
     expect(err.message).toMatch(/no response within 300 ms/);
   });
@@ -333,7 +335,7 @@ describe("failures while running", () => {
       modelName: "scale",
       retries: { max: 5, baseDelayMs: 50 },
     });
-    const failed = rejection(bridge.infer({ inputs: [batch(2)] }));
+    const failed = rejectionOf(bridge.infer({ inputs: [batch(2)] }), ConnectError);
     await server.receivedAtLeast(1);
     await server.kill();
     const err = await failed;
@@ -342,7 +344,7 @@ describe("failures while running", () => {
     expect(await bridge.isReady()).toBe(false);
 
     // Down: nothing can be sent, so the bridge retries and then says so.
-    const down = await rejection(bridge.infer({ inputs: [batch(1)] }));
+    const down = await rejectionOf(bridge.infer({ inputs: [batch(1)] }), ConnectError);
     expect(down.code).toBe(Code.Unavailable);
     expect(down.message).toMatch(/unreachable after 6 attempt\(s\).*ECONNREFUSED/);
 

@@ -1,5 +1,6 @@
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { ModelDynamicBatchingSchema, ModelQueuePolicy_TimeoutAction, ModelQueuePolicySchema } from "@trellis/protocol";
+import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
 import { type BatchContext, type BatchingStrategy, createDynamicBatcher } from "./batcher.js";
 import { Code, StageError } from "./errors.js";
@@ -95,15 +96,6 @@ function expectDoubled(request: InferRequest, response: InferResponse) {
   expect(Array.from(y.data as Float32Array)).toEqual(Array.from(x.data as Float32Array, (v) => v * 2));
 }
 
-async function rejection(p: Promise<unknown>): Promise<StageError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(StageError);
-  return err as StageError;
-}
-
 describe("createDynamicBatcher", () => {
   it("concatenates requests of sizes 1..4 and splits outputs back exactly", async () => {
     const h = harness(16, {});
@@ -171,10 +163,13 @@ describe("createDynamicBatcher", () => {
 
   it("rejects a request larger than max_batch_size with INVALID_ARGUMENT", async () => {
     const h = harness(4, {});
-    const err = await rejection(h.infer(req(5, 1)));
+    const err = await rejectionOf(h.infer(req(5, 1)), StageError);
     expect(err.code).toBe(Code.InvalidArgument);
     expect(err.message).toMatch(/batch size 5 exceeds the model's max_batch_size 4/);
-    const mixed = await rejection(h.infer({ inputs: [req(2, 1).inputs[0]!, { ...req(3, 1).inputs[0]!, name: "x" }] }));
+    const mixed = await rejectionOf(
+      h.infer({ inputs: [req(2, 1).inputs[0]!, { ...req(3, 1).inputs[0]!, name: "x" }] }),
+      StageError,
+    );
     expect(mixed.code).toBe(Code.InvalidArgument);
     expect(h.executions).toHaveLength(0);
   });
@@ -252,7 +247,7 @@ describe("createDynamicBatcher", () => {
     const queued = [h.infer(req(1, 1)), h.infer(req(1, 2))];
     await settle();
     // Still held: the rejection cannot be waiting for the queue to drain.
-    const err = await rejection(h.infer(req(1, 3)));
+    const err = await rejectionOf(h.infer(req(1, 3)), StageError);
     expect(err.code).toBe(Code.ResourceExhausted);
     expect(err.message).toMatch(/maximum queue size: 2/);
     h.release();
@@ -271,7 +266,7 @@ describe("createDynamicBatcher", () => {
     await settle();
     const late = h.infer(req(1, 1), { timeoutMicroseconds: 2_000 });
     const patient = h.infer(req(1, 2));
-    const err = await rejection(late);
+    const err = await rejectionOf(late, StageError);
     expect(err.code).toBe(Code.Unavailable);
     expect(err.message).toMatch(/Request timeout expired.*2000 µs/);
     h.release();
@@ -288,7 +283,7 @@ describe("createDynamicBatcher", () => {
     const blocker = h.infer(req(1, 0));
     await settle();
     // The override (1 hour) is not allowed, so the default 3 ms applies.
-    const err = await rejection(h.infer(req(1, 1), { timeoutMicroseconds: 3_600_000_000 }));
+    const err = await rejectionOf(h.infer(req(1, 1), { timeoutMicroseconds: 3_600_000_000 }), StageError);
     expect(err.message).toMatch(/3000 µs/);
     h.release();
     await blocker;
@@ -340,7 +335,7 @@ describe("createDynamicBatcher", () => {
     const blocker = h.infer(req(1, 0));
     await settle();
     const ok = h.infer(req(1, 1), { priority: 1 });
-    const err = await rejection(h.infer(req(1, 2), { priority: 1 }));
+    const err = await rejectionOf(h.infer(req(1, 2), { priority: 1 }), StageError);
     expect(err.code).toBe(Code.ResourceExhausted);
     expect(err.message).toMatch(/priority level 1/);
     const low = [h.infer(req(1, 3)), h.infer(req(1, 4))]; // level 2 is unlimited
@@ -359,14 +354,14 @@ describe("createDynamicBatcher", () => {
     await settle();
     expect(h.batcher.queued).toBe(2);
     ac.abort();
-    const err = await rejection(cancelled);
+    const err = await rejectionOf(cancelled, StageError);
     expect(err.code).toBe(Code.Canceled);
     expect(h.batcher.queued).toBe(1);
     h.release();
     await Promise.all([blocker, kept]);
     expect(h.executions.map((e) => e.ids[0])).toEqual(["blocker", "kept"]);
     // An already-aborted signal never enters the queue.
-    const err2 = await rejection(h.infer(req(1, 3), { signal: AbortSignal.abort() }));
+    const err2 = await rejectionOf(h.infer(req(1, 3), { signal: AbortSignal.abort() }), StageError);
     expect(err2.code).toBe(Code.Canceled);
   });
 
@@ -379,8 +374,8 @@ describe("createDynamicBatcher", () => {
     const bad: InferRequest = { inputs: [{ ...req(1, 3).inputs[0]!, name: "nope" } as Tensor] };
     const wide = req(1, 4, 3); // width 3: its execution throws
     const goodPending = good.map((r) => h.infer(r));
-    const badErr = rejection(h.infer(bad));
-    const wideErr = rejection(h.infer(wide));
+    const badErr = rejectionOf(h.infer(bad), StageError);
+    const wideErr = rejectionOf(h.infer(wide), StageError);
     const more = req(1, 5);
     const morePending = h.infer(more);
     await settle();
@@ -400,12 +395,12 @@ describe("createDynamicBatcher", () => {
     h.hold();
     const running = h.infer(req(1, 0));
     await settle();
-    const queued = rejection(h.infer(req(1, 1)));
+    const queued = rejectionOf(h.infer(req(1, 1)), StageError);
     const closing = h.batcher.close();
     expect((await queued).code).toBe(Code.Unavailable);
     h.release();
     await closing;
     await running;
-    expect((await rejection(h.infer(req(1, 2)))).code).toBe(Code.Unavailable);
+    expect((await rejectionOf(h.infer(req(1, 2)), StageError)).code).toBe(Code.Unavailable);
   });
 });

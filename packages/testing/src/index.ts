@@ -1,4 +1,5 @@
 export { type ClosedLoopResult, closedLoop } from "./bench.js";
+export { rejectionOf } from "./errors.js";
 export {
   type GrpcJsInferenceClient,
   type GrpcJsInferRequest,
