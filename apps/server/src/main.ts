@@ -5,13 +5,14 @@
  */
 import { resolve } from "node:path";
 import v8 from "node:v8";
+import { DEFAULT_GRPC_MAX_INPUT_BYTES } from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
 import { type ControlMode, RepositoryManager } from "./repository.js";
-import { DEFAULT_GRPC_MAX_INPUT_BYTES, SERVER_VERSION, startServer } from "./server.js";
+import { SERVER_VERSION, startServer } from "./server.js";
 
 const port = (v: string) => {
   const n = Number(v);

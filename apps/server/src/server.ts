@@ -8,7 +8,13 @@ import http from "node:http";
 import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { HTTP2_SETTINGS, serveStage, UNCOMPRESSED_RESPONSES, widenSessionWindow } from "@trellis/stage";
+import {
+  DEFAULT_GRPC_MAX_INPUT_BYTES,
+  HTTP2_SETTINGS,
+  serveStage,
+  UNCOMPRESSED_RESPONSES,
+  widenSessionWindow,
+} from "@trellis/stage";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
@@ -33,9 +39,6 @@ export interface Logger {
   error(obj: object | string, msg?: string): void;
   debug(obj: object | string, msg?: string): void;
 }
-
-/** Triton's gRPC frontend accepts messages up to INT32_MAX bytes. */
-export const DEFAULT_GRPC_MAX_INPUT_BYTES = 2 ** 31 - 1;
 
 export interface ServerOptions {
   host?: string;

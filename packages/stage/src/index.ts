@@ -42,11 +42,13 @@ export {
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
 export { type ModelIndexEntry, type ModelRegistry, type ModelRepositoryControl, stageRegistry } from "./registry.js";
 export {
+  DEFAULT_GRPC_MAX_INPUT_BYTES,
   HTTP2_SETTINGS,
   handleModelInfer,
   healthService,
   inferenceService,
   type ListeningServer,
+  type ListenOptions,
   listenStage,
   type ServeOptions,
   serveStage,

@@ -206,6 +206,21 @@ export function widenSessionWindow(session: http2.Http2Session): void {
  */
 export const UNCOMPRESSED_RESPONSES = { compressMinBytes: Number.POSITIVE_INFINITY } as const;
 
+/** Triton's gRPC frontend accepts messages up to INT32_MAX bytes; so do ours unless told otherwise. */
+export const DEFAULT_GRPC_MAX_INPUT_BYTES = 2 ** 31 - 1;
+
+export interface ListenOptions extends ServeOptions {
+  /** Interface to bind (default 127.0.0.1). */
+  host?: string;
+  /** Port to bind (default 0: an ephemeral port). */
+  port?: number;
+  /**
+   * Largest request message accepted (default DEFAULT_GRPC_MAX_INPUT_BYTES);
+   * a larger one is refused with RESOURCE_EXHAUSTED before it is decoded.
+   */
+  maxInputBytes?: number;
+}
+
 export interface ListeningServer {
   /** The bound port (useful with port 0). */
   port: number;
@@ -220,11 +235,15 @@ export interface ListeningServer {
 /** Serves `target` over cleartext HTTP/2 (gRPC's transport) on host:port (0 = ephemeral). */
 export async function listenStage(
   target: Stage | ModelRegistry,
-  { host = "127.0.0.1", port = 0, ...options }: ServeOptions & { host?: string; port?: number } = {},
+  { host = "127.0.0.1", port = 0, maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, ...options }: ListenOptions = {},
 ): Promise<ListeningServer> {
   const server = http2.createServer(
     { settings: HTTP2_SETTINGS },
-    connectNodeAdapter({ routes: serveStage(target, options), ...UNCOMPRESSED_RESPONSES }),
+    connectNodeAdapter({
+      routes: serveStage(target, options),
+      readMaxBytes: maxInputBytes,
+      ...UNCOMPRESSED_RESPONSES,
+    }),
   );
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on("session", (s) => {

@@ -1,6 +1,6 @@
 import type http2 from "node:http2";
 import * as grpc from "@grpc/grpc-js";
-import { grpcJsInferenceClient } from "@trellis/testing";
+import { grpcJsInferenceClient, rejectionOf } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStage, grpcTransport, inMemoryTransport } from "../src/connect.js";
 import { Code, StageError } from "../src/errors.js";
@@ -49,6 +49,23 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
       await ended;
       expect(open.size).toBe(0);
     } finally {
+      await own.close();
+    }
+  });
+
+  it("refuses a message over maxInputBytes with RESOURCE_EXHAUSTED and serves the next one", async () => {
+    const own = await listenStage(echoStage(), { maxInputBytes: 2000 });
+    const transport = grpcTransport(own.url);
+    try {
+      const remote = await connectStage(transport, "echo");
+      const big: InferRequest = { inputs: [bytesTensor("TEXT", [1, 1], [new Uint8Array(5000)])] };
+      const err = await rejectionOf(remote.infer(big), StageError);
+      expect(err.code).toBe(Code.ResourceExhausted);
+      expect(err.message).toMatch(/message size \d+ is larger than configured readMaxBytes 2000/);
+      const res = await remote.infer(request());
+      expect(res.outputs[1]?.data).toEqual(VALUES);
+    } finally {
+      transport.close();
       await own.close();
     }
   });
