@@ -1,14 +1,6 @@
 /** Small in-test stages: plain objects implementing the Stage contract around a function. */
 import { type ModelConfig, parseModelConfig } from "@trellis/protocol";
-import {
-  type InferOptions,
-  type InferRequest,
-  metadataFromConfig,
-  nowNs,
-  type Stage,
-  StatisticsRecorder,
-  type Tensor,
-} from "@trellis/stage";
+import { defineStage, type InferRequest, type Stage, type Tensor } from "@trellis/stage";
 
 export const cfg = (text: string): ModelConfig => parseModelConfig(text);
 
@@ -28,41 +20,25 @@ type Fn = (inputs: Record<string, Tensor>, signal: AbortSignal | undefined) => T
 
 /** A stage computing `fn` over its inputs (by name); records every call and its concurrency. */
 export function fnStage(config: ModelConfig, fn: Fn, version = "1"): FnStage {
-  const recorder = new StatisticsRecorder(config.name, version);
-  const stage: FnStage = {
-    name: config.name,
-    version,
+  const probe = { calls: [] as Call[], active: 0, maxActive: 0, closed: false };
+  const inner = defineStage({
     config,
-    calls: [],
-    active: 0,
-    maxActive: 0,
-    closed: false,
-    isReady: () => !stage.closed,
-    metadata: () => metadataFromConfig(config, [version]),
-    async infer(request: InferRequest, options?: InferOptions) {
-      const start = nowNs();
-      stage.calls.push({ request, signal: options?.signal });
-      stage.active += 1;
-      stage.maxActive = Math.max(stage.maxActive, stage.active);
+    version,
+    async compute(request, options) {
+      probe.calls.push({ request, signal: options?.signal });
+      probe.active += 1;
+      probe.maxActive = Math.max(probe.maxActive, probe.active);
       try {
-        const byName = Object.fromEntries(request.inputs.map((t) => [t.name, t]));
-        const outputs = await fn(byName, options?.signal);
-        const t = nowNs() - start;
-        recorder.requestSucceeded(t, 1, 0, { computeInputNs: 0, computeInferNs: t, computeOutputNs: 0 });
-        return { id: request.id, modelName: config.name, modelVersion: version, outputs };
-      } catch (err) {
-        recorder.requestFailed(nowNs() - start);
-        throw err;
+        return await fn(Object.fromEntries(request.inputs.map((t) => [t.name, t])), options?.signal);
       } finally {
-        stage.active -= 1;
+        probe.active -= 1;
       }
     },
-    statistics: () => recorder.snapshot(),
-    async close() {
-      stage.closed = true;
+    close: () => {
+      probe.closed = true;
     },
-  };
-  return stage;
+  });
+  return Object.assign(probe, inner);
 }
 
 /** Resolves when `signal` aborts; lets a test stage "work" until told to stop. */

@@ -28,6 +28,7 @@ export {
   inMemoryTransport,
   remoteError,
 } from "./connect.js";
+export { defineStage, type StageDefinition } from "./define.js";
 export {
   Code,
   codeName,

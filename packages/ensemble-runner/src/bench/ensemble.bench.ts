@@ -11,14 +11,7 @@
  */
 import { cpus } from "node:os";
 import { parseModelConfig } from "@trellis/protocol";
-import {
-  type InferRequest,
-  metadataFromConfig,
-  type Stage,
-  StatisticsRecorder,
-  type Tensor,
-  tensor,
-} from "@trellis/stage";
+import { defineStage, type InferRequest, type Stage, type Tensor, tensor } from "@trellis/stage";
 import { closedLoop, fixturePhotos, makeSeedRepository, readFixtureImage, removeDir } from "@trellis/testing";
 import { createEnsemble, loadStage, scanRepository } from "../index.js";
 
@@ -49,17 +42,7 @@ const single = (name: string, t: Tensor): Tensor => ({ ...t, name });
 function passThrough(name: string): Stage {
   const config = parseModelConfig(`name: "${name}" backend: "typescript" max_batch_size: 8
     input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ] output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]`);
-  const stats = new StatisticsRecorder(name, "1");
-  return {
-    name,
-    version: "1",
-    config,
-    isReady: () => true,
-    metadata: () => metadataFromConfig(config, ["1"]),
-    infer: async (req) => ({ modelName: name, modelVersion: "1", outputs: [{ ...req.inputs[0]!, name: "OUT" }] }),
-    statistics: () => stats.snapshot(),
-    close: async () => {},
-  };
+  return defineStage({ config, compute: (req) => [{ ...req.inputs[0]!, name: "OUT" }] });
 }
 
 /** Microseconds the ensemble adds per request over calling three no-op stages directly. */

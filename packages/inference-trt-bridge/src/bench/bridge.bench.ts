@@ -2,12 +2,11 @@
 // loopback gRPC against an echo stage (no model work, so the figure is the bridge + transport).
 import { parseModelConfig } from "@trellis/protocol";
 import {
+  defineStage,
   float16ArrayToFloat32,
   float32ArrayToFloat16,
   listenStage,
-  metadataFromConfig,
   type Stage,
-  StatisticsRecorder,
   tensor,
 } from "@trellis/stage";
 import { createTrtBridge } from "../bridge.js";
@@ -18,21 +17,7 @@ input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
 output [ { name: "output" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]`);
 
 function echoStage(): Stage {
-  const stats = new StatisticsRecorder("echo", "1");
-  return {
-    name: "echo",
-    version: "1",
-    config,
-    isReady: () => true,
-    metadata: () => metadataFromConfig(config, ["1"]),
-    infer: async (req) => ({
-      modelName: "echo",
-      modelVersion: "1",
-      outputs: req.inputs.map((t) => ({ ...t, name: "output" })),
-    }),
-    statistics: () => stats.snapshot(),
-    close: async () => {},
-  };
+  return defineStage({ config, compute: (req) => req.inputs.map((t) => ({ ...t, name: "output" })) });
 }
 
 const ms = (t0: bigint) => Number(process.hrtime.bigint() - t0) / 1e6;
