@@ -5,7 +5,13 @@ export {
   type ModelIO,
   readOnnxMetadataProps,
 } from "./model.js";
-export { type InstancePlan, planInstances, sessionOptions } from "./options.js";
+export {
+  exclusiveCpu,
+  type InstancePlan,
+  type InstanceSessionOptions,
+  planInstances,
+  sessionOptions,
+} from "./options.js";
 export type { ModelTensorInfo } from "./protocol.js";
 export {
   createOnnxStage,

@@ -59,7 +59,17 @@ export function planInstances(config: ModelConfig): InstancePlan[] {
  * would oversubscribe), one inter-op thread, sequential execution
  * (parallel mode measured 2× slower on this model), all graph optimisations.
  */
-export function sessionOptions(config: ModelConfig, plan: InstancePlan, cpuInstances: number): Record<string, unknown> {
+/** onnxruntime-node SessionOptions, as sent to a session worker. */
+export type InstanceSessionOptions = {
+  intraOpNumThreads: number;
+  interOpNumThreads: number;
+  executionMode: "sequential" | "parallel";
+  graphOptimizationLevel: string;
+  executionProviders: (string | { name: string; deviceId: number })[];
+  extra: { session: Record<string, unknown> };
+};
+
+export function sessionOptions(config: ModelConfig, plan: InstancePlan, cpuInstances: number): InstanceSessionOptions {
   const intra =
     positiveInt(config, "intra_op_thread_count") ||
     Math.max(1, Math.floor(availableParallelism() / Math.max(1, cpuInstances)));
@@ -114,6 +124,26 @@ function spinningEntries(config: ModelConfig): Record<string, unknown> {
     inter_op: { allow_spinning: spin },
     force_spinning_stop: booleanParameter(config, "force_spinning_stop", true) ? "1" : "0",
   };
+}
+
+/**
+ * Parameter `exclusive_cpu`: "auto" (default), "true" or "false". An exclusive
+ * instance's runs hold the process-wide CpuGate alone, so image decodes wait
+ * for a run to end instead of slowing it (see @trellis/stage's CpuGate).
+ * "auto" means: a CPU instance whose intra-op threads cover every core.
+ */
+export function exclusiveCpu(config: ModelConfig, plan: InstancePlan, intraOpThreads: number): boolean {
+  const v = (configParameter(config, "exclusive_cpu") ?? "auto").toLowerCase();
+  if (v === "true") return true;
+  if (v === "false") return false;
+  if (v !== "auto") {
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `parameter exclusive_cpu: expected auto, true or false, got "${v}"`,
+    );
+  }
+  return plan.kind === "CPU" && intraOpThreads >= availableParallelism();
 }
 
 /** A "true"/"false" parameter, `fallback` when absent. */

@@ -22,6 +22,7 @@ import {
   type InferRequest,
   metadataFromConfig,
   nowNs,
+  processCpuGate,
   type Stage,
   StageError,
   type StageFactoryOptions,
@@ -39,7 +40,7 @@ import {
   ortTypeOf,
   readOnnxMetadataProps,
 } from "./model.js";
-import { batchingStrategy, planInstances, sessionOptions } from "./options.js";
+import { batchingStrategy, exclusiveCpu, planInstances, sessionOptions } from "./options.js";
 import type { WireTensor } from "./protocol.js";
 import { SessionWorker } from "./session-worker.js";
 
@@ -223,10 +224,11 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
 
   const plans = planInstances(given);
   const cpuInstances = plans.filter((p) => p.kind === "CPU").length;
+  const instanceOptions = plans.map((plan) => sessionOptions(given, plan, cpuInstances));
+  // Runs hold the CPU gate alone when every instance's threads cover every core.
+  const exclusive = plans.every((plan, i) => exclusiveCpu(given, plan, instanceOptions[i]!.intraOpNumThreads));
   const started = await Promise.allSettled(
-    plans.map((plan) =>
-      SessionWorker.start(name, { modelPath, sessionOptions: sessionOptions(given, plan, cpuInstances) }),
-    ),
+    plans.map((_, i) => SessionWorker.start(name, { modelPath, sessionOptions: instanceOptions[i]! })),
   );
   const workers = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   const failedAt = started.findIndex((s) => s.status === "rejected");
@@ -279,6 +281,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
 
   const outputNames = config.output.map((o) => o.name);
   const recorder = new StatisticsRecorder(name, version);
+  const gate = processCpuGate();
   const dynamicBatching =
     config.schedulingChoice.case === "dynamicBatching" ? config.schedulingChoice.value : undefined;
   const batcher = createDynamicBatcher({
@@ -290,6 +293,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     strategy: batchingStrategy(config),
     recorder,
     validate: requestValidator(config),
+    ...(exclusive ? { admit: () => gate.tryAcquireExclusive() ?? gate.acquireExclusive() } : {}),
     execute: async (batch, ctx) => {
       const worker = workers[ctx.instance]!;
       const t0 = nowNs();
@@ -328,7 +332,15 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
 
   let closed = false;
   log?.info(
-    { model: name, version, path: modelPath, instances: workers.length, maxBatchSize: config.maxBatchSize, synthetic },
+    {
+      model: name,
+      version,
+      path: modelPath,
+      instances: workers.length,
+      maxBatchSize: config.maxBatchSize,
+      exclusiveCpu: exclusive,
+      synthetic,
+    },
     "onnxruntime model loaded",
   );
   return {

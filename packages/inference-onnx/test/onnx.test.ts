@@ -1,6 +1,6 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
-import { tmpdir } from "node:os";
+import { availableParallelism, tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { parseModelConfig } from "@trellis/protocol";
 import {
@@ -12,6 +12,7 @@ import {
   type InferRequest,
   type ListeningServer,
   listenStage,
+  processCpuGate,
   type Stage,
   StageError,
   type StageLogger,
@@ -25,6 +26,7 @@ import {
   autoCompleteConfig,
   createOnnxStage,
   createStage,
+  exclusiveCpu,
   type OnnxStage,
   planInstances,
   readOnnxMetadataProps,
@@ -333,6 +335,40 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     )) as StageError;
     expect(missing.code).toBe(Code.NotFound);
     expect(missing.message).toMatch(/no model file at .*nothing.1.model\.onnx/);
+  });
+
+  it("exclusive_cpu: a run waits for the decodes holding the CPU gate; with false it does not", async () => {
+    const param = (v: string) =>
+      `max_batch_size: 8\nparameters { key: "exclusive_cpu" value: { string_value: "${v}" } }`;
+    const exclusive = await load("mnet_exclusive", MOBILENET_PATH, param("true"));
+    const overlapping = await load("mnet_overlapping", MOBILENET_PATH, param("false"));
+    const decode = await processCpuGate().acquireShared();
+    let answered = false;
+    const gated = exclusive.infer(imageRequest(1, 1)).then(() => {
+      answered = true;
+    });
+    // Not gated: answers while the "decode" holds the gate.
+    expect((await overlapping.infer(imageRequest(1, 2))).outputs[0]?.shape).toEqual([1, 1000]);
+    await new Promise((r) => setTimeout(r, 100));
+    expect(answered).toBe(false);
+    expect(exclusive.pendingRequests?.()).toBe(1);
+    decode();
+    await gated;
+    expect(answered).toBe(true);
+    expect(processCpuGate().heldExclusively).toBe(false);
+
+    const bad = await loadError("mnet_exclusive_bad", MOBILENET_PATH, param("maybe"));
+    expect(bad.code).toBe(Code.InvalidArgument);
+    expect(bad.message).toContain('parameter exclusive_cpu: expected auto, true or false, got "maybe"');
+  });
+
+  it("exclusive_cpu auto: on for a CPU instance whose threads cover every core, off for fewer threads or a GPU", () => {
+    const config = parseModelConfig(`name: "auto"`);
+    const cpu = { kind: "CPU" as const, deviceId: 0, executionProviders: ["cpu"] };
+    const cores = availableParallelism();
+    expect(exclusiveCpu(config, cpu, cores)).toBe(true);
+    if (cores > 1) expect(exclusiveCpu(config, cpu, cores - 1)).toBe(false);
+    expect(exclusiveCpu(config, { kind: "GPU", deviceId: 0, executionProviders: ["cuda"] }, cores)).toBe(false);
   });
 
   it("warms up every instance before it is ready, outside the statistics", async () => {

@@ -15,6 +15,7 @@ import {
   invalidArgument,
   metadataFromConfig,
   nowNs,
+  processCpuGate,
   type Stage,
   StageError,
   type StageFactoryOptions,
@@ -176,6 +177,9 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
         started = true;
         waiting--;
       };
+      // Decodes share the CPU gate: an inference run that uses every core waits for them, and they for it.
+      const gate = processCpuGate();
+      const releaseCpu = gate.tryAcquireShared() ?? (await gate.acquireShared());
       await Promise.all(
         items.map((element, index) =>
           limiter.run(async () => {
@@ -193,7 +197,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
             }
           }),
         ),
-      );
+      ).finally(releaseCpu);
       if (signal?.aborted) throw new StageError(Code.Canceled, name, "request cancelled");
       if (failures.length > 0) {
         failures.sort((a, b) => a.index - b.index);

@@ -7,6 +7,7 @@ import {
   grpcTransport,
   type ListeningServer,
   listenStage,
+  processCpuGate,
   type Stage,
   StageError,
 } from "@trellis/stage";
@@ -203,5 +204,22 @@ describe("pending requests", () => {
     // A request that fails still leaves the count.
     await s.infer(rawImageRequest(["not an image"])).catch(() => undefined);
     expect(s.pendingRequests?.()).toBe(0);
+  });
+
+  it("counts the requests waiting while an inference run holds the CPU gate, and decodes them once it ends", async () => {
+    const s = createPreprocess({});
+    const run = await processCpuGate().acquireExclusive();
+    let answered = false;
+    const waiting = s.infer(rawImageRequest([readFixtureImage("chelsea.jpg")])).then((r) => {
+      answered = true;
+      return r;
+    });
+    await new Promise((r) => setTimeout(r, 50));
+    expect(answered).toBe(false);
+    expect(s.pendingRequests?.()).toBe(1);
+    run();
+    expect((await waiting).outputs[0]?.shape).toEqual([1, 3, 224, 224]);
+    expect(s.pendingRequests?.()).toBe(0);
+    expect(processCpuGate().sharedHolders).toBe(0);
   });
 });

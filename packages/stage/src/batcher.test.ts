@@ -3,6 +3,7 @@ import { ModelDynamicBatchingSchema, ModelQueuePolicy_TimeoutAction, ModelQueueP
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
 import { type BatchContext, type BatchingStrategy, createDynamicBatcher } from "./batcher.js";
+import { CpuGate } from "./cpu-gate.js";
 import { Code, StageError } from "./errors.js";
 import type { InferOptions, InferRequest, InferResponse } from "./stage.js";
 import { StatisticsRecorder } from "./statistics.js";
@@ -24,7 +25,7 @@ function req(rows: number, seed: number, width = 2, id?: string): InferRequest {
 function harness(
   maxBatchSize: number,
   db?: MessageInitShape<typeof ModelDynamicBatchingSchema>,
-  extra: { instances?: number; strategy?: BatchingStrategy } = {},
+  extra: { instances?: number; strategy?: BatchingStrategy; admit?: () => Promise<() => void> } = {},
 ) {
   const executions: { sizes: number[]; ids: (string | undefined)[]; instance: number }[] = [];
   let gate: Promise<void> | undefined;
@@ -39,6 +40,7 @@ function harness(
     instances: extra.instances,
     // Most cases here pin down Triton's delay rule; the eager default has its own test.
     strategy: extra.strategy ?? "delay",
+    ...(extra.admit ? { admit: extra.admit } : {}),
     recorder,
     validate: (r) => {
       for (const t of r.inputs) {
@@ -402,5 +404,55 @@ describe("createDynamicBatcher", () => {
     await closing;
     await running;
     expect((await rejectionOf(h.infer(req(1, 2)), StageError)).code).toBe(Code.Unavailable);
+  });
+});
+
+describe("createDynamicBatcher with admit (a CpuGate held during runs)", () => {
+  it("forms the batch once admitted, so requests that arrive meanwhile join it, and releases when the run ends", async () => {
+    const gate = new CpuGate();
+    const decode = await gate.acquireShared();
+    let releasedAfterRun = false;
+    const h = harness(
+      8,
+      {},
+      {
+        strategy: "eager",
+        admit: async () => {
+          const release = await gate.acquireExclusive();
+          return () => {
+            releasedAfterRun = h.executions.length > 0;
+            release();
+          };
+        },
+      },
+    );
+    const first = h.infer(req(1, 1));
+    await settle();
+    // The batcher waits for the shared holder (a decode in flight) before forming a batch.
+    expect(h.executions).toHaveLength(0);
+    const second = h.infer(req(2, 2));
+    await settle();
+    decode();
+    await Promise.all([first, second]);
+    expect(h.sizes()).toEqual([3]);
+    expect(releasedAfterRun).toBe(true);
+    expect(gate.heldExclusively).toBe(false);
+  });
+
+  it("lets shared holders in between runs", async () => {
+    const gate = new CpuGate();
+    const order: string[] = [];
+    const h = harness(8, {}, { strategy: "eager", admit: () => gate.acquireExclusive() });
+    h.hold();
+    const first = h.infer(req(1, 1)).then(() => order.push("run 1"));
+    await settle();
+    const decode = gate.withShared(async () => {
+      order.push("decode");
+    });
+    const second = h.infer(req(1, 2)).then(() => order.push("run 2"));
+    await settle();
+    h.release();
+    await Promise.all([first, decode, second]);
+    expect(order).toEqual(["run 1", "decode", "run 2"]);
   });
 });

@@ -58,6 +58,13 @@ export interface DynamicBatcherOptions {
   strategy?: BatchingStrategy;
   /** Checks one request before it is queued, so a bad request fails alone (throw a StageError). */
   validate?: (request: InferRequest) => void;
+  /**
+   * Called before each batch is formed; gives (at once, or once it resolves)
+   * a function called when that execution ends. While it is awaited, arriving
+   * requests join the batch. For holding a CpuGate exclusively during runs
+   * that use every core.
+   */
+  admit?: () => (() => void) | Promise<() => void>;
   recorder: StatisticsRecorder;
 }
 
@@ -147,6 +154,8 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
   let delayTimer: NodeJS.Timeout | undefined;
   let queued = 0;
   let closed = false;
+  /** An admission is being awaited (options.admit): batches wait for it. */
+  let admitting = false;
 
   /** Items this request carries, checking every input agrees on dim 0. */
   function requestSize(request: InferRequest): number {
@@ -249,7 +258,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
   function schedule(): void {
     clearTimeout(delayTimer);
     delayTimer = undefined;
-    while (!closed && free.length > 0) {
+    while (!closed && free.length > 0 && !admitting) {
       const next = nextBatch();
       if (!next) return;
       if ("waitNs" in next) {
@@ -257,18 +266,43 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         return;
       }
       const slot = free.pop()!;
-      const now = nowNs();
-      for (const p of next.batch) {
-        dequeue(p);
-        p.queueNs = now - p.enqueuedNs;
+      const admission = options.admit?.();
+      if (typeof admission === "function") {
+        dispatch(next.batch, slot, admission);
+        continue;
       }
-      const run = runBatch(next.batch, slot).finally(() => {
-        inFlight.delete(run);
-        free.push(slot);
-        schedule();
-      });
-      inFlight.add(run);
+      if (admission) {
+        admitting = true;
+        void admission.then((release) => {
+          admitting = false;
+          // Formed now, so that what arrived during the wait rides along.
+          const admitted = closed ? undefined : nextBatch();
+          if (admitted && "batch" in admitted) dispatch(admitted.batch, slot, release);
+          else {
+            release();
+            free.push(slot);
+          }
+          schedule();
+        });
+        return;
+      }
+      dispatch(next.batch, slot);
     }
+  }
+
+  function dispatch(batch: Pending[], slot: number, release?: () => void): void {
+    const now = nowNs();
+    for (const p of batch) {
+      dequeue(p);
+      p.queueNs = now - p.enqueuedNs;
+    }
+    const run = runBatch(batch, slot).finally(() => {
+      release?.();
+      inFlight.delete(run);
+      free.push(slot);
+      schedule();
+    });
+    inFlight.add(run);
   }
 
   async function runBatch(batch: Pending[], instance: number): Promise<void> {

@@ -28,6 +28,7 @@ export {
   inMemoryTransport,
   remoteError,
 } from "./connect.js";
+export { CpuGate, processCpuGate } from "./cpu-gate.js";
 export { defineStage, type StageDefinition } from "./define.js";
 export {
   Code,

@@ -58,13 +58,17 @@ interface ServerSetup {
   spinning?: boolean;
   /** Inference's force_spinning_stop parameter. */
   spinStop?: boolean;
+  /** Inference's exclusive_cpu parameter (default auto: on with one instance). */
+  exclusive?: boolean;
 }
 
 const ALL_SETUPS: ServerSetup[] = [
   {
-    label: "models/ as committed (preprocess seed, batching eager, ORT threads spin within a run)",
+    label:
+      "models/ as committed (preprocess seed, batching eager, ORT threads spin within a run, runs hold the CPU alone)",
     mode: "seed",
   },
+  { label: "decodes overlapping ORT runs (exclusive_cpu false), preprocess seed", mode: "seed", exclusive: false },
   { label: "preprocess fast, batching eager", mode: "fast" },
   {
     label: "Triton's batching rule (strategy delay: 100 ms max_queue_delay), preprocess seed",
@@ -196,6 +200,8 @@ async function measureServer(
         t += parameter("allow_spinning", String(setup.spinning));
       if (name === "resnet50_inference" && setup.spinStop !== undefined)
         t += parameter("force_spinning_stop", String(setup.spinStop));
+      if (name === "resnet50_inference" && setup.exclusive !== undefined)
+        t += parameter("exclusive_cpu", String(setup.exclusive));
       if (name === "resnet50_preprocess" && setup.mode === "fast") t += parameter("mode", "fast");
       return t;
     },

@@ -1,0 +1,95 @@
+import { describe, expect, it } from "vitest";
+import { CpuGate, processCpuGate } from "./cpu-gate.js";
+
+/** Lets every pending promise callback run. */
+const settle = () => new Promise<void>((r) => setImmediate(r));
+
+describe("CpuGate", () => {
+  it("lets shared holders in together", async () => {
+    const gate = new CpuGate();
+    const a = await gate.acquireShared();
+    const b = await gate.acquireShared();
+    expect(gate.sharedHolders).toBe(2);
+    a();
+    b();
+    expect(gate.sharedHolders).toBe(0);
+  });
+
+  it("makes an exclusive acquirer wait for the shared holders, and shared acquirers wait for it", async () => {
+    const gate = new CpuGate();
+    const events: string[] = [];
+    const decode = await gate.acquireShared();
+    const run = gate.acquireExclusive().then((release) => {
+      events.push("run");
+      return release;
+    });
+    // A decode arriving while the run waits goes after it: a stream of decodes cannot starve inference.
+    const late = gate.acquireShared().then((release) => {
+      events.push("late decode");
+      return release;
+    });
+    await settle();
+    expect(events).toEqual([]);
+    decode();
+    const releaseRun = await run;
+    await settle();
+    expect(events).toEqual(["run"]);
+    expect(gate.heldExclusively).toBe(true);
+    releaseRun();
+    (await late)();
+    expect(events).toEqual(["run", "late decode"]);
+  });
+
+  it("admits every decode that waited during a run at once, before the next run", async () => {
+    const gate = new CpuGate();
+    const first = await gate.acquireExclusive();
+    const order: string[] = [];
+    const decodes = [1, 2, 3].map((i) =>
+      gate.acquireShared().then((release) => {
+        order.push(`decode ${i}`);
+        return release;
+      }),
+    );
+    const second = gate.acquireExclusive().then((release) => {
+      order.push("run 2");
+      return release;
+    });
+    await settle();
+    first();
+    const released = await Promise.all(decodes);
+    await settle();
+    expect(order).toEqual(["decode 1", "decode 2", "decode 3"]);
+    expect(gate.sharedHolders).toBe(3);
+    for (const release of released) release();
+    (await second)();
+    expect(order.at(-1)).toBe("run 2");
+  });
+
+  it("serves exclusive acquirers in order, one at a time", async () => {
+    const gate = new CpuGate();
+    const order: number[] = [];
+    const runs = [1, 2, 3].map((i) =>
+      gate.withExclusive(async () => {
+        order.push(i);
+        expect(gate.heldExclusively).toBe(true);
+        await settle();
+        order.push(-i);
+      }),
+    );
+    await Promise.all(runs);
+    expect(order).toEqual([1, -1, 2, -2, 3, -3]);
+  });
+
+  it("ignores a second call of a release function", async () => {
+    const gate = new CpuGate();
+    const a = await gate.acquireShared();
+    await gate.acquireShared();
+    a();
+    a();
+    expect(gate.sharedHolders).toBe(1);
+  });
+
+  it("is one gate per process", () => {
+    expect(processCpuGate()).toBe(processCpuGate());
+  });
+});

@@ -1,0 +1,138 @@
+/**
+ * Time-sharing of the CPU between stages in one process. An ONNX Runtime
+ * run on the CPU splits each operator across a thread per core; another busy
+ * thread (an image decode) on any core makes that core's share the straggler
+ * every operator waits for, so the run slows by more than the decode's own
+ * CPU time. Runs that use every core therefore hold the gate exclusively and
+ * decodes hold it shared: decodes run together between runs, not under them.
+ *
+ * Exclusive holders go first: a shared acquirer waits while one holds the
+ * gate or waits for it, so a stream of decodes cannot starve inference, and
+ * when a run ends every decode waiting at that moment is let in at once
+ * (those requests then make the next batch).
+ */
+
+type Wake = () => void;
+
+export class CpuGate {
+  private shared = 0;
+  private exclusive = false;
+  private readonly exclusiveWaiters: Wake[] = [];
+  private sharedWaiters: Wake[] = [];
+
+  /** Holders of the shared side right now. */
+  get sharedHolders(): number {
+    return this.shared;
+  }
+
+  /** Whether an exclusive holder has the gate right now. */
+  get heldExclusively(): boolean {
+    return this.exclusive;
+  }
+
+  /** The shared side's release function if it can be had without waiting, else undefined. */
+  tryAcquireShared(): (() => void) | undefined {
+    if (this.exclusive || this.exclusiveWaiters.length > 0) return undefined;
+    this.shared++;
+    return this.sharedRelease();
+  }
+
+  /** Waits for the shared side; resolves to the release function (call it once). */
+  async acquireShared(): Promise<() => void> {
+    const now = this.tryAcquireShared();
+    if (now) return now;
+    await new Promise<void>((wake) => this.sharedWaiters.push(wake));
+    return this.sharedRelease();
+  }
+
+  private sharedRelease(): () => void {
+    return once(() => {
+      this.shared--;
+      if (this.shared === 0) this.handOver();
+    });
+  }
+
+  /** The exclusive side's release function if the gate is free, else undefined. */
+  tryAcquireExclusive(): (() => void) | undefined {
+    if (this.exclusive || this.shared > 0 || this.exclusiveWaiters.length > 0) return undefined;
+    this.exclusive = true;
+    return this.exclusiveRelease();
+  }
+
+  /** Waits until nothing else holds the gate; resolves to the release function (call it once). */
+  async acquireExclusive(): Promise<() => void> {
+    const now = this.tryAcquireExclusive();
+    if (now) return now;
+    await new Promise<void>((wake) => this.exclusiveWaiters.push(wake));
+    return this.exclusiveRelease();
+  }
+
+  private exclusiveRelease(): () => void {
+    return once(() => {
+      this.exclusive = false;
+      // Decodes that queued during the run go next, all together; then the next run.
+      if (this.sharedWaiters.length > 0) this.admitShared();
+      else this.handOver();
+    });
+  }
+
+  /** Runs `fn` holding the shared side. */
+  async withShared<T>(fn: () => Promise<T>): Promise<T> {
+    const release = await this.acquireShared();
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+
+  /** Runs `fn` holding the gate exclusively. */
+  async withExclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const release = await this.acquireExclusive();
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+
+  /** The gate is free: the next exclusive waiter, else every shared waiter. */
+  private handOver(): void {
+    const next = this.exclusiveWaiters.shift();
+    if (next) {
+      this.exclusive = true;
+      next();
+    } else if (this.sharedWaiters.length > 0) {
+      this.admitShared();
+    }
+  }
+
+  private admitShared(): void {
+    const admitted = this.sharedWaiters;
+    this.sharedWaiters = [];
+    this.shared += admitted.length;
+    for (const wake of admitted) wake();
+  }
+}
+
+function once(fn: () => void): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
+}
+
+const GLOBAL_KEY = Symbol.for("@trellis/stage.cpuGate");
+
+/**
+ * The process-wide gate. Kept on globalThis so that stages built against
+ * different copies of this package (a user's model.js with its own
+ * node_modules) still share one.
+ */
+export function processCpuGate(): CpuGate {
+  const holder = globalThis as { [GLOBAL_KEY]?: CpuGate };
+  holder[GLOBAL_KEY] ??= new CpuGate();
+  return holder[GLOBAL_KEY];
+}
