@@ -5,16 +5,10 @@
  * Connect clients) and Prometheus metrics. Also graceful shutdown.
  */
 import http from "node:http";
-import http2 from "node:http2";
+import type http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import {
-  DEFAULT_GRPC_MAX_INPUT_BYTES,
-  HTTP2_SETTINGS,
-  serveStage,
-  UNCOMPRESSED_RESPONSES,
-  widenSessionWindow,
-} from "@trellis/stage";
+import { createGrpcServer, serveStage, UNCOMPRESSED_RESPONSES } from "@trellis/stage";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
@@ -97,19 +91,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   };
 
   // gRPC: each HTTP/2 stream is one call.
-  const grpc = http2.createServer(
-    { settings: HTTP2_SETTINGS },
-    connectNodeAdapter({
-      routes,
-      readMaxBytes: options.grpcMaxInputBytes ?? DEFAULT_GRPC_MAX_INPUT_BYTES,
-      ...UNCOMPRESSED_RESPONSES,
-    }),
-  );
-  const sessions = new Set<http2.ServerHttp2Session>();
+  const { server: grpc, sessions } = createGrpcServer(routes, options.grpcMaxInputBytes);
   grpc.on("session", (s) => {
-    widenSessionWindow(s);
-    sessions.add(s);
-    s.on("close", () => sessions.delete(s));
     // A session opened while stopping gets GOAWAY straight away.
     if (stopping) s.close();
   });

@@ -44,7 +44,9 @@ export {
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
 export { type ModelIndexEntry, type ModelRegistry, type ModelRepositoryControl, stageRegistry } from "./registry.js";
 export {
+  createGrpcServer,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
+  type GrpcServer,
   HTTP2_SETTINGS,
   handleModelInfer,
   healthService,

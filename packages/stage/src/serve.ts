@@ -232,18 +232,24 @@ export interface ListeningServer {
   close(): Promise<void>;
 }
 
-/** Serves `target` over cleartext HTTP/2 (gRPC's transport) on host:port (0 = ephemeral). */
-export async function listenStage(
-  target: Stage | ModelRegistry,
-  { host = "127.0.0.1", port = 0, maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, ...options }: ListenOptions = {},
-): Promise<ListeningServer> {
+export interface GrpcServer {
+  server: http2.Http2Server;
+  /** The HTTP/2 sessions open right now (for GOAWAY at shutdown). */
+  sessions: ReadonlySet<http2.ServerHttp2Session>;
+}
+
+/**
+ * A cleartext HTTP/2 server for Connect routes (gRPC, gRPC-Web and Connect),
+ * set up for tensor traffic: wide flow-control windows, uncompressed
+ * responses, requests over `maxInputBytes` refused with RESOURCE_EXHAUSTED.
+ */
+export function createGrpcServer(
+  routes: (router: ConnectRouter) => void,
+  maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES,
+): GrpcServer {
   const server = http2.createServer(
     { settings: HTTP2_SETTINGS },
-    connectNodeAdapter({
-      routes: serveStage(target, options),
-      readMaxBytes: maxInputBytes,
-      ...UNCOMPRESSED_RESPONSES,
-    }),
+    connectNodeAdapter({ routes, readMaxBytes: maxInputBytes, ...UNCOMPRESSED_RESPONSES }),
   );
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on("session", (s) => {
@@ -251,6 +257,15 @@ export async function listenStage(
     sessions.add(s);
     s.on("close", () => sessions.delete(s));
   });
+  return { server, sessions };
+}
+
+/** Serves `target` over cleartext HTTP/2 (gRPC's transport) on host:port (0 = ephemeral). */
+export async function listenStage(
+  target: Stage | ModelRegistry,
+  { host = "127.0.0.1", port = 0, maxInputBytes, ...options }: ListenOptions = {},
+): Promise<ListeningServer> {
+  const { server, sessions } = createGrpcServer(serveStage(target, options), maxInputBytes);
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(port, host, () => resolve());
