@@ -17,7 +17,7 @@
  * request finds them. The model is the synthetic ResNet-50 (ResNet-50's real
  * cost) unless BENCH_MODEL=mobilenet picks the shared MobileNetV2 int8.
  * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_CONCURRENCY,
- * BENCH_LATENCY_N, BENCH_MODEL, BENCH_SETUPS (e.g. "0,3": only those rows).
+ * BENCH_LATENCY_N, BENCH_WARMUP_SECONDS, BENCH_MODEL, BENCH_SETUPS (e.g. "0,3": only those rows).
  */
 import { copyFile, mkdtemp, readFile } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
@@ -44,6 +44,8 @@ import sharp from "sharp";
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
 const LATENCY_N = Number(process.env.BENCH_LATENCY_N ?? 40);
+/** Uncounted seconds before each throughput window: the server's decode-then-batch pipeline fills first. */
+const WARMUP_SECONDS = Number(process.env.BENCH_WARMUP_SECONDS ?? 1);
 const USE_MOBILENET = process.env.BENCH_MODEL === "mobilenet";
 const PHOTOS = ["chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg", "camera.jpg", "motorcycle_left.jpg"];
 
@@ -135,12 +137,16 @@ const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const rate = (s: Subject) => s.done / s.seconds;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
 
-/** Each subject in turn, `rounds` times: `concurrency` callers looping for seconds / rounds. */
+/**
+ * Each subject in turn, `rounds` times: `concurrency` callers looping for
+ * WARMUP_SECONDS (not counted) then seconds / rounds (counted: calls answered
+ * in that window, a steady state for every subject alike).
+ */
 async function throughput(subjects: Subject[], concurrency: number, seconds: number, rounds = 2): Promise<void> {
   for (let round = 0; round < rounds; round++) {
     for (const s of subjects) {
       await pause(50); // the previous subject's threads settle first
-      const r = await closedLoop(s.call, concurrency, seconds / rounds);
+      const r = await closedLoop(s.call, concurrency, seconds / rounds, { warmupSeconds: WARMUP_SECONDS });
       s.done += r.calls;
       s.seconds += r.seconds;
     }
@@ -313,7 +319,7 @@ async function main() {
   await removeDir(work);
 
   console.log(
-    `\nserver.bench: ${cpus().length} CPUs, ${modelLabel}, ${PHOTOS.length} photos as 1920x1080 JPEG; throughput: concurrency ${CONCURRENCY}, ${SECONDS} s per subject in 2 interleaved rounds; p50: ${LATENCY_N} sequential requests per subject in 4 interleaved rounds\n`,
+    `\nserver.bench: ${cpus().length} CPUs, ${modelLabel}, ${PHOTOS.length} photos as 1920x1080 JPEG; throughput: concurrency ${CONCURRENCY}, ${SECONDS} s per subject in 2 interleaved rounds, each after ${WARMUP_SECONDS} s uncounted; p50: ${LATENCY_N} sequential requests per subject in 4 interleaved rounds\n`,
   );
   console.log(
     `reference: bare ORT ${rate(bareRef).toFixed(1)} img/s; hand-rolled sharp + ORT loop (no server) ${rate(loop).toFixed(1)} img/s = ${(rate(loop) / rate(bareRef)).toFixed(2)}x bare\n`,
