@@ -41,7 +41,7 @@ export class CpuGate {
   async acquireShared(): Promise<() => void> {
     const now = this.tryAcquireShared();
     if (now) return now;
-    await new Promise<void>((wake) => this.sharedWaiters.push(wake));
+    await queueFor(this.sharedWaiters);
     return this.sharedRelease();
   }
 
@@ -63,7 +63,7 @@ export class CpuGate {
   async acquireExclusive(): Promise<() => void> {
     const now = this.tryAcquireExclusive();
     if (now) return now;
-    await new Promise<void>((wake) => this.exclusiveWaiters.push(wake));
+    await queueFor(this.exclusiveWaiters);
     return this.exclusiveRelease();
   }
 
@@ -77,23 +77,13 @@ export class CpuGate {
   }
 
   /** Runs `fn` holding the shared side. */
-  async withShared<T>(fn: () => Promise<T>): Promise<T> {
-    const release = await this.acquireShared();
-    try {
-      return await fn();
-    } finally {
-      release();
-    }
+  withShared<T>(fn: () => Promise<T>): Promise<T> {
+    return holding(this.acquireShared(), fn);
   }
 
   /** Runs `fn` holding the gate exclusively. */
-  async withExclusive<T>(fn: () => Promise<T>): Promise<T> {
-    const release = await this.acquireExclusive();
-    try {
-      return await fn();
-    } finally {
-      release();
-    }
+  withExclusive<T>(fn: () => Promise<T>): Promise<T> {
+    return holding(this.acquireExclusive(), fn);
   }
 
   /** The gate is free: the next exclusive waiter, else every shared waiter. */
@@ -112,6 +102,18 @@ export class CpuGate {
     this.sharedWaiters = [];
     this.shared += admitted.length;
     for (const wake of admitted) wake();
+  }
+}
+
+/** Resolves when the waiter queued here is woken. */
+const queueFor = (waiters: Wake[]) => new Promise<void>((wake) => waiters.push(wake));
+
+async function holding<T>(acquired: Promise<() => void>, fn: () => Promise<T>): Promise<T> {
+  const release = await acquired;
+  try {
+    return await fn();
+  } finally {
+    release();
   }
 }
 

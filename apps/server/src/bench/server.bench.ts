@@ -16,7 +16,7 @@
  * within a run), which runs them with the caches and threads in the state a server's
  * request finds them. The model is the synthetic ResNet-50 (ResNet-50's real
  * cost) unless BENCH_MODEL=mobilenet picks the shared MobileNetV2 int8.
- * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_CONCURRENCY,
+ * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY,
  * BENCH_LATENCY_N, BENCH_WARMUP_SECONDS, BENCH_MODEL, BENCH_SETUPS (e.g. "0,3": only those rows).
  */
 import { copyFile, mkdtemp, readFile } from "node:fs/promises";
@@ -44,6 +44,8 @@ import sharp from "sharp";
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
 const LATENCY_N = Number(process.env.BENCH_LATENCY_N ?? 40);
+/** Throughput rounds per subject (SECONDS is split between them). */
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
 /** Uncounted seconds before each throughput window: the server's decode-then-batch pipeline fills first. */
 const WARMUP_SECONDS = Number(process.env.BENCH_WARMUP_SECONDS ?? 1);
 const USE_MOBILENET = process.env.BENCH_MODEL === "mobilenet";
@@ -129,10 +131,12 @@ interface Subject {
   call: (i: number) => Promise<unknown>;
   done: number;
   seconds: number;
+  /** Calls per second in each throughput round. */
+  roundRates: number[];
   latencies: number[];
 }
 
-const subject = (call: Subject["call"]): Subject => ({ call, done: 0, seconds: 0, latencies: [] });
+const subject = (call: Subject["call"]): Subject => ({ call, done: 0, seconds: 0, roundRates: [], latencies: [] });
 const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const rate = (s: Subject) => s.done / s.seconds;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
@@ -142,13 +146,14 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
  * WARMUP_SECONDS (not counted) then seconds / rounds (counted: calls answered
  * in that window, a steady state for every subject alike).
  */
-async function throughput(subjects: Subject[], concurrency: number, seconds: number, rounds = 2): Promise<void> {
+async function throughput(subjects: Subject[], concurrency: number, seconds: number, rounds = ROUNDS): Promise<void> {
   for (let round = 0; round < rounds; round++) {
     for (const s of subjects) {
       await pause(50); // the previous subject's threads settle first
       const r = await closedLoop(s.call, concurrency, seconds / rounds, { warmupSeconds: WARMUP_SECONDS });
       s.done += r.calls;
       s.seconds += r.seconds;
+      s.roundRates.push(r.calls / r.seconds);
     }
   }
 }
@@ -173,6 +178,8 @@ interface ClientResult {
   rps: number;
   p50: number;
   bareRps: number;
+  /** This client's rate over bare ORT's in each round (measured back to back). */
+  roundRatios: number[];
   inferP50: number;
   preP50: number;
   pipelineP50: number;
@@ -243,6 +250,7 @@ async function measureServer(
     return clients.map(([client, s]) => ({
       client,
       rps: rate(s),
+      roundRatios: s.roundRates.map((r, i) => r / bare.roundRates[i]!),
       p50: median(s.latencies),
       bareRps: rate(bare),
       inferP50: median(bare.latencies),
@@ -311,7 +319,7 @@ async function main() {
       const parts = r.preP50 + r.inferP50 + 2;
       const backToBack = r.pipelineP50 + 2;
       rows.push(
-        `| ${setup.label} | ${r.client} | ${r.rps.toFixed(1)} img/s | ${(r.rps / r.bareRps).toFixed(2)}x (bare ${r.bareRps.toFixed(1)}) | ${(r.rps / rate(loop)).toFixed(2)}x | ${r.p50.toFixed(1)} ms | ${r.preP50.toFixed(1)} + ${r.inferP50.toFixed(1)} + 2 = ${parts.toFixed(1)} ms: ${verdict(parts)} | ${r.pipelineP50.toFixed(1)} + 2 = ${backToBack.toFixed(1)} ms: ${verdict(backToBack)} |`,
+        `| ${setup.label} | ${r.client} | ${r.rps.toFixed(1)} img/s | ${(r.rps / r.bareRps).toFixed(2)}x (bare ${r.bareRps.toFixed(1)}; rounds ${Math.min(...r.roundRatios).toFixed(2)}-${Math.max(...r.roundRatios).toFixed(2)}) | ${(r.rps / rate(loop)).toFixed(2)}x | ${r.p50.toFixed(1)} ms | ${r.preP50.toFixed(1)} + ${r.inferP50.toFixed(1)} + 2 = ${parts.toFixed(1)} ms: ${verdict(parts)} | ${r.pipelineP50.toFixed(1)} + 2 = ${backToBack.toFixed(1)} ms: ${verdict(backToBack)} |`,
       );
     }
   }
