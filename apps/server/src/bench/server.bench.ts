@@ -41,11 +41,11 @@ import { synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import sharp from "sharp";
 
-const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
+const SECONDS = Number(process.env.BENCH_SECONDS ?? 16);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
 const LATENCY_N = Number(process.env.BENCH_LATENCY_N ?? 40);
 /** Throughput rounds per subject (SECONDS is split between them). */
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4);
 /** Uncounted seconds before each throughput window: the server's decode-then-batch pipeline fills first. */
 const WARMUP_SECONDS = Number(process.env.BENCH_WARMUP_SECONDS ?? 1);
 const USE_MOBILENET = process.env.BENCH_MODEL === "mobilenet";
@@ -327,7 +327,7 @@ async function main() {
   await removeDir(work);
 
   console.log(
-    `\nserver.bench: ${cpus().length} CPUs, ${modelLabel}, ${PHOTOS.length} photos as 1920x1080 JPEG; throughput: concurrency ${CONCURRENCY}, ${SECONDS} s per subject in 2 interleaved rounds, each after ${WARMUP_SECONDS} s uncounted; p50: ${LATENCY_N} sequential requests per subject in 4 interleaved rounds\n`,
+    `\nserver.bench: ${cpus().length} CPUs, ${modelLabel}, ${PHOTOS.length} photos as 1920x1080 JPEG; throughput: concurrency ${CONCURRENCY}, ${SECONDS} s per subject in ${ROUNDS} interleaved rounds, each after ${WARMUP_SECONDS} s uncounted; p50: ${LATENCY_N} sequential requests per subject in 4 interleaved rounds\n`,
   );
   console.log(
     `reference: bare ORT ${rate(bareRef).toFixed(1)} img/s; hand-rolled sharp + ORT loop (no server) ${rate(loop).toFixed(1)} img/s = ${(rate(loop) / rate(bareRef)).toFixed(2)}x bare\n`,
