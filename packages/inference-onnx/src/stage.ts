@@ -40,7 +40,7 @@ import {
   ortTypeOf,
   readOnnxMetadataProps,
 } from "./model.js";
-import { batchingStrategy, exclusiveCpu, planInstances, sessionOptions } from "./options.js";
+import { batchingStrategy, exclusiveCpu, exclusiveCpuMaxWaitMs, planInstances, sessionOptions } from "./options.js";
 import type { WireTensor } from "./protocol.js";
 import { SessionWorker } from "./session-worker.js";
 
@@ -227,6 +227,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   const instanceOptions = plans.map((plan) => sessionOptions(given, plan, cpuInstances));
   // Runs hold the CPU gate alone when every instance's threads cover every core.
   const exclusive = plans.every((plan, i) => exclusiveCpu(given, plan, instanceOptions[i]!.intraOpNumThreads));
+  const maxSharedWaitMs = exclusiveCpuMaxWaitMs(given);
   const started = await Promise.allSettled(
     plans.map((_, i) => SessionWorker.start(name, { modelPath, sessionOptions: instanceOptions[i]! })),
   );
@@ -293,7 +294,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     strategy: batchingStrategy(config),
     recorder,
     validate: requestValidator(config),
-    ...(exclusive ? { admit: () => gate.tryAcquireExclusive() ?? gate.acquireExclusive() } : {}),
+    ...(exclusive ? { admit: () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) } : {}),
     execute: async (batch, ctx) => {
       const worker = workers[ctx.instance]!;
       const t0 = nowNs();

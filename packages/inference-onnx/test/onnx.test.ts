@@ -337,11 +337,14 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     expect(missing.message).toMatch(/no model file at .*nothing.1.model\.onnx/);
   });
 
-  it("exclusive_cpu: a run waits for the decodes holding the CPU gate; with false it does not", async () => {
-    const param = (v: string) =>
-      `max_batch_size: 8\nparameters { key: "exclusive_cpu" value: { string_value: "${v}" } }`;
-    const exclusive = await load("mnet_exclusive", MOBILENET_PATH, param("true"));
-    const overlapping = await load("mnet_overlapping", MOBILENET_PATH, param("false"));
+  it("exclusive_cpu: a run waits for the decodes holding the CPU gate, at most exclusive_cpu_max_wait_ms; with false it does not", async () => {
+    const params = (exclusive: string, maxWaitMs: number) =>
+      `max_batch_size: 8
+       parameters { key: "exclusive_cpu" value: { string_value: "${exclusive}" } }
+       parameters { key: "exclusive_cpu_max_wait_ms" value: { string_value: "${maxWaitMs}" } }`;
+    const exclusive = await load("mnet_exclusive", MOBILENET_PATH, params("true", 60_000));
+    const bounded = await load("mnet_bounded", MOBILENET_PATH, params("true", 30));
+    const overlapping = await load("mnet_overlapping", MOBILENET_PATH, params("false", 60_000));
     const decode = await processCpuGate().acquireShared();
     let answered = false;
     const gated = exclusive.infer(imageRequest(1, 1)).then(() => {
@@ -357,9 +360,19 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     expect(answered).toBe(true);
     expect(processCpuGate().heldExclusively).toBe(false);
 
-    const bad = await loadError("mnet_exclusive_bad", MOBILENET_PATH, param("maybe"));
+    // A decode that takes too long: the bounded stage waits 30 ms for it, then runs alongside.
+    const slowDecode = await processCpuGate().acquireShared();
+    const t0 = performance.now();
+    expect((await bounded.infer(imageRequest(1, 3))).outputs[0]?.shape).toEqual([1, 1000]);
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(25);
+    expect(processCpuGate().sharedHolders).toBe(1);
+    slowDecode();
+
+    const bad = await loadError("mnet_exclusive_bad", MOBILENET_PATH, params("maybe", 50));
     expect(bad.code).toBe(Code.InvalidArgument);
     expect(bad.message).toContain('parameter exclusive_cpu: expected auto, true or false, got "maybe"');
+    const badWait = await loadError("mnet_exclusive_bad_wait", MOBILENET_PATH, params("true", -1));
+    expect(badWait.message).toContain('parameter exclusive_cpu_max_wait_ms: expected a whole number ≥ 0, got "-1"');
   });
 
   it("exclusive_cpu auto: on for a CPU instance whose threads cover every core, off for fewer threads or a GPU", () => {

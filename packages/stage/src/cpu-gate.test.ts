@@ -93,3 +93,44 @@ describe("CpuGate", () => {
     expect(processCpuGate()).toBe(processCpuGate());
   });
 });
+
+describe("CpuGate with a bounded wait for shared holders", () => {
+  it("takes the gate alongside a slow shared holder after maxSharedWaitMs, and still keeps new shared acquirers out", async () => {
+    const gate = new CpuGate();
+    const slowDecode = await gate.acquireShared();
+    const t0 = performance.now();
+    const release = await gate.acquireExclusive(30);
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(25);
+    expect(gate.heldExclusively).toBe(true);
+    expect(gate.sharedHolders).toBe(1);
+    let late = false;
+    const lateDecode = gate.acquireShared().then((r) => {
+      late = true;
+      return r;
+    });
+    slowDecode();
+    await settle();
+    // The slow holder left, but the exclusive holder still has the gate.
+    expect(late).toBe(false);
+    expect(gate.heldExclusively).toBe(true);
+    release();
+    (await lateDecode)();
+    expect(late).toBe(true);
+    expect([gate.sharedHolders, gate.heldExclusively]).toEqual([0, false]);
+  });
+
+  it("waits its turn behind another exclusive holder whatever its bound", async () => {
+    const gate = new CpuGate();
+    const first = await gate.acquireExclusive();
+    let second = false;
+    const waiting = gate.acquireExclusive(10).then((r) => {
+      second = true;
+      return r;
+    });
+    await new Promise((r) => setTimeout(r, 40));
+    expect(second).toBe(false);
+    first();
+    (await waiting)();
+    expect(second).toBe(true);
+  });
+});

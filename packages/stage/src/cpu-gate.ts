@@ -9,7 +9,9 @@
  * Exclusive holders go first: a shared acquirer waits while one holds the
  * gate or waits for it, so a stream of decodes cannot starve inference, and
  * when a run ends every decode waiting at that moment is let in at once
- * (those requests then make the next batch).
+ * (those requests then make the next batch). An exclusive acquirer can bound
+ * its wait for shared holders (a 40-megapixel JPEG takes ~0.13 s to
+ * decode): past it, it runs alongside them rather than idle the cores.
  */
 
 type Wake = () => void;
@@ -48,7 +50,8 @@ export class CpuGate {
   private sharedRelease(): () => void {
     return once(() => {
       this.shared--;
-      if (this.shared === 0) this.handOver();
+      // With an exclusive holder that stopped waiting for us, the gate is not free yet.
+      if (this.shared === 0 && !this.exclusive) this.handOver();
     });
   }
 
@@ -59,11 +62,34 @@ export class CpuGate {
     return this.exclusiveRelease();
   }
 
-  /** Waits until nothing else holds the gate; resolves to the release function (call it once). */
-  async acquireExclusive(): Promise<() => void> {
+  /**
+   * Waits until nothing else holds the gate; resolves to the release function
+   * (call it once). Once first in line, it waits at most `maxSharedWaitMs` for
+   * the shared holders to finish, then takes the gate while they do.
+   */
+  async acquireExclusive(maxSharedWaitMs = Number.POSITIVE_INFINITY): Promise<() => void> {
     const now = this.tryAcquireExclusive();
     if (now) return now;
-    await queueFor(this.exclusiveWaiters);
+    await new Promise<void>((wake) => {
+      let timer: NodeJS.Timeout | undefined;
+      const waiter = () => {
+        clearTimeout(timer);
+        wake();
+      };
+      this.exclusiveWaiters.push(waiter);
+      if (!Number.isFinite(maxSharedWaitMs)) return;
+      const check = () => {
+        // Only past shared holders: behind another exclusive holder it keeps its place, and looks again later.
+        if (this.exclusive || this.exclusiveWaiters[0] !== waiter) {
+          timer = setTimeout(check, maxSharedWaitMs).unref();
+          return;
+        }
+        this.exclusiveWaiters.shift();
+        this.exclusive = true;
+        wake();
+      };
+      timer = setTimeout(check, maxSharedWaitMs).unref();
+    });
     return this.exclusiveRelease();
   }
 
@@ -86,8 +112,9 @@ export class CpuGate {
     return holding(this.acquireExclusive(), fn);
   }
 
-  /** The gate is free: the next exclusive waiter, else every shared waiter. */
+  /** The gate is free once the shared holders are done: the next exclusive waiter, else every shared waiter. */
   private handOver(): void {
+    if (this.shared > 0) return;
     const next = this.exclusiveWaiters.shift();
     if (next) {
       this.exclusive = true;
