@@ -141,6 +141,9 @@ const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const rate = (s: Subject) => s.done / s.seconds;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
 
+/** The subjects starting from a different one each round, so no subject always follows the same one. */
+const rotated = <T>(xs: T[], round: number): T[] => xs.map((_, i) => xs[(i + round) % xs.length]!);
+
 /**
  * Each subject in turn, `rounds` times: `concurrency` callers looping for
  * WARMUP_SECONDS (not counted) then seconds / rounds (counted: calls answered
@@ -148,7 +151,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
  */
 async function throughput(subjects: Subject[], concurrency: number, seconds: number, rounds = ROUNDS): Promise<void> {
   for (let round = 0; round < rounds; round++) {
-    for (const s of subjects) {
+    for (const s of rotated(subjects, round)) {
       await pause(50); // the previous subject's threads settle first
       const r = await closedLoop(s.call, concurrency, seconds / rounds, { warmupSeconds: WARMUP_SECONDS });
       s.done += r.calls;
@@ -161,7 +164,7 @@ async function throughput(subjects: Subject[], concurrency: number, seconds: num
 /** Each subject in turn, `rounds` times: a warm-up call, then n / rounds sequential timed calls. */
 async function latency(subjects: Subject[], n: number, rounds = 4): Promise<void> {
   for (let round = 0; round < rounds; round++) {
-    for (const s of subjects) {
+    for (const s of rotated(subjects, round)) {
       await pause(50);
       await s.call(round);
       for (let i = 0; i < n / rounds; i++) {
