@@ -7,7 +7,8 @@
  *  - "client-side preprocessing, then inference-only": the same three stages
  *    called one after the other by the caller, no ensemble in between.
  * Every measurement runs CONCURRENCY requests in flight, one photo each.
- * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_CONCURRENCY, BENCH_ROUNDS.
+ * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_CONCURRENCY, BENCH_ROUNDS,
+ * BENCH_WARMUP_SECONDS (uncounted time before each measurement, default 0.5).
  */
 import { cpus } from "node:os";
 import { parseModelConfig } from "@trellis/protocol";
@@ -19,6 +20,8 @@ const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 32);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const PAIRS = Number(process.env.BENCH_PAIRS ?? 6);
+/** Uncounted seconds before each measurement: every stage's queue fills up first. */
+const WARMUP_SECONDS = Number(process.env.BENCH_WARMUP_SECONDS ?? 0.5);
 
 /** Requests per second with `CONCURRENCY` callers looping over `requests` for SECONDS. */
 async function throughput(
@@ -26,7 +29,9 @@ async function throughput(
   requests: InferRequest[],
   seconds = SECONDS,
 ): Promise<number> {
-  const r = await closedLoop((i) => run(requests[i % requests.length]!), CONCURRENCY, seconds);
+  const r = await closedLoop((i) => run(requests[i % requests.length]!), CONCURRENCY, seconds, {
+    warmupSeconds: WARMUP_SECONDS,
+  });
   return r.calls / r.seconds;
 }
 

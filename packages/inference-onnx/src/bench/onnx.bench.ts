@@ -3,8 +3,9 @@
  * gRPC on loopback, at concurrency 1/4/8 with dynamic batching off and on,
  * all in one run, against bare sessions with and without ORT's thread
  * spinning (the stage's default spins during a run and stops after it). `pnpm bench` (after `pnpm
- * build`); BENCH_SECONDS sets each row's length (default 4), split over
- * BENCH_ROUNDS interleaved rounds (default 4). Uses the synthetic ResNet-50
+ * build`); BENCH_SECONDS sets each row's counted length (default 8), split over
+ * BENCH_ROUNDS interleaved rounds (default 4), each after BENCH_WARMUP_SECONDS
+ * (default 0.5) uncounted. Uses the synthetic ResNet-50
  * from `pnpm models:synth` when models/ has one, else ../shared's MobileNetV2.
  */
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
@@ -22,7 +23,7 @@ const mobilenet = join(root, "..", "shared", "models", "mobilenetv2-12-int8.onnx
 const modelPath = existsSync(resnet) ? resnet : mobilenet;
 const modelLabel =
   modelPath === resnet ? "ResNet-50 (models/resnet50_inference, synthetic or fetched)" : "MobileNetV2 int8 (../shared)";
-const seconds = Number(process.env.BENCH_SECONDS ?? 4);
+const seconds = Number(process.env.BENCH_SECONDS ?? 8);
 /** Interleaved rounds each row's time is split into (BENCH_ROUNDS). */
 const ROUNDS = Math.max(1, Number(process.env.BENCH_ROUNDS ?? 4));
 const IMAGE = 3 * 224 * 224;
@@ -54,10 +55,12 @@ interface Cell {
   seconds: number;
 }
 
-/** Runs a cell for about `slice` seconds more, after one untimed call per client (warm). */
+/** Uncounted seconds before each slice: a batching stage's queue and batches fill up first. */
+const WARMUP_SECONDS = Number(process.env.BENCH_WARMUP_SECONDS ?? 0.5);
+
+/** Runs a cell for `slice` seconds more (calls answered in that window), after an uncounted warm-up. */
 async function measure(cell: Cell, slice: number): Promise<void> {
-  await Promise.all(Array.from({ length: cell.concurrency }, (_, c) => cell.call(c)));
-  const r = await closedLoop(cell.call, cell.concurrency, slice);
+  const r = await closedLoop(cell.call, cell.concurrency, slice, { warmupSeconds: WARMUP_SECONDS });
   for (const l of r.latencies) cell.latencies.push(l);
   cell.done += r.calls * cell.items;
   cell.seconds += r.seconds;
@@ -174,7 +177,7 @@ const noSpinRows = stageRows.filter((r) => r.what.includes("no spinning"));
 const defaultRows = stageRows.filter((r) => !r.what.includes("no spinning"));
 
 console.log(
-  `model: ${modelLabel}; ${cpus()[0]?.model ?? "cpu"} × ${threads}; ${seconds} s per row in ${ROUNDS} interleaved rounds; node ${process.version}, onnxruntime-node ${ort.env.versions.node ?? "1.30"}\n`,
+  `model: ${modelLabel}; ${cpus()[0]?.model ?? "cpu"} × ${threads}; ${seconds} s per row in ${ROUNDS} interleaved rounds, each after ${WARMUP_SECONDS} s uncounted; node ${process.version}, onnxruntime-node ${ort.env.versions.node ?? "1.30"}\n`,
 );
 console.log("| setup | concurrency | img/s | × bare batch 1 | × best bare | p50 ms | p99 ms |");
 console.log("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
