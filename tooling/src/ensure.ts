@@ -3,8 +3,8 @@
  * network allows, else the synthetic stand-in, loudly labelled.
  */
 import { join } from "node:path";
-import { exists, type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
-import { INFERENCE_MODEL, LABELS_FILE } from "./paths.js";
+import { type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
+import { hasSeedArtifacts, INFERENCE_MODEL, LABELS_FILE } from "./paths.js";
 import { synthesizeResNet50, writeSyntheticLabels } from "./synth.js";
 
 export interface EnsureModelsResult {
@@ -22,7 +22,7 @@ export async function ensureModels(
   const warn = options.warn ?? log;
   const modelPath = join(options.repository, INFERENCE_MODEL);
   const labelsPath = join(options.repository, LABELS_FILE);
-  if ((await exists(modelPath)) && (await exists(labelsPath))) return { source: "present", modelPath, labelsPath };
+  if (await hasSeedArtifacts(options.repository)) return { source: "present", modelPath, labelsPath };
   try {
     await fetchModels({ ...options, log });
     return { source: "fetched", modelPath, labelsPath };

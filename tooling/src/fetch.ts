@@ -19,6 +19,7 @@ import {
   StringStringEntryProtoSchema,
   SYNTHETIC_METADATA_KEY,
 } from "./onnx.js";
+import { exists } from "./paths.js";
 
 /**
  * ONNX Model Zoo ResNet-50 v1 (opset 12), MXNet-trained, ImageNet-1k,
@@ -141,16 +142,6 @@ async function sha256File(path: string): Promise<string> {
   const hash = createHash("sha256");
   await pipeline(createReadStream(path), hash);
   return hash.digest("hex");
-}
-
-/** Whether anything is at `path`. */
-export async function exists(path: string): Promise<boolean> {
-  try {
-    await stat(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** Renames a graph input and output everywhere they are referenced. */

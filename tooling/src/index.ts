@@ -17,7 +17,14 @@ export {
   SOURCE_SHA256_KEY,
 } from "./fetch.js";
 export { isSyntheticModel, type OnnxFileMetadata, readOnnxMetadata, SYNTHETIC_METADATA_KEY } from "./onnx.js";
-export { DEFAULT_REPOSITORY, INFERENCE_CONFIG, INFERENCE_MODEL, LABELS_FILE } from "./paths.js";
+export {
+  DEFAULT_REPOSITORY,
+  hasSeedArtifacts,
+  INFERENCE_CONFIG,
+  INFERENCE_MODEL,
+  isSeedRepository,
+  LABELS_FILE,
+} from "./paths.js";
 export {
   buildResNet50,
   countParameters,

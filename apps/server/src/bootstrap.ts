@@ -4,17 +4,12 @@
  * labels), fetch them; offline, tooling writes the synthetic stand-in, and
  * we say so loudly.
  */
-import { stat } from "node:fs/promises";
-import { join } from "node:path";
-import { INFERENCE_CONFIG, INFERENCE_MODEL, LABELS_FILE } from "@trellis/tooling/paths";
+import { hasSeedArtifacts, isSeedRepository } from "@trellis/tooling/paths";
 import type { Logger } from "./server.js";
-
-const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
 
 export async function ensureSeedModels(repositories: string[], logger: Logger): Promise<void> {
   for (const repository of repositories) {
-    if (!(await exists(join(repository, INFERENCE_CONFIG)))) continue;
-    if ((await exists(join(repository, INFERENCE_MODEL))) && (await exists(join(repository, LABELS_FILE)))) continue;
+    if (!(await isSeedRepository(repository)) || (await hasSeedArtifacts(repository))) continue;
     logger.info({ repository }, "ResNet-50 weights or labels missing; fetching them (pnpm models:fetch)");
     // Loaded only now: a normal start never pays for the rest of the tooling.
     const { ensureModels } = await import("@trellis/tooling");
