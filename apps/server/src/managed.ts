@@ -1,8 +1,9 @@
 /**
  * ManagedStage: how the repository manager hands a loaded stage to the
  * frontends. It counts in-flight requests (for graceful unload and shutdown,
- * and the pending-request metric of stages without a queue of their own) and implements Triton's classification
- * extension, so HTTP and gRPC behave the same without each stage knowing.
+ * and the pending-request metric of stages without a queue of their own)
+ * and implements Triton's classification extension, so HTTP and gRPC behave
+ * the same without each stage knowing.
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import {

@@ -133,12 +133,12 @@ export class RepositoryManager implements ModelRegistry {
     if (this.opts.mode === "poll") this.schedulePoll();
   }
 
-  /** Unloads everything (after in-flight requests finish). */
   /** Shutdown has begun: report not ready (load balancers move away) while in-flight requests finish. */
   beginShutdown(): void {
     this.draining = true;
   }
 
+  /** Unloads everything (after in-flight requests finish). */
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.pollTimer);

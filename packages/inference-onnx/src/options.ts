@@ -53,12 +53,6 @@ export function planInstances(config: ModelConfig): InstancePlan[] {
   return plans;
 }
 
-/**
- * SessionOptions for one instance. Defaults: the cores split between the
- * CPU instances for intra-op threads (one instance gets them all; more
- * would oversubscribe), one inter-op thread, sequential execution
- * (parallel mode measured 2× slower on this model), all graph optimisations.
- */
 /** onnxruntime-node SessionOptions, as sent to a session worker. */
 export type InstanceSessionOptions = {
   intraOpNumThreads: number;
@@ -69,6 +63,12 @@ export type InstanceSessionOptions = {
   extra: { session: Record<string, unknown> };
 };
 
+/**
+ * SessionOptions for one instance. Defaults: the cores split between the
+ * CPU instances for intra-op threads (one instance gets them all; more
+ * would oversubscribe), one inter-op thread, sequential execution
+ * (parallel mode measured 2× slower on this model), all graph optimisations.
+ */
 export function sessionOptions(config: ModelConfig, plan: InstancePlan, cpuInstances: number): InstanceSessionOptions {
   const intra =
     positiveInt(config, "intra_op_thread_count") ||

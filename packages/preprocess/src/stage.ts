@@ -121,6 +121,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
   const maxBatch = config.maxBatchSize;
   const stats = new StatisticsRecorder(name, version);
   const limiter = new Limiter(params.concurrency);
+  const gate = processCpuGate();
   const tables = lookupTables(params);
   const perImage = 3 * params.cropSize * params.cropSize;
   const metadata = metadataFromConfig(config, [version]);
@@ -178,7 +179,6 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
         waiting--;
       };
       // Decodes share the CPU gate: an inference run that uses every core waits for them, and they for it.
-      const gate = processCpuGate();
       const releaseCpu = gate.tryAcquireShared() ?? (await gate.acquireShared());
       await Promise.all(
         items.map((element, index) =>
