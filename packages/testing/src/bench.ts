@@ -48,3 +48,17 @@ export async function closedLoop(
   );
   return { calls: latencies.length, seconds, latencies };
 }
+
+/** The median of `xs` (the mean of the middle two for an even count); NaN when empty. */
+export function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  if (s.length === 0) return Number.NaN;
+  return s.length % 2 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2;
+}
+
+/** The p-th percentile of `xs` by nearest rank (p in 0..100); NaN when empty. */
+export function percentile(xs: readonly number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN;
+}

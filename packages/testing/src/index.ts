@@ -1,4 +1,4 @@
-export { type ClosedLoopOptions, type ClosedLoopResult, closedLoop } from "./bench.js";
+export { type ClosedLoopOptions, type ClosedLoopResult, closedLoop, median, percentile } from "./bench.js";
 export { rejectionOf } from "./errors.js";
 export {
   type GrpcJsInferenceClient,

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { closedLoop } from "../src/index.js";
+import { closedLoop, median, percentile } from "../src/index.js";
 
 describe("closedLoop", () => {
   it("keeps exactly `concurrency` calls in flight, each with its own index, and times each one it counts", async () => {
@@ -45,5 +45,15 @@ describe("closedLoop", () => {
     expect(r.calls).toBeLessThanOrEqual(11);
     expect(started - r.calls).toBeGreaterThanOrEqual(4);
     expect(finished).toBe(started);
+  });
+});
+
+describe("median and percentile", () => {
+  it("take the middle (mean of the middle two for an even count) and the nearest rank", () => {
+    expect(median([3, 1, 2])).toBe(2);
+    expect(median([4, 1, 3, 2])).toBe(2.5);
+    expect(percentile([5, 1, 4, 2, 3], 50)).toBe(3);
+    expect(percentile([5, 1, 4, 2, 3], 99)).toBe(5);
+    expect(Number.isNaN(median([]))).toBe(true);
   });
 });

@@ -33,6 +33,7 @@ import {
   grpcJsInferenceClient,
   MOBILENET_PATH,
   makeSeedRepository,
+  median,
   modelsDir,
   removeDir,
   startServerProcess,
@@ -139,7 +140,6 @@ interface Subject {
 const subject = (call: Subject["call"]): Subject => ({ call, done: 0, seconds: 0, roundRates: [], latencies: [] });
 const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const rate = (s: Subject) => s.done / s.seconds;
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
 
 /** The subjects starting from a different one each round, so no subject always follows the same one. */
 const rotated = <T>(xs: T[], round: number): T[] => xs.map((_, i) => xs[(i + round) % xs.length]!);

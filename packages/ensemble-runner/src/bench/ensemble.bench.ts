@@ -13,7 +13,7 @@
 import { cpus } from "node:os";
 import { parseModelConfig } from "@trellis/protocol";
 import { defineStage, type InferRequest, type Stage, type Tensor, tensor } from "@trellis/stage";
-import { closedLoop, fixturePhotos, makeSeedRepository, readFixtureImage, removeDir } from "@trellis/testing";
+import { closedLoop, fixturePhotos, makeSeedRepository, median, readFixtureImage, removeDir } from "@trellis/testing";
 import { createEnsemble, loadStage, scanRepository } from "../index.js";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
@@ -34,12 +34,6 @@ async function throughput(
   });
   return r.calls / r.seconds;
 }
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
 
 const single = (name: string, t: Tensor): Tensor => ({ ...t, name });
 

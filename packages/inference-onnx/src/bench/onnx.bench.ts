@@ -13,7 +13,7 @@ import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseModelConfig } from "@trellis/protocol";
 import { connectStage, grpcTransport, listenStage, type Stage, tensor } from "@trellis/stage";
-import { closedLoop } from "@trellis/testing";
+import { closedLoop, percentile } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
 import { createOnnxStage } from "../index.js";
 
@@ -38,11 +38,6 @@ interface Row {
   p50: number;
   p99: number;
 }
-
-const pct = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] ?? Number.NaN;
-};
 
 /** One row of the table: closed-loop clients running `call` (items per call) back to back. */
 interface Cell {
@@ -163,8 +158,8 @@ const rows: Row[] = cells.map((c) => ({
   what: c.what,
   concurrency: c.concurrency,
   imgPerS: c.done / c.seconds,
-  p50: pct(c.latencies, 50),
-  p99: pct(c.latencies, 99),
+  p50: percentile(c.latencies, 50),
+  p99: percentile(c.latencies, 99),
 }));
 const bareRows = rows.slice(0, bareCells);
 const fastest = (xs: Row[]) => xs.reduce((a, b) => (b.imgPerS > a.imgPerS ? b : a));
