@@ -77,11 +77,8 @@ function listen(server: http.Server | http2.Http2Server, port: number, host: str
 
 export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
   const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
-  const routes = serveStage(manager, {
-    serverName: SERVER_NAME,
-    serverVersion: SERVER_VERSION,
-    extensions: EXTENSIONS,
-  });
+  const serveOptions = { serverName: SERVER_NAME, serverVersion: SERVER_VERSION, extensions: EXTENSIONS };
+  const routes = serveStage(manager, serveOptions);
   let active = 0;
   let stopping = false;
   let onIdle: (() => void) | undefined;
@@ -91,7 +88,10 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   };
 
   // gRPC: each HTTP/2 stream is one call.
-  const { server: grpc, sessions } = createGrpcServer(routes, options.grpcMaxInputBytes);
+  const { server: grpc, sessions } = createGrpcServer(manager, {
+    ...serveOptions,
+    maxInputBytes: options.grpcMaxInputBytes,
+  });
   grpc.on("session", (s) => {
     // A session opened while stopping gets GOAWAY straight away.
     if (stopping) s.close();

@@ -47,6 +47,7 @@ export {
   createGrpcServer,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   type GrpcServer,
+  type GrpcServerOptions,
   HTTP2_SETTINGS,
   handleModelInfer,
   healthService,

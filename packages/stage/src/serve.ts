@@ -6,7 +6,7 @@
 import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { create } from "@bufbuild/protobuf";
-import type { ConnectRouter, HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   CudaSharedMemoryStatusResponseSchema,
@@ -28,6 +28,7 @@ import {
   TraceSettingResponseSchema,
 } from "@trellis/protocol";
 import { Code, StageError, toConnectError } from "./errors.js";
+import { grpcModelInferHandler } from "./grpc-model-infer.js";
 import { type ModelRegistry, stageRegistry } from "./registry.js";
 import type { InferOptions, Stage } from "./stage.js";
 import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
@@ -48,8 +49,8 @@ const DEFAULT_EXTENSIONS = [
   "binary_tensor_data",
 ];
 
-function isRegistry(x: Stage | ModelRegistry): x is ModelRegistry {
-  return typeof (x as ModelRegistry).resolve === "function";
+function asRegistry(x: Stage | ModelRegistry): ModelRegistry {
+  return typeof (x as ModelRegistry).resolve === "function" ? (x as ModelRegistry) : stageRegistry(x as Stage);
 }
 
 async function serverReady(registry: ModelRegistry): Promise<boolean> {
@@ -59,8 +60,8 @@ async function serverReady(registry: ModelRegistry): Promise<boolean> {
 }
 
 /** Options for one request from its KServe parameters (priority, timeout) and the call's signal. */
-function inferOptions(msg: ModelInferRequest, ctx: HandlerContext): InferOptions {
-  const opts: InferOptions = { signal: ctx.signal };
+function inferOptions(msg: ModelInferRequest, signal: AbortSignal): InferOptions {
+  const opts: InferOptions = { signal };
   const priority = msg.parameters.priority?.parameterChoice;
   if (priority?.case === "int64Param" || priority?.case === "uint64Param") opts.priority = Number(priority.value);
   const timeout = msg.parameters.timeout?.parameterChoice;
@@ -69,15 +70,15 @@ function inferOptions(msg: ModelInferRequest, ctx: HandlerContext): InferOptions
   return opts;
 }
 
-/** Runs one ModelInfer against the registry; errors come back as ConnectErrors. */
+/** Runs one ModelInfer against the registry; `signal` is the call's. Errors come back as ConnectErrors. */
 export async function handleModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
-  ctx: HandlerContext,
+  signal: AbortSignal,
 ): Promise<ModelInferResponse> {
   const stage = registry.resolve(msg.modelName, msg.modelVersion);
   const request = inferRequestFromWire(msg, stage.name);
-  const response = await stage.infer(request, inferOptions(msg, ctx));
+  const response = await stage.infer(request, inferOptions(msg, signal));
   return inferResponseToWire(response);
 }
 
@@ -108,11 +109,13 @@ export function inferenceService(
       }),
     modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
     modelConfig: (req) => create(ModelConfigResponseSchema, { config: registry.resolve(req.name, req.version).config }),
-    modelInfer: (msg, ctx) => handleModelInfer(registry, msg, ctx),
+    modelInfer: (msg, ctx) => handleModelInfer(registry, msg, ctx.signal),
     async *modelStreamInfer(requests, ctx) {
       for await (const msg of requests) {
         try {
-          yield create(ModelStreamInferResponseSchema, { inferResponse: await handleModelInfer(registry, msg, ctx) });
+          yield create(ModelStreamInferResponseSchema, {
+            inferResponse: await handleModelInfer(registry, msg, ctx.signal),
+          });
         } catch (err) {
           yield create(ModelStreamInferResponseSchema, { errorMessage: toConnectError(err).rawMessage });
         }
@@ -176,7 +179,7 @@ export function healthService(registry: ModelRegistry): Partial<ServiceImpl<type
  * gRPC plus health. Pass to connectNodeAdapter or createRouterTransport.
  */
 export function serveStage(target: Stage | ModelRegistry, options: ServeOptions = {}) {
-  const registry = isRegistry(target) ? target : stageRegistry(target);
+  const registry = asRegistry(target);
   return (router: ConnectRouter) => {
     router.service(GRPCInferenceService, inferenceService(registry, options));
     router.service(Health, healthService(registry));
@@ -209,16 +212,19 @@ export const UNCOMPRESSED_RESPONSES = { compressMinBytes: Number.POSITIVE_INFINI
 /** Triton's gRPC frontend accepts messages up to INT32_MAX bytes; so do ours unless told otherwise. */
 export const DEFAULT_GRPC_MAX_INPUT_BYTES = 2 ** 31 - 1;
 
-export interface ListenOptions extends ServeOptions {
-  /** Interface to bind (default 127.0.0.1). */
-  host?: string;
-  /** Port to bind (default 0: an ephemeral port). */
-  port?: number;
+export interface GrpcServerOptions extends ServeOptions {
   /**
    * Largest request message accepted (default DEFAULT_GRPC_MAX_INPUT_BYTES);
    * a larger one is refused with RESOURCE_EXHAUSTED before it is decoded.
    */
   maxInputBytes?: number;
+}
+
+export interface ListenOptions extends GrpcServerOptions {
+  /** Interface to bind (default 127.0.0.1). */
+  host?: string;
+  /** Port to bind (default 0: an ephemeral port). */
+  port?: number;
 }
 
 export interface ListeningServer {
@@ -239,18 +245,26 @@ export interface GrpcServer {
 }
 
 /**
- * A cleartext HTTP/2 server for Connect routes (gRPC, gRPC-Web and Connect),
- * set up for tensor traffic: wide flow-control windows, uncompressed
- * responses, requests over `maxInputBytes` refused with RESOURCE_EXHAUSTED.
+ * A cleartext HTTP/2 server for `target` (gRPC, gRPC-Web and Connect, as
+ * serveStage), set up for tensor traffic: wide flow-control windows,
+ * uncompressed responses, requests over `maxInputBytes` refused with
+ * RESOURCE_EXHAUSTED. Unary ModelInfer over gRPC takes a direct path
+ * (see grpc-model-infer.ts); everything else goes through Connect.
  */
 export function createGrpcServer(
-  routes: (router: ConnectRouter) => void,
-  maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES,
+  target: Stage | ModelRegistry,
+  { maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, ...options }: GrpcServerOptions = {},
 ): GrpcServer {
-  const server = http2.createServer(
-    { settings: HTTP2_SETTINGS },
-    connectNodeAdapter({ routes, readMaxBytes: maxInputBytes, ...UNCOMPRESSED_RESPONSES }),
-  );
+  const registry = asRegistry(target);
+  const connect = connectNodeAdapter({
+    routes: serveStage(registry, options),
+    readMaxBytes: maxInputBytes,
+    ...UNCOMPRESSED_RESPONSES,
+  });
+  const modelInfer = grpcModelInferHandler((msg, signal) => handleModelInfer(registry, msg, signal), maxInputBytes);
+  const server = http2.createServer({ settings: HTTP2_SETTINGS }, (req, res) => {
+    if (!modelInfer(req, res)) connect(req, res);
+  });
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on("session", (s) => {
     widenSessionWindow(s);
@@ -263,9 +277,9 @@ export function createGrpcServer(
 /** Serves `target` over cleartext HTTP/2 (gRPC's transport) on host:port (0 = ephemeral). */
 export async function listenStage(
   target: Stage | ModelRegistry,
-  { host = "127.0.0.1", port = 0, maxInputBytes, ...options }: ListenOptions = {},
+  { host = "127.0.0.1", port = 0, ...options }: ListenOptions = {},
 ): Promise<ListeningServer> {
-  const { server, sessions } = createGrpcServer(serveStage(target, options), maxInputBytes);
+  const { server, sessions } = createGrpcServer(target, options);
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(port, host, () => resolve());
