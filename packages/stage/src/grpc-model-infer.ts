@@ -110,8 +110,9 @@ export function grpcModelInferHandler(infer: ModelInferFn, readMaxBytes: number)
     };
     const answer = (response: ModelInferResponse) => {
       if (answered) return;
-      finish();
+      // Serialized before the call counts as answered, so a failure here still reaches the client.
       const message = toBinary(ModelInferResponseSchema, response);
+      finish();
       const frame = Buffer.allocUnsafe(ENVELOPE_HEADER_BYTES + message.length);
       frame[0] = 0;
       frame.writeUInt32BE(message.length, 1);
@@ -161,7 +162,7 @@ export function grpcModelInferHandler(infer: ModelInferFn, readMaxBytes: number)
         const request = decode(
           unaryMessage(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, received)),
         );
-        infer(request, controller.signal).then(answer, fail);
+        infer(request, controller.signal).then(answer).catch(fail);
       } catch (err) {
         fail(err);
       }

@@ -14,11 +14,15 @@
  * preprocess stage's p50 + bare inference p50, each measured alone; and the p50 of the two
  * back to back in this process (preprocess, then ORT on its output, threads spinning only
  * within a run), which runs them with the caches and threads in the state a server's
- * request finds them. The model is the synthetic ResNet-50 (ResNet-50's real
+ * request finds them. Two references put the p50 in context: the gRPC floor (grpc-js to
+ * a bare node:http2 process that answers at once: the call's cost before any server work)
+ * and bare ORT after 10 ms of idle cores; the last column is what the server itself adds
+ * beyond preprocess, inference and that floor. The model is the synthetic ResNet-50 (ResNet-50's real
  * cost) unless BENCH_MODEL=mobilenet picks the shared MobileNetV2 int8.
  * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY,
  * BENCH_LATENCY_N, BENCH_WARMUP_SECONDS, BENCH_MODEL, BENCH_SETUPS (e.g. "0,3": only those rows).
  */
+import { fork } from "node:child_process";
 import { copyFile, mkdtemp, readFile } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -44,7 +48,9 @@ import sharp from "sharp";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 16);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
-const LATENCY_N = Number(process.env.BENCH_LATENCY_N ?? 40);
+/** Sequential requests per subject for p50: this VM's p50s move by ±2 ms between runs of 40. */
+const LATENCY_N = Number(process.env.BENCH_LATENCY_N ?? 160);
+const LATENCY_ROUNDS = 8;
 /** Throughput rounds per subject (SECONDS is split between them). */
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4);
 /** Uncounted seconds before each throughput window: the server's decode-then-batch pipeline fills first. */
@@ -162,7 +168,7 @@ async function throughput(subjects: Subject[], concurrency: number, seconds: num
 }
 
 /** Each subject in turn, `rounds` times: a warm-up call, then n / rounds sequential timed calls. */
-async function latency(subjects: Subject[], n: number, rounds = 4): Promise<void> {
+async function latency(subjects: Subject[], n: number, rounds = LATENCY_ROUNDS): Promise<void> {
   for (let round = 0; round < rounds; round++) {
     for (const s of rotated(subjects, round)) {
       await pause(50);
@@ -173,6 +179,70 @@ async function latency(subjects: Subject[], n: number, rounds = 4): Promise<void
         s.latencies.push(performance.now() - t);
       }
     }
+  }
+}
+
+/**
+ * Bare ORT's p50 run back to back against after IDLE_MS with every core idle,
+ * in interleaved rounds: what a run costs when the machine has just been idle,
+ * as a server's run at concurrency 1 often finds it (a decode keeps one core busy).
+ */
+const IDLE_MS = 10;
+async function idlePenalty(run: (i: number) => Promise<unknown>): Promise<{ backToBack: number; afterIdle: number }> {
+  const backToBack: number[] = [];
+  const afterIdle: number[] = [];
+  for (let round = 0; round < 8; round++) {
+    for (const [gap, into] of [
+      [0, backToBack],
+      [IDLE_MS, afterIdle],
+    ] as const) {
+      await run(round);
+      for (let i = 0; i < 8; i++) {
+        if (gap) await pause(gap);
+        const t = performance.now();
+        await run(i);
+        into.push(performance.now() - t);
+      }
+    }
+  }
+  return { backToBack: median(backToBack), afterIdle: median(afterIdle) };
+}
+
+/** Idle time between the floor's calls: about what a server call's own work takes at concurrency 1. */
+const FLOOR_IDLE_MS = 45;
+
+/**
+ * p50 of grpc-js calls (the same 1920x1080 JPEG requests) to grpc-floor.js, a
+ * bare node:http2 process answering at once: the gRPC round trip on this
+ * machine before any server work, measured with both processes idle between
+ * calls, as they are while a server computes a concurrency-1 request.
+ */
+async function grpcFloor(photos: Uint8Array[], n: number): Promise<number> {
+  const child = fork(new URL("./grpc-floor.js", import.meta.url));
+  try {
+    const { port } = await new Promise<{ port: number }>((resolve, reject) => {
+      child.once("message", (m) => resolve(m as { port: number }));
+      child.once("exit", (code) => reject(new Error(`grpc-floor exited (${code})`)));
+    });
+    const client = grpcJsInferenceClient(`127.0.0.1:${port}`);
+    const call = (i: number) =>
+      client.modelInfer({
+        model_name: "resnet50_ensemble",
+        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
+        raw_input_contents: [Buffer.from(frameBytes([photos[i % photos.length]!]))],
+      });
+    for (let i = 0; i < 6; i++) await call(i);
+    const latencies: number[] = [];
+    for (let i = 0; i < n; i++) {
+      await pause(FLOOR_IDLE_MS);
+      const t = performance.now();
+      await call(i);
+      latencies.push(performance.now() - t);
+    }
+    client.close();
+    return median(latencies);
+  } finally {
+    child.disconnect();
   }
 }
 
@@ -290,6 +360,9 @@ async function main() {
   const loop = subject(handRolled);
   await throughput([bareRef, loop], CONCURRENCY, SECONDS);
 
+  const idle = await idlePenalty(inferOnly);
+  const floor = await grpcFloor(photos, LATENCY_N / 2);
+
   const preprocessConfig = parseModelConfig(
     await readFile(join(modelsDir, "resnet50_preprocess", "config.pbtxt"), "utf8"),
   );
@@ -321,8 +394,9 @@ async function main() {
         r.p50 <= budget ? `within by ${(budget - r.p50).toFixed(1)} ms` : `over by ${(r.p50 - budget).toFixed(1)} ms`;
       const parts = r.preP50 + r.inferP50 + 2;
       const backToBack = r.pipelineP50 + 2;
+      const added = r.p50 - r.preP50 - r.inferP50 - floor;
       rows.push(
-        `| ${setup.label} | ${r.client} | ${r.rps.toFixed(1)} img/s | ${(r.rps / r.bareRps).toFixed(2)}x (bare ${r.bareRps.toFixed(1)}; rounds ${Math.min(...r.roundRatios).toFixed(2)}-${Math.max(...r.roundRatios).toFixed(2)}) | ${(r.rps / rate(loop)).toFixed(2)}x | ${r.p50.toFixed(1)} ms | ${r.preP50.toFixed(1)} + ${r.inferP50.toFixed(1)} + 2 = ${parts.toFixed(1)} ms: ${verdict(parts)} | ${r.pipelineP50.toFixed(1)} + 2 = ${backToBack.toFixed(1)} ms: ${verdict(backToBack)} |`,
+        `| ${setup.label} | ${r.client} | ${r.rps.toFixed(1)} img/s | ${(r.rps / r.bareRps).toFixed(2)}x (bare ${r.bareRps.toFixed(1)}; rounds ${Math.min(...r.roundRatios).toFixed(2)}-${Math.max(...r.roundRatios).toFixed(2)}) | ${(r.rps / rate(loop)).toFixed(2)}x | ${r.p50.toFixed(1)} ms | ${r.preP50.toFixed(1)} + ${r.inferP50.toFixed(1)} + 2 = ${parts.toFixed(1)} ms: ${verdict(parts)} | ${r.pipelineP50.toFixed(1)} + 2 = ${backToBack.toFixed(1)} ms: ${verdict(backToBack)} | ${added.toFixed(1)} ms |`,
       );
     }
   }
@@ -330,15 +404,15 @@ async function main() {
   await removeDir(work);
 
   console.log(
-    `\nserver.bench: ${cpus().length} CPUs, ${modelLabel}, ${PHOTOS.length} photos as 1920x1080 JPEG; throughput: concurrency ${CONCURRENCY}, ${SECONDS} s per subject in ${ROUNDS} interleaved rounds, each after ${WARMUP_SECONDS} s uncounted; p50: ${LATENCY_N} sequential requests per subject in 4 interleaved rounds\n`,
+    `\nserver.bench: ${cpus().length} CPUs, ${modelLabel}, ${PHOTOS.length} photos as 1920x1080 JPEG; throughput: concurrency ${CONCURRENCY}, ${SECONDS} s per subject in ${ROUNDS} interleaved rounds, each after ${WARMUP_SECONDS} s uncounted; p50: ${LATENCY_N} sequential requests per subject in ${LATENCY_ROUNDS} interleaved rounds\n`,
   );
   console.log(
-    `reference: bare ORT ${rate(bareRef).toFixed(1)} img/s; hand-rolled sharp + ORT loop (no server) ${rate(loop).toFixed(1)} img/s = ${(rate(loop) / rate(bareRef)).toFixed(2)}x bare\n`,
+    `reference: bare ORT ${rate(bareRef).toFixed(1)} img/s; hand-rolled sharp + ORT loop (no server) ${rate(loop).toFixed(1)} img/s = ${(rate(loop) / rate(bareRef)).toFixed(2)}x bare; bare ORT p50 ${idle.backToBack.toFixed(1)} ms back to back, ${idle.afterIdle.toFixed(1)} ms after ${IDLE_MS} ms idle; gRPC floor (grpc-js to a bare node:http2 process answering at once, ${FLOOR_IDLE_MS} ms idle between calls) p50 ${floor.toFixed(1)} ms\n`,
   );
   console.log(
-    "| server configuration (gRPC, loopback, seed ensemble) | client | throughput | vs bare ORT, same spell (target >= 0.85x) | vs hand-rolled loop | p50, concurrency 1 | budget: each alone (preprocess p50 + bare inference p50) + 2 ms | budget: back to back (p50 of preprocess then bare inference, in-process) + 2 ms |",
+    "| server configuration (gRPC, loopback, seed ensemble) | client | throughput | vs bare ORT, same spell (target >= 0.85x) | vs hand-rolled loop | p50, concurrency 1 | budget: each alone (preprocess p50 + bare inference p50) + 2 ms | budget: back to back (p50 of preprocess then bare inference, in-process) + 2 ms | the server's own addition: p50 - preprocess - bare inference - gRPC floor |",
   );
-  console.log("| --- | --- | --- | --- | --- | --- | --- | --- |");
+  console.log("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
   for (const r of rows) console.log(r);
 }
 
