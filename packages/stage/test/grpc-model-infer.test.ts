@@ -45,11 +45,21 @@ let waiting: ReturnType<typeof waitingStage>;
 beforeAll(async () => {
   waiting = waitingStage();
   const echo = echoStage();
+  // Answers 30 ms after it is called: long enough for a deadline that fires early to show.
+  const slow = defineStage({
+    config: parseModelConfig(
+      'name: "slow" input { name: "IN" data_type: TYPE_FP32 dims: [1] } output { name: "IN" data_type: TYPE_FP32 dims: [1] }',
+    ),
+    compute: async (req) => {
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      return req.inputs;
+    },
+  });
   server = await listenStage(
     {
       ...stageRegistry(echo),
-      resolve: (name: string) => (name === "wait" ? waiting.stage : echo),
-      list: () => [echo, waiting.stage],
+      resolve: (name: string) => (name === "wait" ? waiting.stage : name === "slow" ? slow : echo),
+      list: () => [echo, waiting.stage, slow],
     },
     { maxInputBytes: LIMIT },
   );
@@ -67,12 +77,12 @@ const echoRequest = () =>
     rawInputContents: [new Uint8Array(VALUES.buffer)],
   });
 
-/** A call to the waiting stage, serialized. */
-const waitRequest = () =>
+/** A call to the waiting (or another one-FP32-input) stage, serialized. */
+const waitRequest = (modelName = "wait") =>
   toBinary(
     ModelInferRequestSchema,
     create(ModelInferRequestSchema, {
-      modelName: "wait",
+      modelName,
       inputs: [{ name: "IN", datatype: "FP32", shape: [1n, 1n] }],
       rawInputContents: [new Uint8Array(new Float32Array([1]).buffer)],
     }),
@@ -192,6 +202,11 @@ describe("unary ModelInfer over gRPC, the direct path", () => {
     });
     expect(answer.grpcStatus).toBe(String(Code.InvalidArgument));
     expect(answer.grpcMessage).toMatch(/invalid grpc timeout value: soon/);
+  });
+
+  it("serves a call whose grpc-timeout is longer than a Node timer can hold (99999999 hours)", async () => {
+    const answer = await rawCall(envelope(waitRequest("slow")), { "grpc-timeout": "99999999H" });
+    expect(answer.grpcStatus).toBe("0");
   });
 
   it("answers DEADLINE_EXCEEDED at the client's deadline, aborts the stage's call, and serves the next", async () => {
