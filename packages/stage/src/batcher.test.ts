@@ -277,6 +277,20 @@ describe("createDynamicBatcher", () => {
     expect(h.executions).toHaveLength(2);
   });
 
+  it("takes a timeout longer than a Node timer holds (over 24.8 days) as none, not as an immediate one", async () => {
+    const h = harness(1, {
+      defaultQueuePolicy: create(ModelQueuePolicySchema, { allowTimeoutOverride: true }),
+    });
+    h.hold();
+    const blocker = h.infer(req(1, 0));
+    await settle();
+    const patient = h.infer(req(1, 1), { timeoutMicroseconds: 3_000_000_000_000 });
+    await new Promise((r) => setTimeout(r, 20));
+    h.release();
+    expectDoubled(req(1, 1), await patient);
+    await blocker;
+  });
+
   it("ignores a per-request timeout unless allow_timeout_override is set, and applies the default", async () => {
     const h = harness(1, {
       defaultQueuePolicy: create(ModelQueuePolicySchema, { defaultTimeoutMicroseconds: 3_000n }),

@@ -13,6 +13,7 @@ import { Code, StageError, toConnectError } from "./errors.js";
 import type { InferOptions, InferRequest, InferResponse } from "./stage.js";
 import { type ExecutionTimes, nowNs, type StatisticsRecorder } from "./statistics.js";
 import { allocate, elementCount, formatShape, type Tensor, type TensorData } from "./tensor.js";
+import { deadlineTimer } from "./timer.js";
 
 export interface BatchContext {
   /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
@@ -427,27 +428,24 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         reject,
       };
       if (timeoutUs > 0) {
-        p.timer = setTimeout(
-          () => {
-            if (level.policy.delayOnTimeout) {
-              // DELAY: still served, but after every request of this level that is within its timeout.
-              if (removeFrom(level.queue, p)) level.delayed.push(p);
-              schedule();
-              return;
-            }
-            dequeue(p);
-            fail(
-              p,
-              new StageError(
-                Code.Unavailable,
-                name,
-                `Request timeout expired: queued longer than its timeout of ${timeoutUs} µs (priority level ${level.number})`,
-              ),
-            );
+        p.timer = deadlineTimer(Math.max(1, Math.ceil(timeoutUs / 1000)), () => {
+          if (level.policy.delayOnTimeout) {
+            // DELAY: still served, but after every request of this level that is within its timeout.
+            if (removeFrom(level.queue, p)) level.delayed.push(p);
             schedule();
-          },
-          Math.max(1, Math.ceil(timeoutUs / 1000)),
-        );
+            return;
+          }
+          dequeue(p);
+          fail(
+            p,
+            new StageError(
+              Code.Unavailable,
+              name,
+              `Request timeout expired: queued longer than its timeout of ${timeoutUs} µs (priority level ${level.number})`,
+            ),
+          );
+          schedule();
+        });
       }
       const signal = opts.signal;
       if (signal) {

@@ -28,6 +28,7 @@ import {
   ModelInferResponseSchema,
 } from "@trellis/protocol";
 import { toConnectError } from "./errors.js";
+import { deadlineTimer } from "./timer.js";
 
 /** Runs one decoded ModelInfer; `signal` aborts on deadline or client cancel. */
 export type ModelInferFn = (request: ModelInferRequest, signal: AbortSignal) => Promise<ModelInferResponse>;
@@ -38,7 +39,6 @@ export type FastPath = (req: http2.Http2ServerRequest, res: http2.Http2ServerRes
 export const MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer";
 const ENVELOPE_HEADER_BYTES = 5;
 const FLAG_COMPRESSED = 0b1;
-const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** gRPC, binary, uncompressed: what this path serves. */
 function servedHere(req: http2.Http2ServerRequest): boolean {
@@ -138,12 +138,10 @@ export function grpcModelInferHandler(infer: ModelInferFn, readMaxBytes: number)
       fail(timeout.error);
       return true;
     }
-    // Node's timers hold at most 2^31-1 ms (24.8 days; longer ones fire at once): beyond that, no deadline.
-    if (timeout.timeoutMs !== undefined && timeout.timeoutMs <= MAX_TIMER_MS) {
+    if (timeout.timeoutMs !== undefined) {
       // The client stops waiting at its deadline; so does the call, and the stage hears of it through the signal.
-      timer = setTimeout(
-        () => fail(new ConnectError("the operation timed out", Code.DeadlineExceeded)),
-        timeout.timeoutMs,
+      timer = deadlineTimer(timeout.timeoutMs, () =>
+        fail(new ConnectError("the operation timed out", Code.DeadlineExceeded)),
       );
     }
 
