@@ -3,7 +3,7 @@
  * once per image. Connect's universal handler (a pipeline of async
  * iterables per call) costs about 1.1 ms of latency and 2.5 ms of CPU per
  * call more than answering the HTTP/2 stream directly (measured on a
- * 2-core VM, idle between calls, as at concurrency 1): half of what
+ * 2-core VM, idle between calls, as at concurrency 1): over half of what
  * the server may add to preprocess + inference. Everything else (other
  * methods, gRPC-Web, Connect, compressed messages) still goes through
  * Connect, and both paths run the same handleModelInfer; the gRPC details
