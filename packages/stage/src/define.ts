@@ -5,7 +5,7 @@
  */
 import { ConnectError } from "@connectrpc/connect";
 import type { ModelConfig } from "@trellis/protocol";
-import { Code, StageError } from "./errors.js";
+import { Code, StageError, toConnectError } from "./errors.js";
 import type { InferOptions, InferRequest, InferResponse, Stage } from "./stage.js";
 import { nowNs, StatisticsRecorder } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
@@ -38,6 +38,7 @@ export function defineStage(definition: StageDefinition): Stage {
   const { config, version = "1" } = definition;
   const name = config.name;
   const recorder = new StatisticsRecorder(name, version);
+  const metadata = metadataFromConfig(config, [version]);
   let closed: Promise<void> | undefined;
 
   const pick = (request: InferRequest, outputs: Tensor[]): Tensor[] => {
@@ -57,7 +58,7 @@ export function defineStage(definition: StageDefinition): Stage {
     version,
     config,
     isReady: () => (closed ? false : (definition.isReady?.() ?? true)),
-    metadata: () => metadataFromConfig(config, [version]),
+    metadata: () => metadata,
     async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
       const start = nowNs();
       try {
@@ -73,7 +74,7 @@ export function defineStage(definition: StageDefinition): Stage {
         recorder.requestFailed(nowNs() - start);
         if (err instanceof StageError) throw err;
         if (err instanceof ConnectError) throw new StageError(err.code, name, err.rawMessage, { cause: err });
-        throw new StageError(Code.Internal, name, err instanceof Error ? err.message : String(err), { cause: err });
+        throw toConnectError(err, name);
       }
     },
     statistics: () => recorder.snapshot(),

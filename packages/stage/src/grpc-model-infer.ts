@@ -6,18 +6,20 @@
  * 2-core VM, idle between calls, as at concurrency 1): over half of what
  * the server may add to preprocess + inference. Everything else (other
  * methods, gRPC-Web, Connect, compressed messages) still goes through
- * Connect, and both paths run the same handleModelInfer; the gRPC details
- * (timeout format, status trailers) come from Connect's own protocol code
- * (helpers Connect marks internal: the exact version pinned in package.json
- * and these tests keep them honest).
+ * Connect, and both paths run the same handleModelInfer. The gRPC details
+ * (content type, envelope, timeout format, status trailers) come from
+ * Connect's own protocol code: helpers Connect marks internal, held by the
+ * exact version pinned in package.json and by this path's tests.
  */
 import type http2 from "node:http2";
 import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
+import { compressedFlag, encodeEnvelope } from "@connectrpc/connect/protocol";
 import {
   contentTypeProto,
   headerEncoding,
   headerTimeout,
+  parseContentType,
   parseTimeout,
   setTrailerStatus,
 } from "@connectrpc/connect/protocol-grpc";
@@ -38,13 +40,11 @@ export type FastPath = (req: http2.Http2ServerRequest, res: http2.Http2ServerRes
 
 export const MODEL_INFER_PATH = "/inference.GRPCInferenceService/ModelInfer";
 const ENVELOPE_HEADER_BYTES = 5;
-const FLAG_COMPRESSED = 0b1;
 
 /** gRPC, binary, uncompressed: what this path serves. */
 function servedHere(req: http2.Http2ServerRequest): boolean {
   if (req.method !== "POST" || req.url !== MODEL_INFER_PATH) return false;
-  const type = req.headers["content-type"];
-  if (type !== "application/grpc" && type !== contentTypeProto) return false;
+  if (!parseContentType(req.headers["content-type"] ?? null)?.binary) return false;
   const encoding = req.headers[headerEncoding.toLowerCase()];
   return encoding === undefined || encoding === "identity";
 }
@@ -70,7 +70,7 @@ function unaryMessage(body: Buffer): Uint8Array {
   if (body.length > end) {
     throw new ConnectError("protocol error: received extra input message for unary method", Code.InvalidArgument);
   }
-  if ((body[0] as number) & FLAG_COMPRESSED) {
+  if ((body[0] as number) & compressedFlag) {
     throw new ConnectError("protocol error: compressed message without grpc-encoding", Code.InvalidArgument);
   }
   return body.subarray(ENVELOPE_HEADER_BYTES, end);
@@ -114,12 +114,8 @@ export function grpcModelInferHandler(infer: ModelInferFn, readMaxBytes: number)
     const answer = (response: ModelInferResponse) => {
       if (answered) return;
       // Serialized before the call counts as answered, so a failure here still reaches the client.
-      const message = toBinary(ModelInferResponseSchema, response);
+      const frame = encodeEnvelope(0, toBinary(ModelInferResponseSchema, response));
       finish();
-      const frame = Buffer.allocUnsafe(ENVELOPE_HEADER_BYTES + message.length);
-      frame[0] = 0;
-      frame.writeUInt32BE(message.length, 1);
-      frame.set(message, ENVELOPE_HEADER_BYTES);
       res.writeHead(200, { "content-type": contentTypeProto });
       res.addTrailers({ "grpc-status": "0" });
       res.end(frame);

@@ -8,6 +8,7 @@
 import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { create, toBinary } from "@bufbuild/protobuf";
+import { encodeEnvelope } from "@connectrpc/connect/protocol";
 import { ModelInferResponseSchema } from "@trellis/protocol";
 import { frameBytes, HTTP2_SETTINGS, widenSessionWindow } from "@trellis/stage";
 
@@ -21,9 +22,7 @@ const message = toBinary(
     rawOutputContents: [frameBytes([top5])],
   }),
 );
-const frame = Buffer.alloc(5 + message.length);
-frame.writeUInt32BE(message.length, 1);
-frame.set(message, 5);
+const frame = encodeEnvelope(0, message);
 
 const server = http2.createServer({ settings: HTTP2_SETTINGS });
 server.on("session", widenSessionWindow);

@@ -136,6 +136,8 @@ async function handRolledPreprocess(image: Uint8Array): Promise<Float32Array> {
 /** A call measured in interleaved rounds with others, so a slow spell on a shared machine lands on all alike. */
 interface Subject {
   call: (i: number) => Promise<unknown>;
+  /** Untimed idle before each latency call (0: back to back). */
+  idleMs: number;
   done: number;
   seconds: number;
   /** Calls per second in each throughput round. */
@@ -143,7 +145,14 @@ interface Subject {
   latencies: number[];
 }
 
-const subject = (call: Subject["call"]): Subject => ({ call, done: 0, seconds: 0, roundRates: [], latencies: [] });
+const subject = (call: Subject["call"], idleMs = 0): Subject => ({
+  call,
+  idleMs,
+  done: 0,
+  seconds: 0,
+  roundRates: [],
+  latencies: [],
+});
 const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const rate = (s: Subject) => s.done / s.seconds;
 
@@ -167,13 +176,17 @@ async function throughput(subjects: Subject[], concurrency: number, seconds: num
   }
 }
 
-/** Each subject in turn, `rounds` times: a warm-up call, then n / rounds sequential timed calls. */
+/**
+ * Each subject in turn, `rounds` times: a warm-up call, then n / rounds
+ * sequential timed calls, each after the subject's idleMs (not timed).
+ */
 async function latency(subjects: Subject[], n: number, rounds = LATENCY_ROUNDS): Promise<void> {
   for (let round = 0; round < rounds; round++) {
     for (const s of rotated(subjects, round)) {
       await pause(50);
       await s.call(round);
       for (let i = 0; i < n / rounds; i++) {
+        if (s.idleMs) await pause(s.idleMs);
         const t = performance.now();
         await s.call(i);
         s.latencies.push(performance.now() - t);
@@ -189,23 +202,10 @@ async function latency(subjects: Subject[], n: number, rounds = LATENCY_ROUNDS):
  */
 const IDLE_MS = 10;
 async function idlePenalty(run: (i: number) => Promise<unknown>): Promise<{ backToBack: number; afterIdle: number }> {
-  const backToBack: number[] = [];
-  const afterIdle: number[] = [];
-  for (let round = 0; round < 8; round++) {
-    for (const [gap, into] of [
-      [0, backToBack],
-      [IDLE_MS, afterIdle],
-    ] as const) {
-      await run(round);
-      for (let i = 0; i < 8; i++) {
-        if (gap) await pause(gap);
-        const t = performance.now();
-        await run(i);
-        into.push(performance.now() - t);
-      }
-    }
-  }
-  return { backToBack: median(backToBack), afterIdle: median(afterIdle) };
+  const backToBack = subject(run);
+  const afterIdle = subject(run, IDLE_MS);
+  await latency([backToBack, afterIdle], 64);
+  return { backToBack: median(backToBack.latencies), afterIdle: median(afterIdle.latencies) };
 }
 
 /** Idle time between the floor's calls: about what a server call's own work takes at concurrency 1. */
@@ -232,15 +232,10 @@ async function grpcFloor(photos: Uint8Array[], n: number): Promise<number> {
         raw_input_contents: [Buffer.from(frameBytes([photos[i % photos.length]!]))],
       });
     for (let i = 0; i < 6; i++) await call(i);
-    const latencies: number[] = [];
-    for (let i = 0; i < n; i++) {
-      await pause(FLOOR_IDLE_MS);
-      const t = performance.now();
-      await call(i);
-      latencies.push(performance.now() - t);
-    }
+    const floor = subject(call, FLOOR_IDLE_MS);
+    await latency([floor], n);
     client.close();
-    return median(latencies);
+    return median(floor.latencies);
   } finally {
     child.disconnect();
   }
