@@ -45,6 +45,9 @@ export async function spawnServer(
       const exited = new Promise((r) => proc.once("exit", r));
       proc.kill("SIGKILL");
       await exited;
+      // The child's exit can reach us before our end of its connections sees them close; a call
+      // made in between goes out on a dead connection (lost in flight, not refused at connect).
+      await new Promise((r) => setTimeout(r, 20));
     },
   };
   proc.on("message", (m: { received?: number }) => {
