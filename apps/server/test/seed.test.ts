@@ -4,7 +4,7 @@
  * photos, every protocol, the ensemble and each of its models.
  */
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { frameBytes } from "@trellis/stage";
@@ -224,11 +224,22 @@ describe("each seed model on its own", () => {
         }),
       )
       .catch((e: Error) => e);
-    expect(err).toBeInstanceOf(Error);
+    expect(err).toBeInstanceOf(ConnectError);
+    expect((err as ConnectError).code).toBe(Code.InvalidArgument);
+    expect((err as ConnectError).rawMessage).toMatch(
+      /^resnet50_ensemble: step 0 resnet50_preprocess: INVALID_ARGUMENT: input RAW_IMAGE element 0: truncated or corrupt jpeg/,
+    );
+    const overHttp = await postBinary(
+      `${server.http}/v2/models/resnet50_ensemble/infer`,
+      { inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }] },
+      [frameBytes([bad])],
+    );
+    expect(overHttp.status).toBe(400);
+    expect((await jsonOf(overHttp)).error).toMatch(/^resnet50_ensemble: step 0 resnet50_preprocess: INVALID_ARGUMENT/);
     const after = await scrape(server);
     expect(
       metricValue(after, "nv_inference_request_failure", "resnet50_ensemble") -
         metricValue(before, "nv_inference_request_failure", "resnet50_ensemble"),
-    ).toBe(1);
+    ).toBe(2);
   });
 });

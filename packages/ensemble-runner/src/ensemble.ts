@@ -39,7 +39,6 @@ export interface CreateEnsembleOptions {
 
 /** A step's failure, re-raised by the ensemble with the step's own code. */
 export class EnsembleStepError extends StageError {
-  override name = "EnsembleStepError";
   constructor(
     code: Code,
     ensemble: string,

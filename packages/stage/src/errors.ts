@@ -7,19 +7,22 @@ export { Code };
  * every transport unchanged; `stage` names the model that raised it.
  */
 export class StageError extends ConnectError {
-  // `name` stays "ConnectError": Connect recognises its errors by name and
-  // shape, and would otherwise turn a StageError into UNKNOWN on the wire.
   readonly stage: string;
 
-  // ConnectError answers instanceof by shape; StageError uses the prototype chain.
+  // ConnectError answers instanceof by shape; StageError and its subclasses use the prototype chain.
   static override [Symbol.hasInstance](v: unknown): boolean {
-    return v instanceof Error && Object.prototype.isPrototypeOf.call(StageError.prototype, v);
+    // biome-ignore lint/complexity/noThisInStatic: `this` is the class instanceof asks about, a subclass too
+    return v instanceof Error && Object.prototype.isPrototypeOf.call(this.prototype, v);
   }
 
   constructor(code: Code, stage: string, message: string, options?: { cause?: unknown }) {
     super(stage ? `${stage}: ${message}` : message, code, undefined, undefined, options?.cause);
     // ConnectError's constructor pins the prototype to ConnectError; restore ours.
     Object.setPrototypeOf(this, new.target.prototype);
+    // `name` must stay "ConnectError": Connect recognises its errors by name and shape,
+    // and sends any other error as INTERNAL. Pinned, so a subclass that sets its own
+    // name fails at once instead of losing its code on the wire.
+    Object.defineProperty(this, "name", { value: "ConnectError", writable: false, configurable: false });
     this.stage = stage;
   }
 }

@@ -4,7 +4,13 @@ import { defineStage } from "../src/define.js";
 import { Code, StageError } from "../src/errors.js";
 import type { InferRequest, Stage } from "../src/stage.js";
 
-/** A real (if tiny) stage: returns each input renamed OUT_<name>; fails on request for "FAIL". */
+/** A subclass of StageError, as packages raise their own (the ensemble's step errors). */
+export class EchoError extends StageError {}
+
+/**
+ * A real (if tiny) stage: returns each input renamed OUT_<name>; fails with
+ * INVALID_ARGUMENT when asked (parameter fail; failWith "subclass" raises an EchoError).
+ */
 export function echoStage(name = "echo"): Stage {
   const config = create(ModelConfigSchema, {
     name,
@@ -23,7 +29,8 @@ export function echoStage(name = "echo"): Stage {
     config,
     compute(req: InferRequest) {
       if (req.parameters?.fail) {
-        throw new StageError(Code.InvalidArgument, name, `asked to fail: ${String(req.parameters.fail)}`);
+        const Raise = req.parameters.failWith === "subclass" ? EchoError : StageError;
+        throw new Raise(Code.InvalidArgument, name, `asked to fail: ${String(req.parameters.fail)}`);
       }
       return req.inputs.map((t) => ({ ...t, name: `OUT_${t.name}` }));
     },

@@ -1,4 +1,5 @@
 import type http2 from "node:http2";
+import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import { grpcJsInferenceClient, rejectionOf } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -130,6 +131,26 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
     expect((err as StageError).rawMessage).toBe(
       `echo: remote model echo at ${server.url}: echo: asked to fail: on purpose`,
     );
+  });
+
+  it("keeps a StageError subclass's code over gRPC, gRPC-Web and the Connect protocol", async () => {
+    const transports = {
+      grpc: grpcTransport(server.url),
+      grpcWeb: createGrpcWebTransport({ baseUrl: server.url, httpVersion: "2" }),
+      connect: createConnectTransport({ baseUrl: server.url, httpVersion: "2" }),
+    };
+    for (const [name, transport] of Object.entries(transports)) {
+      const remote = await connectStage(transport, "echo");
+      const err = await rejectionOf(
+        remote.infer({ ...request(), parameters: { fail: "x", failWith: "subclass" } }),
+        StageError,
+      );
+      expect([name, err.code, err.rawMessage]).toEqual([
+        name,
+        Code.InvalidArgument,
+        "echo: remote model echo: echo: asked to fail: x",
+      ]);
+    }
   });
 
   it("rejects malformed raw contents with INVALID_ARGUMENT before the stage runs", async () => {
