@@ -24,5 +24,15 @@ export {
   sharedDir,
   TRUNCATED_PHOTO,
 } from "./paths.js";
+export {
+  findPythonGrpc,
+  type PythonGrpcCall,
+  type PythonGrpcResult,
+  type PythonKServeModel,
+  type PythonKServeServer,
+  pythonGrpcCalls,
+  pythonGrpcRequired,
+  startPythonKServe,
+} from "./python-grpc.js";
 export { makeSeedRepository, removeDir, type SeedRepositoryOptions, seedModelNames } from "./seed.js";
 export { type ServerProcess, type ServerProcessOptions, startServerProcess } from "./server-process.js";

@@ -1,0 +1,179 @@
+/**
+ * The server as Triton's own clients see it: grpcio (the C-core gRPC library
+ * under tritonclient.grpc, sharing no code with grpc-js or Connect) makes the
+ * calls tritonclient makes, on the seed repository with the shared MobileNetV2.
+ */
+import { create, fromJson, type JsonObject, toJson } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import {
+  GRPCInferenceService,
+  type ModelInferRequest,
+  ModelInferRequestSchema,
+  type ModelInferResponse,
+  ModelInferResponseSchema,
+} from "@trellis/protocol";
+import { frameBytes } from "@trellis/stage";
+import {
+  makeSeedRepository,
+  type PythonGrpcCall,
+  pythonGrpcCalls,
+  pythonGrpcRequired,
+  readFixtureImage,
+  readReferenceTop5,
+  removeDir,
+  type ServerProcess,
+  startServerProcess,
+  TRUNCATED_PHOTO,
+} from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+const references = readReferenceTop5();
+const photos = Object.keys(references).sort();
+const decoder = new TextDecoder();
+
+let repo: string;
+let server: ServerProcess;
+
+const ensembleRequest = (images: Uint8Array[], id = ""): ModelInferRequest =>
+  create(ModelInferRequestSchema, {
+    modelName: "resnet50_ensemble",
+    id,
+    inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [BigInt(images.length), 1n] }],
+    rawInputContents: [frameBytes(images)],
+  });
+
+const infer = (request: ModelInferRequest, extra: Partial<PythonGrpcCall> = {}): PythonGrpcCall => ({
+  method: "ModelInfer",
+  request: toJson(ModelInferRequestSchema, request),
+  ...extra,
+});
+
+const inferResponse = (json: JsonObject | undefined): ModelInferResponse =>
+  fromJson(ModelInferResponseSchema, json ?? null);
+
+/** The OUTPUT_RESULTS strings of an ensemble response. */
+function answers(res: ModelInferResponse): string[] {
+  const raw = res.rawOutputContents[0] as Uint8Array;
+  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+  const out: string[] = [];
+  for (let off = 0; off < raw.byteLength; off += 4 + view.getUint32(off, true)) {
+    out.push(decoder.decode(raw.subarray(off + 4, off + 4 + view.getUint32(off, true))));
+  }
+  return out;
+}
+
+const top1 = (answer: string) => (JSON.parse(answer) as { top5_labels: string[] }).top5_labels[0];
+
+describe.runIf(pythonGrpcRequired())("a C-core gRPC client (grpcio, as tritonclient.grpc)", () => {
+  let address: string;
+  beforeAll(async () => {
+    repo = await makeSeedRepository();
+    server = await startServerProcess(["--model-repository", repo]);
+    address = `127.0.0.1:${server.grpcPort}`;
+  });
+  afterAll(async () => {
+    expect(await server?.stop()).toBe(0);
+    await removeDir(repo);
+  });
+
+  it("reads health, server and model metadata, config and the repository index", async () => {
+    const [live, ready, meta, modelReady, modelMeta, config, index] = await pythonGrpcCalls(address, [
+      { method: "ServerLive" },
+      { method: "ServerReady" },
+      { method: "ServerMetadata" },
+      { method: "ModelReady", request: { name: "resnet50_ensemble" } },
+      { method: "ModelMetadata", request: { name: "resnet50_ensemble" } },
+      { method: "ModelConfig", request: { name: "resnet50_inference" } },
+      { method: "RepositoryIndex", request: { ready: true } },
+    ]);
+    expect(live?.response).toEqual({ live: true });
+    expect(ready?.response).toEqual({ ready: true });
+    expect(meta?.response?.extensions).toContain("classification");
+    expect(modelReady?.response).toEqual({ ready: true });
+    expect(modelMeta?.response).toMatchObject({
+      name: "resnet50_ensemble",
+      platform: "ensemble",
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: ["-1", "1"] }],
+      outputs: [{ name: "OUTPUT_RESULTS", datatype: "BYTES", shape: ["-1", "1"] }],
+    });
+    expect(config?.response?.config).toMatchObject({ name: "resnet50_inference", maxBatchSize: expect.any(Number) });
+    const names = ((index?.response?.models ?? []) as { name: string; state: string }[]).map(
+      (m) => `${m.name} ${m.state}`,
+    );
+    expect(names.sort()).toEqual(
+      ["resnet50_ensemble", "resnet50_inference", "resnet50_postprocess", "resnet50_preprocess"].map(
+        (m) => `${m} READY`,
+      ),
+    );
+  });
+
+  it("classifies every photo in one batched request as the reference does, byte for byte as the Connect client", async () => {
+    const images = photos.map((p) => readFixtureImage(p));
+    const [plain, gzip] = await pythonGrpcCalls(address, [
+      infer(ensembleRequest(images, "batch-1")),
+      infer(ensembleRequest(images, "batch-2"), { compression: "gzip" }),
+    ]);
+    expect(plain?.error).toBeUndefined();
+    const res = inferResponse(plain?.response);
+    expect(res.id).toBe("batch-1");
+    expect(res.outputs[0]).toMatchObject({
+      name: "OUTPUT_RESULTS",
+      datatype: "BYTES",
+      shape: [BigInt(photos.length), 1n],
+    });
+    expect(answers(res).map(top1)).toEqual(photos.map((p) => references[p]?.top5_labels[0]));
+    // A gzip-compressed request (Connect's handler decompresses it) answers the same.
+    expect(answers(inferResponse(gzip?.response))).toEqual(answers(res));
+
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    expect(answers(await client.modelInfer(ensembleRequest(images)))).toEqual(answers(res));
+  });
+
+  it("streams requests through ModelStreamInfer in order, a bad one answered as its error without ending the stream", async () => {
+    const [stream] = await pythonGrpcCalls(address, [
+      {
+        method: "ModelStreamInfer",
+        requests: [
+          toJson(ModelInferRequestSchema, ensembleRequest([readFixtureImage("chelsea.jpg")], "a")),
+          toJson(ModelInferRequestSchema, ensembleRequest([readFixtureImage(TRUNCATED_PHOTO)], "b")),
+          toJson(ModelInferRequestSchema, ensembleRequest([readFixtureImage("coffee.jpg")], "c")),
+        ],
+      },
+    ]);
+    expect(stream?.error).toBeUndefined();
+    const [first, bad, last] = stream?.responses ?? [];
+    expect(first?.errorMessage).toBeUndefined();
+    expect(answers(inferResponse(first?.inferResponse as JsonObject)).map(top1)).toEqual(["Egyptian cat"]);
+    expect(inferResponse(first?.inferResponse as JsonObject).id).toBe("a");
+    expect(bad?.errorMessage).toMatch(
+      /^resnet50_ensemble: step 0 resnet50_preprocess: INVALID_ARGUMENT: input RAW_IMAGE element 0: truncated or corrupt jpeg/,
+    );
+    expect(answers(inferResponse(last?.inferResponse as JsonObject)).map(top1)).toEqual(["espresso"]);
+    expect(inferResponse(last?.inferResponse as JsonObject).id).toBe("c");
+  });
+
+  it("gets Triton's codes and messages for bad requests and an expired deadline, and the next call is served", async () => {
+    const chelsea = readFixtureImage("chelsea.jpg");
+    const wrongInput = ensembleRequest([chelsea]);
+    (wrongInput.inputs[0] as { name: string }).name = "IMAGE";
+    const photosBatch = photos.map((p) => readFixtureImage(p));
+    const [unknown, badInput, badImage, late, next] = await pythonGrpcCalls(address, [
+      infer({ ...ensembleRequest([chelsea]), modelName: "nope" }),
+      infer(wrongInput),
+      infer(ensembleRequest([chelsea, readFixtureImage(TRUNCATED_PHOTO)])),
+      infer(ensembleRequest(photosBatch), { timeout: 0.005 }),
+      infer(ensembleRequest([chelsea])),
+    ]);
+    expect(unknown?.error).toEqual({
+      code: "NOT_FOUND",
+      details: expect.stringContaining("Request for unknown model: 'nope' is not found"),
+    });
+    expect(badInput?.error?.code).toBe("INVALID_ARGUMENT");
+    expect(badInput?.error?.details).toMatch(/IMAGE/);
+    expect(badImage?.error?.code).toBe("INVALID_ARGUMENT");
+    expect(badImage?.error?.details).toMatch(/RAW_IMAGE element 1: truncated or corrupt jpeg/);
+    expect(late?.error?.code).toBe("DEADLINE_EXCEEDED");
+    expect(answers(inferResponse(next?.response)).map(top1)).toEqual(["Egyptian cat"]);
+  });
+});
