@@ -5,7 +5,8 @@ our own descriptors (a FileDescriptorSet the caller writes).
 
   kserve_grpc.py DESCRIPTORS client ADDRESS  < calls.json  > results.json
   kserve_grpc.py DESCRIPTORS serve MODELS.json
-      prints "listening PORT" and serves until stdin closes or SIGTERM.
+      prints "listening PORT" and serves until stdin closes or SIGTERM;
+      prints "cancelled ID" when a held call is cancelled.
 
 A call is {"method", "request" | "requests" (a stream), "timeout" (s),
 "compression": "gzip", "metadata": {k: v}}; messages are proto3 JSON. A
@@ -155,6 +156,7 @@ def serve(methods, spec_path):
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
             if not context.is_active():
+                print(f"cancelled {request.id}", flush=True)
                 return types["ModelInfer"][1]()
             time.sleep(0.005)
         declared = {t["name"]: t for t in tensors(model, "input")}

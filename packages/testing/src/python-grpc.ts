@@ -118,6 +118,8 @@ export interface PythonKServeServer {
   port: number;
   /** http://127.0.0.1:port */
   url: string;
+  /** Ids of held calls the server saw cancelled, in order. */
+  cancelled: string[];
   stop(): Promise<void>;
 }
 
@@ -135,16 +137,19 @@ export async function startPythonKServe(models: PythonKServeModel[]): Promise<Py
     stderr += String(d);
   });
   const exited = new Promise<void>((resolve) => child.on("close", () => resolve()));
+  const cancelled: string[] = [];
   const port = await new Promise<number>((resolve, reject) => {
     createInterface({ input: child.stdout }).on("line", (line) => {
       const m = /^listening (\d+)$/.exec(line);
       if (m) resolve(Number(m[1]));
+      if (line.startsWith("cancelled ")) cancelled.push(line.slice("cancelled ".length));
     });
     exited.then(() => reject(new Error(`kserve_grpc.py serve exited before listening:\n${stderr}`)));
   });
   return {
     port,
     url: `http://127.0.0.1:${port}`,
+    cancelled,
     stop: async () => {
       child.stdin.end();
       const timer = setTimeout(() => child.kill("SIGKILL"), 5000);
