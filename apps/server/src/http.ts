@@ -4,6 +4,8 @@
  * route table is small and fixed.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
+import { promisify } from "node:util";
+import { constants, deflate, gunzip, gzip, inflate, inflateRaw, type ZlibOptions } from "node:zlib";
 import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelStatisticsSchema } from "@trellis/protocol";
 import {
@@ -93,14 +95,19 @@ function sendError(res: ServerResponse, err: unknown, status?: number): void {
 /** Triton's default --http-max-input-size: 64 MiB. */
 export const DEFAULT_HTTP_MAX_INPUT_BYTES = 64 * 1024 * 1024;
 
-/** The request body, refused (400, as Triton does) once it passes `maxBytes`, before it is all buffered. */
+/**
+ * The request body, refused (400, as Triton does) once it passes `maxBytes`, before it is all
+ * buffered, and decompressed when it comes with a Content-Encoding (tritonclient.http's
+ * request_compression_algorithm sends gzip or deflate); the decompressed body has the same limit.
+ */
 async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer> {
-  const tooLarge = (size: string) =>
+  const tooLarge = (size: string, what = "request body") =>
     new StageError(
       Code.InvalidArgument,
       "",
-      `request body of ${size} bytes exceeds the maximum allowed value of ${maxBytes} bytes; use --http-max-input-size to increase the limit`,
+      `${what} of ${size} bytes exceeds the maximum allowed value of ${maxBytes} bytes; use --http-max-input-size to increase the limit`,
     );
+  const encoding = contentEncoding(req);
   const declared = Number(req.headers["content-length"] ?? 0);
   if (declared > maxBytes) throw tooLarge(String(declared));
   const chunks: Buffer[] = [];
@@ -110,8 +117,67 @@ async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer>
     if (total > maxBytes) throw tooLarge(`more than ${maxBytes}`);
     chunks.push(chunk as Buffer);
   }
-  return chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks);
+  const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks);
+  if (encoding === undefined) return body;
+  try {
+    return await decompress(encoding, body, { maxOutputLength: maxBytes });
+  } catch (err) {
+    if ((err as { code?: string }).code === "ERR_BUFFER_TOO_LARGE") {
+      throw tooLarge(`more than ${maxBytes}`, `${encoding}-decompressed request body`);
+    }
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      `request body is not valid ${encoding} data: ${(err as Error).message}`,
+    );
+  }
 }
+
+const gunzipAsync = promisify(gunzip);
+const inflateAsync = promisify(inflate);
+const inflateRawAsync = promisify(inflateRaw);
+
+/** "deflate" in HTTP is zlib-wrapped (RFC 9110); some clients send it raw, so that is accepted too. */
+async function decompress(encoding: "gzip" | "deflate", body: Buffer, options: ZlibOptions): Promise<Buffer> {
+  if (encoding === "gzip") return gunzipAsync(body, options);
+  const zlibWrapped =
+    body.byteLength >= 2 &&
+    (body[0] as number) % 16 === 8 &&
+    ((body[0] as number) * 256 + (body[1] as number)) % 31 === 0;
+  return zlibWrapped ? inflateAsync(body, options) : inflateRawAsync(body, options);
+}
+
+/** The request's Content-Encoding: undefined for none or identity; 415 for one we cannot undo. */
+function contentEncoding(req: IncomingMessage): "gzip" | "deflate" | undefined {
+  const value = (req.headers["content-encoding"] ?? "").trim().toLowerCase();
+  if (value === "" || value === "identity") return undefined;
+  if (value === "gzip" || value === "x-gzip") return "gzip";
+  if (value === "deflate") return "deflate";
+  throw new HttpError(415, `unsupported Content-Encoding '${value}' (supported: gzip, deflate, identity)`);
+}
+
+/**
+ * The coding to compress an inference response with, from Accept-Encoding (tritonclient.http's
+ * response_compression_algorithm): gzip or deflate, the client's highest q first; none by default.
+ */
+export function responseEncoding(accept: string | undefined): "gzip" | "deflate" | undefined {
+  let best: { coding: "gzip" | "deflate"; q: number } | undefined;
+  for (const part of (accept ?? "").split(",")) {
+    const [name = "", ...params] = part.split(";").map((x) => x.trim().toLowerCase());
+    const coding = name === "gzip" || name === "x-gzip" ? "gzip" : name === "deflate" ? "deflate" : undefined;
+    if (!coding) continue;
+    const qParam = params.find((p) => p.startsWith("q="));
+    const q = qParam ? Number(qParam.slice(2)) : 1;
+    if (!(q > 0)) continue;
+    if (!best || q > best.q) best = { coding, q };
+  }
+  return best?.coding;
+}
+
+const gzipAsync = promisify(gzip);
+const deflateAsync = promisify(deflate);
+// Tensors are mostly incompressible floats: the fastest level keeps the cost near a copy.
+const RESPONSE_COMPRESSION: ZlibOptions = { level: constants.Z_BEST_SPEED };
 
 function parseJson(bytes: Uint8Array, what: string): unknown {
   if (bytes.byteLength === 0) return {};
@@ -380,18 +446,28 @@ export function restHandler(ctx: RestContext) {
         outputs: outJson,
       }),
     );
-    if (chunks.length === 0) {
-      res.writeHead(200, { "content-type": "application/json", "content-length": head.byteLength });
-      res.end(head);
+    const headers: Record<string, string | number> =
+      chunks.length === 0
+        ? { "content-type": "application/json" }
+        : { "content-type": "application/octet-stream", "inference-header-content-length": head.byteLength };
+    const coding = responseEncoding(req.headers["accept-encoding"]);
+    if (coding) {
+      // Inference-Header-Content-Length stays the uncompressed header's length: clients
+      // (tritonclient.http's InferResult) decompress the body first, then split it.
+      const whole = chunks.length === 0 ? head : Buffer.concat([head, ...chunks]);
+      const body = await (coding === "gzip" ? gzipAsync : deflateAsync)(whole, RESPONSE_COMPRESSION);
+      res.writeHead(200, {
+        ...headers,
+        "content-encoding": coding,
+        vary: "Accept-Encoding",
+        "content-length": body.byteLength,
+      });
+      res.end(body);
       return;
     }
     let total = head.byteLength;
     for (const c of chunks) total += c.byteLength;
-    res.writeHead(200, {
-      "content-type": "application/octet-stream",
-      "content-length": total,
-      "inference-header-content-length": head.byteLength,
-    });
+    res.writeHead(200, { ...headers, "content-length": total });
     res.write(head);
     for (const c of chunks) res.write(c);
     res.end();

@@ -3,6 +3,8 @@
  * (JSON and binary), gRPC (Connect and @grpc/grpc-js), gRPC-Web/Connect on
  * the HTTP port, metrics, statistics, version policy, a model that fails to load.
  */
+
+import { deflateRawSync, deflateSync, gunzipSync, gzipSync, inflateSync } from "node:zlib";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
@@ -26,6 +28,7 @@ import {
   metricValue,
   postBinary,
   postJson,
+  rawPost,
   scrape,
 } from "./helpers.js";
 
@@ -233,6 +236,58 @@ describe("HTTP/REST", () => {
     );
     expect(res2.headers.get("inference-header-content-length")).toBeNull();
     expect((await jsonOf(res2)).outputs[0].data).toEqual(values.map((v) => v * 10));
+  });
+
+  it("takes gzip and deflate bodies and compresses answers on Accept-Encoding, as tritonclient.http does", async () => {
+    const values = [1.5, -2, 0.25, 3];
+    const { body, headerLength } = binaryRequest(
+      { inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4] }], parameters: { binary_data_output: true } },
+      [f32(values)],
+    );
+    const url = `${server.http}/v2/models/echo10/infer`;
+    // tritonclient.http: Content-Encoding gzip (gzip.compress) or deflate (zlib.compress), the header
+    // length that of the uncompressed JSON; Accept-Encoding asks for the answer compressed.
+    for (const [coding, compress, decompress] of [
+      ["gzip", gzipSync, gunzipSync],
+      ["deflate", deflateSync, inflateSync],
+    ] as const) {
+      const res = await rawPost(url, compress(body), {
+        "content-encoding": coding,
+        "accept-encoding": coding,
+        "inference-header-content-length": headerLength,
+      });
+      expect(res.status, coding).toBe(200);
+      expect(res.headers["content-encoding"]).toBe(coding);
+      expect(res.headers.vary).toBe("Accept-Encoding");
+      const whole = decompress(res.body);
+      const jsonLength = Number(res.headers["inference-header-content-length"]);
+      expect(JSON.parse(whole.subarray(0, jsonLength).toString()).outputs[0].parameters).toEqual({
+        binary_data_size: 16,
+      });
+      expect([
+        ...new Float32Array(whole.buffer.slice(whole.byteOffset + jsonLength, whole.byteOffset + whole.byteLength)),
+      ]).toEqual(values.map((v) => v * 10));
+    }
+    // Raw deflate (no zlib wrapper), as some clients send it; no Accept-Encoding, or q=0: plain.
+    const json = new TextEncoder().encode(
+      JSON.stringify({ inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: values }] }),
+    );
+    for (const accept of [undefined, "gzip;q=0, identity"]) {
+      const res = await rawPost(url, deflateRawSync(json), {
+        "content-encoding": "deflate",
+        ...(accept ? { "accept-encoding": accept } : {}),
+      });
+      expect(res.headers["content-encoding"]).toBeUndefined();
+      expect(JSON.parse(res.body.toString()).outputs[0].data).toEqual(values.map((v) => v * 10));
+    }
+    const brotli = await rawPost(url, json, { "content-encoding": "br" });
+    expect(brotli.status).toBe(415);
+    expect(JSON.parse(brotli.body.toString())).toEqual({
+      error: "unsupported Content-Encoding 'br' (supported: gzip, deflate, identity)",
+    });
+    const corrupt = await rawPost(url, json, { "content-encoding": "gzip" });
+    expect(corrupt.status).toBe(400);
+    expect(JSON.parse(corrupt.body.toString()).error).toMatch(/^request body is not valid gzip data: /);
   });
 
   it("implements the classification extension with the output's labels", async () => {

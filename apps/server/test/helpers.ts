@@ -4,6 +4,7 @@
  * from @trellis/testing).
  */
 import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
+import http, { type IncomingHttpHeaders } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ServerProcess } from "@trellis/testing";
@@ -148,3 +149,27 @@ export const floats = (raw: Uint8Array) => new Float32Array(Uint8Array.from(raw)
 /** A response body as JSON, for field-by-field assertions. */
 // biome-ignore lint/suspicious/noExplicitAny: test responses are inspected field by field
 export const jsonOf = async (res: Response): Promise<any> => res.json();
+
+/** A POST through node:http, which (unlike fetch) hands back the body exactly as sent, compressed or not. */
+export function rawPost(
+  url: string,
+  body: Uint8Array,
+  headers: Record<string, string | number>,
+): Promise<{ status: number; headers: IncomingHttpHeaders; body: Buffer }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      url,
+      { method: "POST", headers: { ...headers, "content-length": body.byteLength } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }),
+        );
+        res.on("error", reject);
+      },
+    );
+    req.on("error", reject);
+    req.end(body);
+  });
+}

@@ -3,6 +3,7 @@
  * black-box tests cannot see from outside the server process.
  */
 import http from "node:http";
+import { gzipSync } from "node:zlib";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { GRPCInferenceService, parseModelConfig } from "@trellis/protocol";
 import { Code, grpcTransport, listenStage, type Stage, tensor } from "@trellis/stage";
@@ -144,6 +145,33 @@ describe("HTTP inference", () => {
       expect(((await big.json()) as { error: string }).error).toMatch(
         /^request body of \d+ bytes exceeds the maximum allowed value of 200 bytes; use --http-max-input-size/,
       );
+    } finally {
+      await server.shutdown(5000);
+    }
+  });
+
+  it("refuses a compressed body that inflates past --http-max-input-size", async () => {
+    const server = await serveRepository({ httpMaxInputBytes: 300 });
+    try {
+      const body = (id: string) =>
+        gzipSync(
+          JSON.stringify({ id, inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] }),
+        );
+      const post = (id: string) =>
+        fetch(`http://127.0.0.1:${server.httpPort}/v2/models/echo10/infer`, {
+          method: "POST",
+          body: body(id),
+          headers: { "content-encoding": "gzip" },
+        });
+      expect((await post("small")).status).toBe(200);
+      // Under 300 bytes on the wire, 10 kB once inflated.
+      expect(body("x".repeat(10_000)).byteLength).toBeLessThan(300);
+      const bomb = await post("x".repeat(10_000));
+      expect(bomb.status).toBe(400);
+      expect(((await bomb.json()) as { error: string }).error).toBe(
+        "gzip-decompressed request body of more than 300 bytes exceeds the maximum allowed value of 300 bytes; use --http-max-input-size to increase the limit",
+      );
+      expect((await post("after")).status).toBe(200);
     } finally {
       await server.shutdown(5000);
     }
