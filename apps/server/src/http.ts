@@ -12,6 +12,7 @@ import {
   Code,
   type InferOptions,
   type InferRequest,
+  isZlibWrapped,
   type ModelRegistry,
   type Parameters,
   type RequestedOutput,
@@ -140,11 +141,7 @@ const inflateRawAsync = promisify(inflateRaw);
 /** "deflate" in HTTP is zlib-wrapped (RFC 9110); some clients send it raw, so that is accepted too. */
 async function decompress(encoding: "gzip" | "deflate", body: Buffer, options: ZlibOptions): Promise<Buffer> {
   if (encoding === "gzip") return gunzipAsync(body, options);
-  const zlibWrapped =
-    body.byteLength >= 2 &&
-    (body[0] as number) % 16 === 8 &&
-    ((body[0] as number) * 256 + (body[1] as number)) % 31 === 0;
-  return zlibWrapped ? inflateAsync(body, options) : inflateRawAsync(body, options);
+  return isZlibWrapped(body) ? inflateAsync(body, options) : inflateRawAsync(body, options);
 }
 
 /** The request's Content-Encoding: undefined for none or identity; 415 for one we cannot undo. */

@@ -8,7 +8,7 @@ import http from "node:http";
 import type http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { createGrpcServer, serveStage, UNCOMPRESSED_RESPONSES } from "@trellis/stage";
+import { createGrpcServer, SERVER_COMPRESSION, serveStage } from "@trellis/stage";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
@@ -117,7 +117,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       routes,
       fallback: rest as NodeHandlerFn,
       readMaxBytes: options.httpMaxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES,
-      ...UNCOMPRESSED_RESPONSES,
+      ...SERVER_COMPRESSION,
     }),
   );
   httpServer.on("request", (req, res) => {

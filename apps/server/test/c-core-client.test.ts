@@ -108,11 +108,12 @@ describe.runIf(pythonGrpcRequired())("a C-core gRPC client (grpcio, as tritoncli
     );
   });
 
-  it("classifies every photo in one batched request as the reference does, byte for byte as the Connect client", async () => {
+  it("classifies every photo in one batched request as the reference does, plain, gzip or deflate, byte for byte as the Connect client", async () => {
     const images = photos.map((p) => readFixtureImage(p));
-    const [plain, gzip] = await pythonGrpcCalls(address, [
+    const [plain, gzip, deflate] = await pythonGrpcCalls(address, [
       infer(ensembleRequest(images, "batch-1")),
       infer(ensembleRequest(images, "batch-2"), { compression: "gzip" }),
+      infer(ensembleRequest(images, "batch-3"), { compression: "deflate" }),
     ]);
     expect(plain?.error).toBeUndefined();
     const res = inferResponse(plain?.response);
@@ -123,8 +124,11 @@ describe.runIf(pythonGrpcRequired())("a C-core gRPC client (grpcio, as tritoncli
       shape: [BigInt(photos.length), 1n],
     });
     expect(answers(res).map(top1)).toEqual(photos.map((p) => references[p]?.top5_labels[0]));
-    // A gzip-compressed request (Connect's handler decompresses it) answers the same.
+    // Compressed requests (tritonclient.grpc's compression_algorithm: gzip or deflate, both of
+    // which Triton takes; Connect's handler decompresses them) answer the same.
     expect(answers(inferResponse(gzip?.response))).toEqual(answers(res));
+    expect(deflate?.error).toBeUndefined();
+    expect(answers(inferResponse(deflate?.response))).toEqual(answers(res));
 
     const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
     expect(answers(await client.modelInfer(ensembleRequest(images)))).toEqual(answers(res));

@@ -18,6 +18,7 @@ export {
   tensorToContents,
   tensorToRaw,
 } from "./codec.js";
+export { compressionDeflate, isZlibWrapped } from "./compression.js";
 export {
   type ClosableTransport,
   type ConnectStageOptions,
@@ -55,9 +56,9 @@ export {
   type ListeningServer,
   type ListenOptions,
   listenStage,
+  SERVER_COMPRESSION,
   type ServeOptions,
   serveStage,
-  UNCOMPRESSED_RESPONSES,
   widenSessionWindow,
 } from "./serve.js";
 export type {

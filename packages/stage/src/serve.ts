@@ -7,7 +7,8 @@ import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { create } from "@bufbuild/protobuf";
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { Compression } from "@connectrpc/connect/protocol";
+import { compressionBrotli, compressionGzip, connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   CudaSharedMemoryStatusResponseSchema,
   GRPCInferenceService,
@@ -27,6 +28,7 @@ import {
   SystemSharedMemoryStatusResponseSchema,
   TraceSettingResponseSchema,
 } from "@trellis/protocol";
+import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
 import { grpcModelInferHandler } from "./grpc-model-infer.js";
 import { type ModelRegistry, stageRegistry } from "./registry.js";
@@ -202,12 +204,16 @@ export function widenSessionWindow(session: http2.Http2Session): void {
 }
 
 /**
- * Handler options for tensor traffic: compressed requests are still
- * accepted, but responses are never gzipped. Tensors barely compress and
- * gzip on a megabyte response costs more than sending it over loopback or
- * a datacenter link (Triton does not compress by default either).
+ * Handler options for tensor traffic: requests compressed with gzip, deflate
+ * (gRPC's two codings, both of which Triton takes) or br are accepted, but
+ * responses are never compressed. Tensors barely compress and gzip on a
+ * megabyte response costs more than sending it over loopback or a datacenter
+ * link (Triton does not compress by default either).
  */
-export const UNCOMPRESSED_RESPONSES = { compressMinBytes: Number.POSITIVE_INFINITY } as const;
+export const SERVER_COMPRESSION: { acceptCompression: Compression[]; compressMinBytes: number } = {
+  acceptCompression: [compressionGzip, compressionDeflate, compressionBrotli],
+  compressMinBytes: Number.POSITIVE_INFINITY,
+};
 
 /** Triton's gRPC frontend accepts messages up to INT32_MAX bytes; so do ours unless told otherwise. */
 export const DEFAULT_GRPC_MAX_INPUT_BYTES = 2 ** 31 - 1;
@@ -259,7 +265,7 @@ export function createGrpcServer(
   const connect = connectNodeAdapter({
     routes: serveStage(registry, options),
     readMaxBytes: maxInputBytes,
-    ...UNCOMPRESSED_RESPONSES,
+    ...SERVER_COMPRESSION,
   });
   const modelInfer = grpcModelInferHandler((msg, signal) => handleModelInfer(registry, msg, signal), maxInputBytes);
   const server = http2.createServer({ settings: HTTP2_SETTINGS }, (req, res) => {

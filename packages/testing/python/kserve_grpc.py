@@ -60,7 +60,7 @@ def run_client(methods, address):
             kwargs = {
                 "timeout": call.get("timeout"),
                 "metadata": list(call.get("metadata", {}).items()) or None,
-                "compression": grpc.Compression.Gzip if call.get("compression") == "gzip" else None,
+                "compression": {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}.get(call.get("compression", "")),
             }
             serialize, deserialize = request_type.SerializeToString, response_type.FromString
             try:

@@ -76,7 +76,7 @@ export interface PythonGrpcCall {
   requests?: JsonValue[];
   /** The call's deadline in seconds (grpc-timeout). */
   timeout?: number;
-  compression?: "gzip";
+  compression?: "gzip" | "deflate";
   metadata?: Record<string, string>;
 }
 
