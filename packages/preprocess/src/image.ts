@@ -237,8 +237,38 @@ export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSet
       if (meta?.width && meta.height) checkPixels(meta.width, meta.height, s.maxPixels);
       throw new ElementError(`more pixels than max_pixels ${s.maxPixels} (rejected before decoding)`);
     }
-    throw new ElementError(`truncated or corrupt ${format}: ${reason}`);
+    throw new ElementError(
+      `truncated or corrupt ${format}: ${reason === LOST_REASON ? ownReason(bytes, format) : reason}`,
+    );
   }
+}
+
+/**
+ * What sharp says when libvips' error buffer was empty. That buffer is global and every
+ * sharp pipeline clears it when it ends, so a decode finishing on another thread can wipe
+ * this one's message before sharp reads it.
+ */
+const LOST_REASON = "Unknown error";
+
+/** Our own account of a failed decode whose libvips message was lost. */
+function ownReason(bytes: Uint8Array, format: string): string {
+  if (format === "jpeg" && !jpegHasEnd(bytes))
+    return "premature end of JPEG data (no end-of-image marker after the last scan)";
+  return "the decoder failed (its message was lost to a concurrent decode)";
+}
+
+const lastMarker = (b: Uint8Array, marker: number): number => {
+  for (let i = b.length - 2; i >= 0; i--) if (b[i] === 0xff && b[i + 1] === marker) return i;
+  return -1;
+};
+
+/**
+ * Whether a JPEG's last scan is followed by its end-of-image marker. Entropy-coded data never
+ * holds FF D9 (a data FF is stuffed with 00), and an EXIF thumbnail's EOI comes before the
+ * image's scans, so an EOI after the last start-of-scan is the image's own.
+ */
+export function jpegHasEnd(b: Uint8Array): boolean {
+  return lastMarker(b, 0xd9) > lastMarker(b, 0xda);
 }
 
 function checkPixels(width: number, height: number, maxPixels: number): void {

@@ -2,6 +2,7 @@ import { bytesTensor, Code, StageError, tensor } from "@trellis/stage";
 import { readFixtureImage, readReferenceTensor } from "@trellis/testing";
 import sharp from "sharp";
 import { describe, expect, it } from "vitest";
+import { jpegHasEnd } from "../src/image.js";
 import { createPreprocess } from "../src/index.js";
 import { diff, preprocessOne, rawImageRequest } from "./helpers.js";
 
@@ -107,6 +108,25 @@ describe("each bad element fails its request with INVALID_ARGUMENT naming the el
     expect(err.rawMessage).toMatch(/^resnet50_preprocess: input RAW_IMAGE element 1: /);
     expect(err.rawMessage).toMatch(message);
     expect(err.rawMessage).not.toMatch(/element 0/);
+  });
+
+  it("says why a truncated JPEG failed even when concurrent decodes wipe libvips' shared error buffer", async () => {
+    // Every sharp pipeline clears libvips' one global error buffer as it ends, so with decodes
+    // finishing on other threads, sharp alone reports a third or more of these as "Unknown error".
+    const cut = chelsea.subarray(0, Math.floor(chelsea.length * 0.6));
+    const errors = await Promise.all(Array.from({ length: 24 }, () => failure(cut)));
+    for (const err of errors) {
+      expect(err.rawMessage).toMatch(/element 1: truncated or corrupt jpeg: .*premature end/i);
+      expect(err.rawMessage).not.toMatch(/unknown error/i);
+    }
+  });
+
+  it("tells a JPEG that ends after its last scan from one cut short", () => {
+    expect(jpegHasEnd(chelsea)).toBe(true);
+    const cut = chelsea.subarray(0, Math.floor(chelsea.length * 0.6));
+    expect(jpegHasEnd(cut)).toBe(false);
+    expect(jpegHasEnd(readFixtureImage("truncated.jpg"))).toBe(false);
+    expect(jpegHasEnd(Uint8Array.from([...cut, 0xff, 0xd9]))).toBe(true);
   });
 
   it("rejects an image over max_pixels (a real photo, a small limit)", async () => {
