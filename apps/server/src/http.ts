@@ -279,10 +279,18 @@ export function restHandler(ctx: RestContext) {
       const repo = registry.repository;
       if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
       if (action === "load") {
-        if (body.parameters && Object.keys(body.parameters).some((k) => k === "config" || k.startsWith("file:"))) {
-          throw new StageError(Code.Unimplemented, "", "loading with a config or file override is not supported");
+        const { config, ...rest } = body.parameters ?? {};
+        const file = Object.keys(rest).find((k) => k.startsWith("file:"));
+        if (file)
+          throw new StageError(Code.Unimplemented, "", `loading with file overrides (${file}) is not supported`);
+        if (config !== undefined && typeof config !== "string") {
+          throw new StageError(
+            Code.InvalidArgument,
+            "",
+            "load parameter 'config' must be a string (the model config as JSON)",
+          );
         }
-        await repo.load(name);
+        await repo.load(name, config === undefined ? {} : { config });
       } else {
         await repo.unload(name);
       }

@@ -7,7 +7,7 @@
 import { readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import type { LoadStageOptions, RepositoryModel, RepositoryScan } from "@trellis/ensemble-runner";
-import type { ModelConfig } from "@trellis/protocol";
+import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
 import {
   Code,
   type ModelIndexEntry,
@@ -111,7 +111,7 @@ export class RepositoryManager implements ModelRegistry {
     };
     this.repository = {
       index: (readyOnly) => this.index(readyOnly),
-      load: (name) => this.requestControl(() => this.load(name)),
+      load: (name, options) => this.requestControl(() => this.load(name, true, options?.config)),
       unload: (name) => this.requestControl(() => this.unload(name)),
     };
   }
@@ -298,14 +298,14 @@ export class RepositoryManager implements ModelRegistry {
    * Loads (or reloads) `name` from the repository, its ensemble steps
    * first. Throws if any version fails; the failure stays in the index.
    */
-  async load(name: string, rescan = true): Promise<void> {
+  async load(name: string, rescan = true, configOverride?: string): Promise<void> {
     if (rescan) await this.scan();
     const e = this.models.get(name);
     if (!e || (!e.model && !e.scanError)) {
       throw new StageError(Code.NotFound, "", `failed to load '${name}': no such model in the model repository`);
     }
     if (!e.model) throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
-    const model = e.model;
+    const model = configOverride === undefined ? e.model : withConfig(e.model, configOverride);
     if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name]));
     const failures = await this.enqueue(e, () => this.loadEntry(e, model));
     if (failures.length > 0) {
@@ -520,6 +520,30 @@ export class RepositoryManager implements ModelRegistry {
     }
     await this.loadMany(scan.models.map((m) => m.name));
   }
+}
+
+/**
+ * The model with a load request's JSON config in place of its config.pbtxt,
+ * as Triton's load with a "config" parameter: the model's files still come
+ * from its folder, and a later load without one goes back to config.pbtxt
+ * (the config text differs, so it reloads).
+ */
+function withConfig(model: RepositoryModel, json: string): RepositoryModel {
+  let config: ModelConfig;
+  try {
+    config = parseModelConfigJson(json, "the load request's 'config' parameter");
+  } catch (err) {
+    throw new StageError(Code.InvalidArgument, "", `failed to load '${model.name}': ${(err as Error).message}`);
+  }
+  if (config.name && config.name !== model.name) {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      `failed to load '${model.name}': the 'config' parameter names model '${config.name}'`,
+    );
+  }
+  config.name = model.name;
+  return { ...model, config, configText: `config parameter:\n${json}` };
 }
 
 /**

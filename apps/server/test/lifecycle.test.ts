@@ -245,6 +245,59 @@ describe("explicit model control: versions and failed warmup", () => {
     expect(rows.filter((r) => r.name === "tuned")).toEqual([{ name: "tuned", version: "1", state: "READY" }]);
   });
 
+  it("loads with a JSON 'config' parameter as Triton does, over HTTP and gRPC; a plain load goes back to config.pbtxt", async () => {
+    await addModel(repo, "overridden", { config: echoConfig("overridden", { params: { scale: "2" } }) });
+    expect((await load("overridden")).status).toBe(200);
+    expect((await infer("overridden")).json.outputs[0].data).toEqual([2, 4, 6, 8]);
+
+    // As tritonclient users do: read the config, change it, load with it.
+    const config = (await (await fetch(`${server.http}/v2/models/overridden/config`)).json()) as {
+      parameters: Record<string, { string_value: string }>;
+    };
+    const scaled = (scale: string) =>
+      JSON.stringify({ ...config, parameters: { ...config.parameters, scale: { string_value: scale } } });
+    const loadWith = (parameters: Record<string, unknown>) =>
+      postJson(`${server.http}/v2/repository/models/overridden/load`, { parameters });
+    expect((await loadWith({ config: scaled("5") })).status).toBe(200);
+    expect((await infer("overridden")).json.outputs[0].data).toEqual([5, 10, 15, 20]);
+    const served = (await (await fetch(`${server.http}/v2/models/overridden/config`)).json()) as typeof config;
+    expect(served.parameters.scale?.string_value).toBe("5");
+
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    await client.repositoryModelLoad({
+      modelName: "overridden",
+      parameters: { config: { parameterChoice: { case: "stringParam", value: scaled("7") } } },
+    });
+    expect((await infer("overridden")).json.outputs[0].data).toEqual([7, 14, 21, 28]);
+
+    expect((await load("overridden")).status).toBe(200);
+    expect((await infer("overridden")).json.outputs[0].data).toEqual([2, 4, 6, 8]);
+
+    // Refused, naming why; the loaded model goes on serving.
+    const notJson = await loadWith({ config: "{max_batch_size: 8" });
+    expect(notJson.status).toBe(400);
+    expect(notJson.json.error).toMatch(
+      /^failed to load 'overridden': the load request's 'config' parameter is not JSON: /,
+    );
+    const wrongName = await loadWith({ config: JSON.stringify({ ...config, name: "other" }) });
+    expect(wrongName).toEqual({
+      status: 400,
+      json: { error: "failed to load 'overridden': the 'config' parameter names model 'other'" },
+    });
+    const badField = await loadWith({ config: JSON.stringify({ ...config, max_batch_size: "many" }) });
+    expect(badField.status).toBe(400);
+    expect(badField.json.error).toMatch(/'config' parameter is not a model config: .*max_batch_size/);
+    expect((await loadWith({ config: { max_batch_size: 8 } })).json).toEqual({
+      error: "load parameter 'config' must be a string (the model config as JSON)",
+    });
+    const files = await loadWith({ config: scaled("3"), "file:1/model.onnx": "AAAA" });
+    expect(files).toEqual({
+      status: 501,
+      json: { error: "loading with file overrides (file:1/model.onnx) is not supported" },
+    });
+    expect((await infer("overridden")).json.outputs[0].data).toEqual([2, 4, 6, 8]);
+  });
+
   it("closes a stage that loaded but failed its warmup", async () => {
     // A self-contained model.js: loads, then fails its readiness check; close() leaves a marker file.
     const marker = join(repo, "cold", "1", "closed");

@@ -3,6 +3,7 @@
  * text-format parser.
  */
 import { readFile } from "node:fs/promises";
+import { fromJson, type JsonValue } from "@bufbuild/protobuf";
 import { fromText } from "@bufbuild/protobuf/txtpb";
 import { type ModelConfig, ModelConfigSchema } from "./gen/model_config_pb.js";
 
@@ -68,4 +69,24 @@ export function parseModelConfig(text: string, path = "config.pbtxt"): ModelConf
 /** Reads and parses a config.pbtxt file. */
 export async function loadModelConfig(path: string): Promise<ModelConfig> {
   return parseModelConfig(await readFile(path, "utf8"), path);
+}
+
+/**
+ * Parses a model config in Triton's JSON form, as a load request's "config"
+ * parameter carries it and GET .../config answers it (snake_case or
+ * camelCase fields, int64 as numbers or strings). Throws an Error naming
+ * `source` and what is wrong.
+ */
+export function parseModelConfigJson(text: string, source = "config"): ModelConfig {
+  let json: JsonValue;
+  try {
+    json = JSON.parse(text) as JsonValue;
+  } catch (err) {
+    throw new Error(`${source} is not JSON: ${(err as Error).message}`);
+  }
+  try {
+    return fromJson(ModelConfigSchema, json);
+  } catch (err) {
+    throw new Error(`${source} is not a model config: ${(err as Error).message}`);
+  }
 }

@@ -8,6 +8,7 @@ import {
   ModelConfigError,
   ModelInstanceGroup_Kind,
   ModelQueuePolicy_TimeoutAction,
+  parseModelConfigJson,
 } from "../src/index.js";
 
 const repo = join(import.meta.dirname, "../../../models");
@@ -115,5 +116,42 @@ describe("malformed config.pbtxt", () => {
     expect(err).toBeInstanceOf(ModelConfigError);
     expect(err.line).toBeGreaterThanOrEqual(3);
     expect(err.reason).toMatch(/end of input/);
+  });
+});
+
+describe("parseModelConfigJson (a load request's 'config' parameter)", () => {
+  it("reads Triton's JSON form (snake_case, int64 as numbers) and protobuf's (camelCase, int64 as strings) alike", () => {
+    const triton = parseModelConfigJson(
+      JSON.stringify({
+        name: "m",
+        max_batch_size: 8,
+        input: [{ name: "x", data_type: "TYPE_FP32", dims: [3, 224, 224] }],
+        dynamic_batching: { max_queue_delay_microseconds: 100 },
+        parameters: { scale: { string_value: "2" } },
+      }),
+    );
+    const camel = parseModelConfigJson(
+      JSON.stringify({
+        name: "m",
+        maxBatchSize: 8,
+        input: [{ name: "x", dataType: "TYPE_FP32", dims: ["3", "224", "224"] }],
+        dynamicBatching: { maxQueueDelayMicroseconds: "100" },
+        parameters: { scale: { stringValue: "2" } },
+      }),
+    );
+    expect(triton).toEqual(camel);
+    expect(triton.input[0]?.dims).toEqual([3n, 224n, 224n]);
+    expect(triton.schedulingChoice).toMatchObject({
+      case: "dynamicBatching",
+      value: { maxQueueDelayMicroseconds: 100n },
+    });
+  });
+
+  it("names the source and the fault", () => {
+    expect(() => parseModelConfigJson("{nope", "the config")).toThrow(/^the config is not JSON: /);
+    expect(() => parseModelConfigJson('{"max_batch_size": "many"}', "the config")).toThrow(
+      /^the config is not a model config: .*max_batch_size/,
+    );
+    expect(() => parseModelConfigJson('{"no_such_field": 1}', "the config")).toThrow(/no_such_field/);
   });
 });

@@ -43,7 +43,13 @@ export {
   unavailable,
 } from "./errors.js";
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
-export { type ModelIndexEntry, type ModelRegistry, type ModelRepositoryControl, stageRegistry } from "./registry.js";
+export {
+  type ModelIndexEntry,
+  type ModelLoadOptions,
+  type ModelRegistry,
+  type ModelRepositoryControl,
+  stageRegistry,
+} from "./registry.js";
 export {
   createGrpcServer,
   DEFAULT_GRPC_MAX_INPUT_BYTES,

@@ -15,9 +15,14 @@ export interface ModelIndexEntry {
   reason: string;
 }
 
+export interface ModelLoadOptions {
+  /** A model config in Triton's JSON form to load with instead of the repository's config.pbtxt. */
+  config?: string;
+}
+
 export interface ModelRepositoryControl {
   index(readyOnly: boolean): ModelIndexEntry[] | Promise<ModelIndexEntry[]>;
-  load(name: string): Promise<void>;
+  load(name: string, options?: ModelLoadOptions): Promise<void>;
   unload(name: string): Promise<void>;
 }
 

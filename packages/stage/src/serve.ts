@@ -18,6 +18,7 @@ import {
   ModelConfigResponseSchema,
   type ModelInferRequest,
   type ModelInferResponse,
+  type ModelRepositoryParameter,
   type ModelStatistics,
   ModelStatisticsResponseSchema,
   ModelStreamInferResponseSchema,
@@ -31,7 +32,7 @@ import {
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
 import { grpcModelInferHandler } from "./grpc-model-infer.js";
-import { type ModelRegistry, stageRegistry } from "./registry.js";
+import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
 import type { InferOptions, Stage } from "./stage.js";
 import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
 
@@ -133,7 +134,7 @@ export function inferenceService(
         models: (await repo().index(req.ready)).map((m) => create(RepositoryIndexResponse_ModelIndexSchema, m)),
       }),
     repositoryModelLoad: async (req) => {
-      await repo().load(req.modelName);
+      await repo().load(req.modelName, loadOptions(req.parameters));
       return {};
     },
     repositoryModelUnload: async (req) => {
@@ -153,6 +154,27 @@ export function inferenceService(
     traceSetting: () => create(TraceSettingResponseSchema),
     logSettings: () => create(LogSettingsResponseSchema),
   };
+}
+
+/** A load request's parameters: "config" (a JSON model config) is honoured; Triton's file overrides are not. */
+function loadOptions(parameters: { [key: string]: ModelRepositoryParameter }): ModelLoadOptions {
+  const options: ModelLoadOptions = {};
+  for (const [key, value] of Object.entries(parameters)) {
+    if (key.startsWith("file:")) {
+      throw new StageError(Code.Unimplemented, "", `loading with file overrides (${key}) is not supported`);
+    }
+    if (key === "config") {
+      if (value.parameterChoice.case !== "stringParam") {
+        throw new StageError(
+          Code.InvalidArgument,
+          "",
+          "load parameter 'config' must be a string (the model config as JSON)",
+        );
+      }
+      options.config = value.parameterChoice.value;
+    }
+  }
+  return options;
 }
 
 export function healthService(registry: ModelRegistry): Partial<ServiceImpl<typeof Health>> {
