@@ -9,10 +9,13 @@ import { constants, deflate, gunzip, gzip, inflate, inflateRaw, type ZlibOptions
 import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelStatisticsSchema } from "@trellis/protocol";
 import {
+  answerLogSettings,
   Code,
   type InferOptions,
   type InferRequest,
   isZlibWrapped,
+  type LogSettings,
+  type LogSettingsControl,
   type ModelRegistry,
   type Parameters,
   type RequestedOutput,
@@ -37,6 +40,8 @@ export interface RestContext {
   logger: { debug(obj: object, msg?: string): void };
   /** Largest request body accepted (default DEFAULT_HTTP_MAX_INPUT_BYTES). */
   maxInputBytes?: number;
+  /** The logging extension (/v2/logging); without it the route answers 501. */
+  logSettings?: LogSettingsControl;
 }
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -249,6 +254,14 @@ export function restHandler(ctx: RestContext) {
         ? await registry.isReady()
         : (await Promise.all(registry.list().map((s) => s.isReady()))).every(Boolean);
       return sendEmpty(res, ready ? 200 : 400);
+    }
+    if (path === "/v2/logging") {
+      if (req.method !== "GET") requireMethod(req, "POST");
+      const changes = req.method === "POST" ? parseJson(await readBody(req, maxInputBytes), "log settings") : {};
+      if (!changes || typeof changes !== "object" || Array.isArray(changes)) {
+        throw new StageError(Code.InvalidArgument, "", "log settings must be a JSON object");
+      }
+      return sendJson(res, 200, answerLogSettings(ctx.logSettings, changes as LogSettings));
     }
     if (path === "/v2/models/stats") {
       requireMethod(req, "GET");

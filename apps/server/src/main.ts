@@ -11,6 +11,7 @@ import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
+import { pinoLogSettings } from "./logging.js";
 import { type ControlMode, RepositoryManager } from "./repository.js";
 import { SERVER_VERSION, startServer } from "./server.js";
 
@@ -99,7 +100,11 @@ const program = new Command("trellis-server")
     seconds,
     30,
   )
-  .option("--log-verbose [level]", "verbose (debug) logging", false)
+  .option(
+    "--log-verbose [level]",
+    "verbose (debug) logging: level > 0 (1 when given without one); changeable at run time through /v2/logging",
+    false,
+  )
   .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start");
 
 interface Flags {
@@ -122,8 +127,10 @@ interface Flags {
 
 async function main(): Promise<void> {
   const flags = program.parse().opts<Flags>();
-  const verbose = flags.logVerbose !== false && flags.logVerbose !== "0";
-  const logger = pino({ level: verbose ? "debug" : "info", base: { pid: process.pid } });
+  // --log-verbose alone is level 1, as tritonserver's; --log-verbose 0 is off.
+  const verboseLevel = flags.logVerbose === true ? 1 : Number(flags.logVerbose) || 0;
+  const logger = pino({ base: { pid: process.pid } });
+  const logSettings = pinoLogSettings(logger, verboseLevel);
   const repositories = flags.modelRepository.map((r) => resolve(r));
 
   if (flags.fetchModels) await ensureSeedModels(repositories, logger);
@@ -147,6 +154,7 @@ async function main(): Promise<void> {
     httpMaxInputBytes: flags.httpMaxInputSize,
     grpcMaxInputBytes: flags.grpcMaxInputSize,
     logger,
+    logSettings,
   });
 
   let shuttingDown = false;

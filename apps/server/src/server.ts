@@ -8,7 +8,7 @@ import http from "node:http";
 import type http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { createGrpcServer, SERVER_COMPRESSION, serveStage } from "@trellis/stage";
+import { createGrpcServer, type LogSettingsControl, SERVER_COMPRESSION, serveStage } from "@trellis/stage";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
@@ -25,6 +25,7 @@ export const EXTENSIONS = [
   "schedule_policy",
   "statistics",
   "binary_tensor_data",
+  "logging",
 ];
 
 export interface Logger {
@@ -44,6 +45,8 @@ export interface ServerOptions {
   /** Largest gRPC request message accepted on the gRPC port; default 2^31 - 1 bytes, Triton's gRPC cap. */
   grpcMaxInputBytes?: number;
   logger: Logger;
+  /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
+  logSettings?: LogSettingsControl;
 }
 
 export interface RunningServer {
@@ -77,7 +80,12 @@ function listen(server: http.Server | http2.Http2Server, port: number, host: str
 
 export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
   const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
-  const serveOptions = { serverName: SERVER_NAME, serverVersion: SERVER_VERSION, extensions: EXTENSIONS };
+  const serveOptions = {
+    serverName: SERVER_NAME,
+    serverVersion: SERVER_VERSION,
+    extensions: EXTENSIONS,
+    logSettings: options.logSettings,
+  };
   const routes = serveStage(manager, serveOptions);
   let active = 0;
   let stopping = false;
@@ -110,6 +118,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     extensions: EXTENSIONS,
     logger,
     maxInputBytes: options.httpMaxInputBytes,
+    logSettings: options.logSettings,
   });
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
   const httpServer = http.createServer(

@@ -6,7 +6,7 @@
 
 import { deflateRawSync, deflateSync, gunzipSync, gzipSync, inflateSync } from "node:zlib";
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
+import { Code, type ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import {
@@ -34,6 +34,12 @@ import {
 
 let repo: string;
 let server: ServerProcess;
+
+/** Polls `check` (the server's own log, read as it arrives) until it holds. */
+async function until(check: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !check(); i++) await new Promise((r) => setTimeout(r, 10));
+  expect(check()).toBe(true);
+}
 
 const f32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
 
@@ -435,6 +441,56 @@ describe("gRPC", () => {
 
     const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
     expect((await health.check({ service: "" })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+  });
+
+  it("reads and changes the log settings over HTTP and gRPC (logging extension); verbose turns debug lines on", async () => {
+    const defaults = {
+      log_file: "",
+      log_info: true,
+      log_warning: true,
+      log_error: true,
+      log_verbose_level: 0,
+      log_format: "default",
+    };
+    expect(await jsonOf(await fetch(`${server.http}/v2/logging`))).toEqual(defaults);
+    expect((await jsonOf(await fetch(`${server.http}/v2`))).extensions).toContain("logging");
+    const debugLines = () => server.logs.filter((l) => l.msg === "request failed" && l.url === "/v2/nowhere").length;
+    await fetch(`${server.http}/v2/nowhere`);
+    expect(debugLines()).toBe(0);
+
+    const verbose = await postJson(`${server.http}/v2/logging`, { log_verbose_level: 1 });
+    expect(verbose).toEqual({ status: 200, json: { ...defaults, log_verbose_level: 1 } });
+    await fetch(`${server.http}/v2/nowhere`);
+    await until(() => debugLines() === 1);
+
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const read = await client.logSettings({});
+    expect(read.settings.log_verbose_level?.parameterChoice).toEqual({ case: "uint32Param", value: 1 });
+    expect(read.settings.log_info?.parameterChoice).toEqual({ case: "boolParam", value: true });
+    const quiet = await client.logSettings({
+      settings: { log_verbose_level: { parameterChoice: { case: "uint32Param", value: 0 } } },
+    });
+    expect(quiet.settings.log_verbose_level?.parameterChoice.value).toBe(0);
+    await fetch(`${server.http}/v2/nowhere`);
+    expect(debugLines()).toBe(1);
+
+    // Refused whole, naming the setting; nothing changes.
+    expect(await postJson(`${server.http}/v2/logging`, { log_verbose_level: 2, log_info: "yes" })).toEqual({
+      status: 400,
+      json: { error: `log setting 'log_info' must be a boolean, got "yes"` },
+    });
+    expect((await postJson(`${server.http}/v2/logging`, { log_level: 1 })).json.error).toMatch(
+      /^unknown log setting 'log_level' \(settings: log_file, log_info/,
+    );
+    expect(await postJson(`${server.http}/v2/logging`, { log_file: "/tmp/trellis.log" })).toEqual({
+      status: 501,
+      json: { error: "log_file is not supported: the server logs JSON lines to stdout" },
+    });
+    const grpcBad = await client
+      .logSettings({ settings: { log_format: { parameterChoice: { case: "stringParam", value: "ISO8601" } } } })
+      .catch((e: ConnectError) => e);
+    expect((grpcBad as ConnectError).code).toBe(Code.InvalidArgument);
+    expect(await jsonOf(await fetch(`${server.http}/v2/logging`))).toEqual(defaults);
   });
 
   it("serves @grpc/grpc-js with the proto loaded at runtime", async () => {

@@ -44,6 +44,12 @@ export {
 } from "./errors.js";
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
 export {
+  answerLogSettings,
+  type LogSettings,
+  type LogSettingsControl,
+  type LogSettingValue,
+} from "./log-settings.js";
+export {
   type ModelIndexEntry,
   type ModelLoadOptions,
   type ModelRegistry,

@@ -5,7 +5,7 @@
  */
 import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
-import { create } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import type { Compression } from "@connectrpc/connect/protocol";
 import { compressionBrotli, compressionGzip, connectNodeAdapter } from "@connectrpc/connect-node";
@@ -14,6 +14,7 @@ import {
   GRPCInferenceService,
   Health,
   HealthCheckResponseSchema,
+  type LogSettingsResponse_SettingValueSchema,
   LogSettingsResponseSchema,
   ModelConfigResponseSchema,
   type ModelInferRequest,
@@ -32,6 +33,7 @@ import {
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
 import { grpcModelInferHandler } from "./grpc-model-infer.js";
+import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
 import type { InferOptions, Stage } from "./stage.js";
 import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
@@ -40,6 +42,8 @@ export interface ServeOptions {
   serverName?: string;
   serverVersion?: string;
   extensions?: string[];
+  /** The logging extension's settings (LogSettings); without it the call answers UNIMPLEMENTED. */
+  logSettings?: LogSettingsControl;
 }
 
 const DEFAULT_EXTENSIONS = [
@@ -152,8 +156,24 @@ export function inferenceService(
     },
     cudaSharedMemoryUnregister: () => ({}),
     traceSetting: () => create(TraceSettingResponseSchema),
-    logSettings: () => create(LogSettingsResponseSchema),
+    logSettings: (req) => {
+      const changes = Object.fromEntries(
+        Object.entries(req.settings).flatMap(([k, v]) =>
+          v.parameterChoice.case === undefined ? [] : [[k, v.parameterChoice.value] as const],
+        ),
+      );
+      const settings = answerLogSettings(options.logSettings, changes);
+      return create(LogSettingsResponseSchema, {
+        settings: Object.fromEntries(Object.entries(settings).map(([k, v]) => [k, settingToWire(v)])),
+      });
+    },
   };
+}
+
+function settingToWire(v: LogSettingValue): MessageInitShape<typeof LogSettingsResponse_SettingValueSchema> {
+  if (typeof v === "boolean") return { parameterChoice: { case: "boolParam", value: v } };
+  if (typeof v === "number") return { parameterChoice: { case: "uint32Param", value: v } };
+  return { parameterChoice: { case: "stringParam", value: v } };
 }
 
 /** A load request's parameters: "config" (a JSON model config) is honoured; Triton's file overrides are not. */

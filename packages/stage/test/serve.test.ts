@@ -1,6 +1,8 @@
 import type http2 from "node:http2";
+import { ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
+import { GRPCInferenceService } from "@trellis/protocol";
 import { grpcJsInferenceClient, rejectionOf } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStage, grpcTransport, inMemoryTransport } from "../src/connect.js";
@@ -160,6 +162,12 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
     const err = (await remote.infer(bad).catch((e: unknown) => e)) as StageError;
     expect(err.code).toBe(Code.InvalidArgument);
     expect(err.rawMessage).toContain("input VALUES: FP32 shape [3,3] needs 36 bytes, got 24");
+  });
+
+  it("answers LogSettings UNIMPLEMENTED when served without log settings (a stage alone)", async () => {
+    const client = createClient(GRPCInferenceService, grpcTransport(server.url));
+    const err = await rejectionOf(client.logSettings({}), ConnectError);
+    expect([err.code, err.rawMessage]).toEqual([Code.Unimplemented, "log settings are not available on this server"]);
   });
 
   it("reports statistics that count the requests served", async () => {
