@@ -10,6 +10,7 @@ import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelStatisticsSchema } from "@trellis/protocol";
 import {
   answerLogSettings,
+  answerTraceSettings,
   Code,
   type InferOptions,
   type InferRequest,
@@ -19,7 +20,9 @@ import {
   type ModelRegistry,
   type Parameters,
   type RequestedOutput,
+  refuseSharedMemoryRegister,
   StageError,
+  sharedMemoryStatus,
   toConnectError,
 } from "@trellis/stage";
 import {
@@ -221,6 +224,8 @@ export function configToJson(config: ModelConfig): unknown {
 }
 
 const MODEL_ROUTE = /^\/v2\/models\/([^/]+)(?:\/versions\/([^/]+))?(?:\/(ready|config|stats|infer))?$/;
+const SHARED_MEMORY_ROUTE = /^\/v2\/(system|cuda)sharedmemory(?:\/region\/([^/]+))?\/(status|register|unregister)$/;
+const TRACE_ROUTE = /^\/v2\/(?:models\/[^/]+\/)?trace\/setting$/;
 const REPO_ROUTE = /^\/v2\/repository\/models\/([^/]+)\/(load|unload)$/;
 
 /** A request handler for the REST API; answers 404 for paths it does not know. */
@@ -262,6 +267,33 @@ export function restHandler(ctx: RestContext) {
         throw new StageError(Code.InvalidArgument, "", "log settings must be a JSON object");
       }
       return sendJson(res, 200, answerLogSettings(ctx.logSettings, changes as LogSettings));
+    }
+    const shm = SHARED_MEMORY_ROUTE.exec(path);
+    if (shm) {
+      const [, which, region = "", action] = shm;
+      const kind = which === "system" ? "system" : "CUDA";
+      if (action === "status") {
+        requireMethod(req, "GET");
+        return sendJson(res, 200, sharedMemoryStatus(kind, region));
+      }
+      requireMethod(req, "POST");
+      if (action === "register") {
+        if (!region) throw new HttpError(404, "Not Found");
+        refuseSharedMemoryRegister(kind);
+      }
+      return sendEmpty(res, 200);
+    }
+    if (TRACE_ROUTE.test(path)) {
+      if (req.method !== "GET") requireMethod(req, "POST");
+      const body = req.method === "POST" ? parseJson(await readBody(req, maxInputBytes), "trace settings") : {};
+      if (!body || typeof body !== "object" || Array.isArray(body)) {
+        throw new StageError(Code.InvalidArgument, "", "trace settings must be a JSON object");
+      }
+      // A value may be a string, a list of strings, or null (clear back to the global setting).
+      const changes = Object.fromEntries(
+        Object.entries(body).map(([k, v]) => [k, v === null ? [] : Array.isArray(v) ? v.map(String) : [String(v)]]),
+      );
+      return sendJson(res, 200, answerTraceSettings(changes));
     }
     if (path === "/v2/models/stats") {
       requireMethod(req, "GET");

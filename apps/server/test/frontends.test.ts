@@ -493,6 +493,51 @@ describe("gRPC", () => {
     expect(await jsonOf(await fetch(`${server.http}/v2/logging`))).toEqual(defaults);
   });
 
+  it("answers shared memory and tracing, which it lacks, as a Triton without them would: nothing there, changes refused", async () => {
+    // HTTP, as tritonclient.http's shm examples start: status, unregister all, then register.
+    for (const kind of ["system", "cuda"]) {
+      const base = `${server.http}/v2/${kind}sharedmemory`;
+      expect(await jsonOf(await fetch(`${base}/status`))).toEqual([]);
+      expect((await fetch(`${base}/unregister`, { method: "POST" })).status).toBe(200);
+      expect((await fetch(`${base}/region/input0/unregister`, { method: "POST" })).status).toBe(200);
+      const region = await fetch(`${base}/region/input0/status`);
+      expect(region.status).toBe(404);
+      expect((await jsonOf(region)).error).toMatch(/^Unable to find (system|CUDA) shared memory region: 'input0'$/);
+      const register = await postJson(`${base}/region/input0/register`, { key: "/input0", offset: 0, byte_size: 64 });
+      expect(register.status).toBe(501);
+      expect(register.json.error).toMatch(
+        /shared memory is not supported by this server: send tensors in the request$/,
+      );
+    }
+    expect(await jsonOf(await fetch(`${server.http}/v2/trace/setting`))).toEqual({ trace_level: ["OFF"] });
+    expect(await postJson(`${server.http}/v2/models/echo/trace/setting`, { trace_level: "OFF" })).toEqual({
+      status: 200,
+      json: { trace_level: ["OFF"] },
+    });
+    expect(await postJson(`${server.http}/v2/trace/setting`, { trace_level: ["TIMESTAMPS"], trace_rate: "1" })).toEqual(
+      {
+        status: 501,
+        json: { error: "tracing is not supported by this server (setting trace_level)" },
+      },
+    );
+
+    // gRPC: the same answers.
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    expect((await client.systemSharedMemoryStatus({})).regions).toEqual({});
+    await client.cudaSharedMemoryUnregister({ name: "input0" });
+    const notFound = await client.systemSharedMemoryStatus({ name: "input0" }).catch((e: ConnectError) => e);
+    expect((notFound as ConnectError).code).toBe(Code.NotFound);
+    const refused = await client
+      .systemSharedMemoryRegister({ name: "input0", key: "/input0", byteSize: 64n })
+      .catch((e: ConnectError) => e);
+    expect((refused as ConnectError).code).toBe(Code.Unimplemented);
+    expect((await client.traceSetting({})).settings.trace_level?.value).toEqual(["OFF"]);
+    const tracing = await client
+      .traceSetting({ settings: { trace_level: { value: ["TIMESTAMPS"] } } })
+      .catch((e: ConnectError) => e);
+    expect((tracing as ConnectError).code).toBe(Code.Unimplemented);
+  });
+
   it("serves @grpc/grpc-js with the proto loaded at runtime", async () => {
     const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
     const res = await client.modelInfer({

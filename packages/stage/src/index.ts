@@ -92,6 +92,13 @@ export { type ExecutionTimes, nowNs, StatisticsRecorder } from "./statistics.js"
 export * from "./tensor.js";
 export { describeTransportError, isConnectionLost, neverSent } from "./transport-errors.js";
 export {
+  answerTraceSettings,
+  refuseSharedMemoryRegister,
+  type SharedMemoryKind,
+  sharedMemoryStatus,
+  TRACE_SETTINGS,
+} from "./unsupported.js";
+export {
   datatypeFromConfig,
   datatypeToConfig,
   inferRequestFromWire,

@@ -36,6 +36,7 @@ import { grpcModelInferHandler } from "./grpc-model-infer.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
 import type { InferOptions, Stage } from "./stage.js";
+import { answerTraceSettings, refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
 
 export interface ServeOptions {
@@ -145,17 +146,26 @@ export function inferenceService(
       await repo().unload(req.modelName);
       return {};
     },
-    systemSharedMemoryStatus: () => create(SystemSharedMemoryStatusResponseSchema),
-    cudaSharedMemoryStatus: () => create(CudaSharedMemoryStatusResponseSchema),
-    systemSharedMemoryRegister: () => {
-      throw new StageError(Code.Unimplemented, "", "system shared memory is not supported");
+    systemSharedMemoryStatus: (req) => {
+      sharedMemoryStatus("system", req.name);
+      return create(SystemSharedMemoryStatusResponseSchema);
     },
+    cudaSharedMemoryStatus: (req) => {
+      sharedMemoryStatus("CUDA", req.name);
+      return create(CudaSharedMemoryStatusResponseSchema);
+    },
+    systemSharedMemoryRegister: () => refuseSharedMemoryRegister("system"),
     systemSharedMemoryUnregister: () => ({}),
-    cudaSharedMemoryRegister: () => {
-      throw new StageError(Code.Unimplemented, "", "CUDA shared memory is not supported");
-    },
+    cudaSharedMemoryRegister: () => refuseSharedMemoryRegister("CUDA"),
     cudaSharedMemoryUnregister: () => ({}),
-    traceSetting: () => create(TraceSettingResponseSchema),
+    traceSetting: (req) => {
+      const settings = answerTraceSettings(
+        Object.fromEntries(Object.entries(req.settings).map(([k, v]) => [k, v.value])),
+      );
+      return create(TraceSettingResponseSchema, {
+        settings: Object.fromEntries(Object.entries(settings).map(([k, value]) => [k, { value }])),
+      });
+    },
     logSettings: (req) => {
       const changes = Object.fromEntries(
         Object.entries(req.settings).flatMap(([k, v]) =>
