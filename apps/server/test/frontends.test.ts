@@ -13,6 +13,7 @@ import {
   GRPCInferenceService,
   Health,
   HealthCheckResponse_ServingStatus,
+  InferParameterSchema,
   ModelInferRequestSchema,
 } from "@trellis/protocol";
 import { grpcJsInferenceClient, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
@@ -536,6 +537,30 @@ describe("gRPC", () => {
       .traceSetting({ settings: { trace_level: { value: ["TIMESTAMPS"] } } })
       .catch((e: ConnectError) => e);
     expect((tracing as ConnectError).code).toBe(Code.Unimplemented);
+  });
+
+  it("runs the requests of one ModelStreamInfer stream at once, answering each as it completes, as Triton does", async () => {
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const held = (model: string, id: string, delayMs: number) => {
+      const r = request(model, "INPUT", [[1, 2, 3, 4]]);
+      r.id = id;
+      r.parameters.delay_ms = create(InferParameterSchema, {
+        parameterChoice: { case: "int64Param", value: BigInt(delayMs) },
+      });
+      return r;
+    };
+    async function* requests() {
+      yield held("echo", "slow", 600);
+      yield held("echo", "fast", 0);
+      yield held("nope", "bad", 0);
+    }
+    const answers: string[] = [];
+    for await (const r of client.modelStreamInfer(requests())) {
+      answers.push(r.errorMessage ? `${r.inferResponse?.id}: ${r.errorMessage}` : `${r.inferResponse?.id}`);
+    }
+    // One at a time, "slow" would hold the others back 600 ms and come first.
+    expect(answers.at(-1)).toBe("slow");
+    expect(answers.slice(0, 2).sort()).toEqual(["bad: Request for unknown model: 'nope' is not found", "fast"]);
   });
 
   it("serves @grpc/grpc-js with the proto loaded at runtime", async () => {

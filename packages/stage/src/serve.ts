@@ -22,6 +22,7 @@ import {
   type ModelRepositoryParameter,
   type ModelStatistics,
   ModelStatisticsResponseSchema,
+  type ModelStreamInferResponse,
   ModelStreamInferResponseSchema,
   RepositoryIndexResponse_ModelIndexSchema,
   RepositoryIndexResponseSchema,
@@ -118,16 +119,55 @@ export function inferenceService(
     modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
     modelConfig: (req) => create(ModelConfigResponseSchema, { config: registry.resolve(req.name, req.version).config }),
     modelInfer: (msg, ctx) => handleModelInfer(registry, msg, ctx.signal),
+    // As Triton does: every request on the stream runs as soon as it arrives (so they can
+    // batch together), and each is answered as it completes, in completion order; a failed
+    // one is answered with its error (and its id) and the stream goes on.
     async *modelStreamInfer(requests, ctx) {
-      for await (const msg of requests) {
+      const answered: ModelStreamInferResponse[] = [];
+      let running = 0;
+      let inputEnded = false;
+      let inputError: unknown;
+      let wake: (() => void) | undefined;
+      const answer = (response: ModelStreamInferResponse) => {
+        running--;
+        answered.push(response);
+        wake?.();
+      };
+      void (async () => {
         try {
-          yield create(ModelStreamInferResponseSchema, {
-            inferResponse: await handleModelInfer(registry, msg, ctx.signal),
-          });
+          for await (const msg of requests) {
+            running++;
+            handleModelInfer(registry, msg, ctx.signal).then(
+              (inferResponse) => answer(create(ModelStreamInferResponseSchema, { inferResponse })),
+              (err) =>
+                answer(
+                  create(ModelStreamInferResponseSchema, {
+                    errorMessage: toConnectError(err).rawMessage,
+                    inferResponse: { id: msg.id, modelName: msg.modelName, modelVersion: msg.modelVersion },
+                  }),
+                ),
+            );
+          }
         } catch (err) {
-          yield create(ModelStreamInferResponseSchema, { errorMessage: toConnectError(err).rawMessage });
+          inputError = err;
+        } finally {
+          inputEnded = true;
+          wake?.();
         }
+      })();
+      for (;;) {
+        const next = answered.shift();
+        if (next) {
+          yield next;
+          continue;
+        }
+        if (inputEnded && running === 0) break;
+        await new Promise<void>((resolve) => {
+          wake = resolve;
+        });
+        wake = undefined;
       }
+      if (inputError) throw inputError;
     },
     modelStatistics: async (req) => {
       const stages = req.name ? [registry.resolve(req.name, req.version)] : registry.list();
