@@ -91,3 +91,35 @@ describe("FP32 <-> FP16", () => {
     }
   });
 });
+
+describe("float32ArrayToFloat16 (the fast loop)", () => {
+  it("gives float32ToFloat16Bits' bits for every exponent, sign, NaN payload and rounding case", () => {
+    let seed = 777;
+    const next = () => {
+      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+      return seed;
+    };
+    // Every exponent with random mantissas, plus the boundaries of each branch.
+    const bits: number[] = [];
+    for (let e = 0; e < 256; e++) {
+      for (let k = 0; k < 2000; k++)
+        bits.push(((next() & 1) << 31) | (e << 23) | ((next() ^ (next() << 9)) & 0x7fffff));
+    }
+    for (const b of [
+      0, 0x38800000, 0x387fffff, 0x47800000, 0x477fffff, 0x477fe000, 0x477ff000, 0x7f800000, 0x7f800001, 0x7fc00000,
+      0x7fffffff,
+    ]) {
+      bits.push(b, (b | 0x80000000) >>> 0);
+    }
+    const xs = new Float32Array(Uint32Array.from(bits, (b) => b >>> 0).buffer);
+    const fast = float32ArrayToFloat16(xs);
+    for (let i = 0; i < xs.length; i++) {
+      const want = float32ToFloat16Bits(xs[i] as number);
+      if (fast[i] !== want) {
+        expect.fail(
+          `0x${((bits[i] as number) >>> 0).toString(16)}: 0x${(fast[i] as number).toString(16)}, want 0x${want.toString(16)}`,
+        );
+      }
+    }
+  });
+});
