@@ -13,7 +13,7 @@ import {
   type ModelInferResponse,
   ModelInferResponseSchema,
 } from "@trellis/protocol";
-import { frameBytes } from "@trellis/stage";
+import { frameBytes, tensorFromRaw } from "@trellis/stage";
 import {
   makeSeedRepository,
   type PythonGrpcCall,
@@ -52,15 +52,15 @@ const infer = (request: ModelInferRequest, extra: Partial<PythonGrpcCall> = {}):
 const inferResponse = (json: JsonObject | undefined): ModelInferResponse =>
   fromJson(ModelInferResponseSchema, json ?? null);
 
-/** The OUTPUT_RESULTS strings of an ensemble response. */
+/** The OUTPUT_RESULTS strings of an ensemble response, read with our own BYTES codec. */
 function answers(res: ModelInferResponse): string[] {
-  const raw = res.rawOutputContents[0] as Uint8Array;
-  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
-  const out: string[] = [];
-  for (let off = 0; off < raw.byteLength; off += 4 + view.getUint32(off, true)) {
-    out.push(decoder.decode(raw.subarray(off + 4, off + 4 + view.getUint32(off, true))));
-  }
-  return out;
+  const [output] = res.outputs;
+  const tensor = tensorFromRaw(
+    "output",
+    { name: output?.name ?? "", datatype: output?.datatype ?? "", shape: (output?.shape ?? []).map(Number) },
+    res.rawOutputContents[0] as Uint8Array,
+  );
+  return (tensor.data as Uint8Array[]).map((b) => decoder.decode(b));
 }
 
 const top1 = (answer: string) => (JSON.parse(answer) as { top5_labels: string[] }).top5_labels[0];
