@@ -3,9 +3,10 @@
  * trellis server: serves a Triton-layout model repository over KServe v2
  * gRPC and HTTP/REST, with Prometheus metrics, like `tritonserver`.
  */
+import { readFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import v8 from "node:v8";
-import { DEFAULT_GRPC_MAX_INPUT_BYTES } from "@trellis/stage";
+import { DEFAULT_GRPC_MAX_INPUT_BYTES, type GrpcServerTlsOptions, type GrpcTlsOptions } from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
@@ -30,6 +31,13 @@ const positiveSeconds = (v: string) => {
   const n = seconds(v);
   if (n === 0) throw new InvalidArgumentError("a number of seconds greater than 0");
   return n;
+};
+/** A boolean flag that also takes an explicit value, as tritonserver's do (--flag, --flag true, --flag false). */
+const flag = (v: string) => {
+  const value = v.toLowerCase();
+  if (["true", "1", "yes", "on"].includes(value)) return true;
+  if (["false", "0", "no", "off"].includes(value)) return false;
+  throw new InvalidArgumentError("true or false");
 };
 const bytes = (v: string) => {
   const n = Number(v);
@@ -87,13 +95,29 @@ const program = new Command("trellis-server")
   .option(
     "--strict-model-config [bool]",
     "require a complete config.pbtxt (no filling in from the model file)",
-    (v: string) => v !== "false",
+    flag,
     false,
   )
   .option(
     "--endpoints <file>",
     'JSON file mapping model names to KServe v2 gRPC URLs ({"resnet50_preprocess": "http://host:8001"}); ensemble steps listed there are called remotely instead of loaded',
   )
+  .option("--grpc-use-ssl [bool]", "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)", flag, false)
+  .option(
+    "--grpc-use-ssl-mutual [bool]",
+    "serve gRPC over mutual TLS: clients must present a certificate that chains to --grpc-root-cert (implies --grpc-use-ssl)",
+    flag,
+    false,
+  )
+  .option("--grpc-server-cert <path>", "PEM certificate (chain) the gRPC port presents")
+  .option("--grpc-server-key <path>", "PEM private key of --grpc-server-cert")
+  .option("--grpc-root-cert <path>", "PEM CA certificate(s) client certificates must chain to (mutual TLS)")
+  .option(
+    "--endpoints-root-cert <path>",
+    "PEM CA certificate(s) to trust for https:// --endpoints (default: the system's)",
+  )
+  .option("--endpoints-client-cert <path>", "PEM client certificate for https:// --endpoints that require mutual TLS")
+  .option("--endpoints-client-key <path>", "PEM private key of --endpoints-client-cert")
   .option(
     "--exit-timeout-secs <secs>",
     "on SIGINT/SIGTERM, how long in-flight requests may take to finish",
@@ -122,7 +146,54 @@ interface Flags {
   endpoints?: string;
   exitTimeoutSecs: number;
   logVerbose: boolean | string;
+  grpcUseSsl: boolean;
+  grpcUseSslMutual: boolean;
+  grpcServerCert?: string;
+  grpcServerKey?: string;
+  grpcRootCert?: string;
+  endpointsRootCert?: string;
+  endpointsClientCert?: string;
+  endpointsClientKey?: string;
   fetchModels: boolean;
+}
+
+/** A bad flag or flag file: printed as one line, without a stack. */
+class UsageError extends Error {}
+
+/** The gRPC port's TLS settings from the flags, or undefined for cleartext; a missing file or flag is a startup error. */
+async function grpcTls(flags: Flags): Promise<GrpcServerTlsOptions | undefined> {
+  if (!flags.grpcUseSsl && !flags.grpcUseSslMutual) return undefined;
+  const read = async (option: string, path: string | undefined) => {
+    if (!path)
+      throw new UsageError(`${option} is required with --grpc-use-ssl${flags.grpcUseSslMutual ? "-mutual" : ""}`);
+    return readFile(resolve(path)).catch((err: Error) => {
+      throw new UsageError(`${option} ${path}: ${err.message}`);
+    });
+  };
+  return {
+    cert: await read("--grpc-server-cert", flags.grpcServerCert),
+    key: await read("--grpc-server-key", flags.grpcServerKey),
+    ...(flags.grpcUseSslMutual
+      ? { ca: await read("--grpc-root-cert", flags.grpcRootCert), requireClientCert: true }
+      : {}),
+  };
+}
+
+/** TLS for https:// --endpoints from the flags (undefined: the system's CAs, no client certificate). */
+async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
+  const { endpointsRootCert: ca, endpointsClientCert: cert, endpointsClientKey: key } = flags;
+  if (!ca && !cert && !key) return undefined;
+  if (!cert !== !key) throw new UsageError("--endpoints-client-cert and --endpoints-client-key go together");
+  const read = (option: string, path: string) =>
+    readFile(resolve(path)).catch((err: Error) => {
+      throw new UsageError(`${option} ${path}: ${err.message}`);
+    });
+  return {
+    ...(ca ? { ca: await read("--endpoints-root-cert", ca) } : {}),
+    ...(cert && key
+      ? { cert: await read("--endpoints-client-cert", cert), key: await read("--endpoints-client-key", key) }
+      : {}),
+  };
 }
 
 async function main(): Promise<void> {
@@ -138,7 +209,7 @@ async function main(): Promise<void> {
 
   const manager = new RepositoryManager({
     repositories,
-    loader: await modelLoader(),
+    loader: modelLoader(await endpointsTls(flags)),
     mode: flags.modelControlMode,
     loadModels: flags.loadModel,
     strictModelConfig: flags.strictModelConfig,
@@ -155,6 +226,7 @@ async function main(): Promise<void> {
     grpcMaxInputBytes: flags.grpcMaxInputSize,
     logger,
     logSettings,
+    grpcTls: await grpcTls(flags),
   });
 
   let shuttingDown = false;
@@ -198,6 +270,6 @@ async function main(): Promise<void> {
 
 main().catch((err) => {
   // Before the logger exists (bad flags) commander has already printed; this is for everything after.
-  console.error(err instanceof Error ? err.stack : err);
+  console.error(err instanceof UsageError ? `trellis-server: ${err.message}` : err instanceof Error ? err.stack : err);
   process.exit(1);
 });

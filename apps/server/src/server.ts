@@ -8,7 +8,13 @@ import http from "node:http";
 import type http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { createGrpcServer, type LogSettingsControl, SERVER_COMPRESSION, serveStage } from "@trellis/stage";
+import {
+  createGrpcServer,
+  type GrpcServerTlsOptions,
+  type LogSettingsControl,
+  SERVER_COMPRESSION,
+  serveStage,
+} from "@trellis/stage";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
@@ -47,6 +53,8 @@ export interface ServerOptions {
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
+  /** Serve gRPC over TLS (tritonserver's --grpc-use-ssl); HTTP and metrics stay cleartext, as in Triton. */
+  grpcTls?: GrpcServerTlsOptions;
 }
 
 export interface RunningServer {
@@ -99,6 +107,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   const { server: grpc, sessions } = createGrpcServer(manager, {
     ...serveOptions,
     maxInputBytes: options.grpcMaxInputBytes,
+    tls: options.grpcTls,
   });
   grpc.on("session", (s) => {
     // A session opened while stopping gets GOAWAY straight away.
@@ -161,7 +170,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     httpPort: await listen(httpServer, httpPort, host),
     metricsPort: await listen(metricsServer, metricsPort, host),
   };
-  logger.info({ protocol: "grpc", host, port: ports.grpcPort }, "listening");
+  logger.info({ protocol: "grpc", host, port: ports.grpcPort, tls: options.grpcTls !== undefined }, "listening");
   logger.info({ protocol: "http", host, port: ports.httpPort }, "listening");
   logger.info({ protocol: "metrics", host, port: ports.metricsPort }, "listening");
 

@@ -10,6 +10,7 @@ import {
   type ConnectStageOptions,
   configParameter,
   connectStage,
+  type GrpcTlsOptions,
   grpcTransport,
   type Stage,
   StageError,
@@ -29,6 +30,8 @@ export interface LoadStageOptions {
   repositories?: string[];
   /** Model name -> KServe v2 gRPC base URL: that model is a remote stage. */
   endpoints?: Record<string, string>;
+  /** TLS for https:// endpoints: the CA to trust instead of the system's, a client certificate for mutual TLS. */
+  remoteTls?: GrpcTlsOptions;
   /** Default true; false lets the ONNX stage complete the config from the model. */
   strictModelConfig?: boolean;
   logger?: StageLogger;
@@ -45,10 +48,10 @@ const exists = async (path: string) => (await stat(path).catch(() => undefined))
  * the remote (connectStage does that), so callers can tell "that service
  * is down, retry" from a real error.
  */
-export async function connectRemote(name: string, url: string, version = ""): Promise<Stage> {
+export async function connectRemote(name: string, url: string, version = "", tls?: GrpcTlsOptions): Promise<Stage> {
   const options: ConnectStageOptions = { remoteLabel: url };
   if (version) options.version = version;
-  const transport = grpcTransport(url);
+  const transport = grpcTransport(url, tls ? { tls } : {});
   let stage: Stage;
   try {
     stage = await connectStage(transport, name, options);
@@ -124,7 +127,7 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   const { config } = model;
   const { version, logger } = options;
   const remote = options.endpoints?.[model.name];
-  if (remote) return connectRemote(model.name, remote);
+  if (remote) return connectRemote(model.name, remote, "", options.remoteTls);
 
   if (!model.versions.includes(version)) {
     throw new StageError(
@@ -190,7 +193,7 @@ function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions
     if (!stage) {
       stage = (async () => {
         const url = endpoints[name];
-        if (url) return connectRemote(name, url, version >= 0n ? String(version) : "");
+        if (url) return connectRemote(name, url, version >= 0n ? String(version) : "", options.remoteTls);
         scan ??= scanRepository(repositories);
         const { models, errors } = await scan;
         const model = models.find((m) => m.name === name);

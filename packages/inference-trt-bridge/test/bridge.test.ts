@@ -1,6 +1,5 @@
 import { readFileSync } from "node:fs";
 import http2, { type ServerHttp2Session } from "node:http2";
-import { join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { parseModelConfig } from "@trellis/protocol";
@@ -8,12 +7,13 @@ import {
   Code,
   float32ToFloat16Bits,
   type ListeningServer,
+  type ListenOptions,
   listenStage,
   type Stage,
   serveStage,
   tensor,
 } from "@trellis/stage";
-import { rejectionOf } from "@trellis/testing";
+import { rejectionOf, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { createStage, createTrtBridge } from "../src/index.js";
 import { scaleConfig, scaleStage } from "./fixtures/test-stage.mjs";
@@ -24,8 +24,8 @@ afterEach(async () => {
   for (const f of cleanup.splice(0).reverse()) await f();
 });
 
-async function serve(stage: Stage): Promise<ListeningServer> {
-  const server = await listenStage(stage);
+async function serve(stage: Stage, options: ListenOptions = {}): Promise<ListeningServer> {
+  const server = await listenStage(stage, options);
   cleanup.push(() => server.close());
   return server;
 }
@@ -171,12 +171,11 @@ ${extra}`);
 
   it("speaks TLS when given a CA", async () => {
     const remote = scaleStage(scaleConfig());
-    const key = readFileSync(join(import.meta.dirname, "fixtures", "tls-key.pem"));
-    const cert = readFileSync(join(import.meta.dirname, "fixtures", "tls-cert.pem"));
-    const server = http2.createSecureServer({ key, cert }, connectNodeAdapter({ routes: serveStage(remote) }));
-    const { port, close } = await listenH2(server);
-    cleanup.push(close);
-    const endpoint = `https://127.0.0.1:${port}`;
+    const key = readFileSync(TLS_KEY_PATH);
+    const cert = readFileSync(TLS_CERT_PATH);
+    const server = await serve(remote, { tls: { cert, key } });
+    const endpoint = server.url;
+    expect(endpoint).toMatch(/^https:/);
     const bridge = await createTrtBridge({ config: localConfig(), endpoint, modelName: "scale", tls: { ca: cert } });
     const res = await bridge.infer({ inputs: [batch(1)] });
     expect(Array.from(res.outputs[0]?.data as Float32Array)).toEqual([-2, -1.5, -1, -0.5]);

@@ -61,6 +61,7 @@ export {
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   type GrpcServer,
   type GrpcServerOptions,
+  type GrpcServerTlsOptions,
   HTTP2_SETTINGS,
   handleModelInfer,
   healthService,

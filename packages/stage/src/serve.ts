@@ -316,6 +316,18 @@ export interface GrpcServerOptions extends ServeOptions {
    * a larger one is refused with RESOURCE_EXHAUSTED before it is decoded.
    */
   maxInputBytes?: number;
+  /** Serve over TLS (h2) instead of cleartext HTTP/2. */
+  tls?: GrpcServerTlsOptions;
+}
+
+export interface GrpcServerTlsOptions {
+  /** The server's certificate chain and private key (PEM). */
+  cert: string | Buffer;
+  key: string | Buffer;
+  /** CA certificate(s) client certificates must chain to (mutual TLS). */
+  ca?: string | Buffer;
+  /** Refuse clients without a certificate that chains to `ca` (mutual TLS). Default false. */
+  requireClientCert?: boolean;
 }
 
 export interface ListenOptions extends GrpcServerOptions {
@@ -329,29 +341,29 @@ export interface ListeningServer {
   /** The bound port (useful with port 0). */
   port: number;
   host: string;
-  /** Base URL for createGrpcTransport. */
+  /** Base URL for createGrpcTransport: http://, or https:// with TLS. */
   url: string;
-  server: http2.Http2Server;
+  server: http2.Http2Server | http2.Http2SecureServer;
   /** Stops accepting and closes open sessions. */
   close(): Promise<void>;
 }
 
 export interface GrpcServer {
-  server: http2.Http2Server;
+  server: http2.Http2Server | http2.Http2SecureServer;
   /** The HTTP/2 sessions open right now (for GOAWAY at shutdown). */
   sessions: ReadonlySet<http2.ServerHttp2Session>;
 }
 
 /**
- * A cleartext HTTP/2 server for `target` (gRPC, gRPC-Web and Connect, as
- * serveStage), set up for tensor traffic: wide flow-control windows,
+ * An HTTP/2 server for `target` (gRPC, gRPC-Web and Connect, as serveStage;
+ * cleartext, or TLS with `tls`), set up for tensor traffic: wide flow-control windows,
  * uncompressed responses, requests over `maxInputBytes` refused with
  * RESOURCE_EXHAUSTED. Unary ModelInfer over gRPC takes a direct path
  * (see grpc-model-infer.ts); everything else goes through Connect.
  */
 export function createGrpcServer(
   target: Stage | ModelRegistry,
-  { maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, ...options }: GrpcServerOptions = {},
+  { maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, tls, ...options }: GrpcServerOptions = {},
 ): GrpcServer {
   const registry = asRegistry(target);
   const connect = connectNodeAdapter({
@@ -360,9 +372,22 @@ export function createGrpcServer(
     ...SERVER_COMPRESSION,
   });
   const modelInfer = grpcModelInferHandler((msg, signal) => handleModelInfer(registry, msg, signal), maxInputBytes);
-  const server = http2.createServer({ settings: HTTP2_SETTINGS }, (req, res) => {
+  const handle = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     if (!modelInfer(req, res)) connect(req, res);
-  });
+  };
+  const server = tls
+    ? http2.createSecureServer(
+        {
+          settings: HTTP2_SETTINGS,
+          cert: tls.cert,
+          key: tls.key,
+          ca: tls.ca,
+          requestCert: tls.requireClientCert ?? false,
+          rejectUnauthorized: tls.requireClientCert ?? false,
+        },
+        handle,
+      )
+    : http2.createServer({ settings: HTTP2_SETTINGS }, handle);
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on("session", (s) => {
     widenSessionWindow(s);
@@ -372,7 +397,7 @@ export function createGrpcServer(
   return { server, sessions };
 }
 
-/** Serves `target` over cleartext HTTP/2 (gRPC's transport) on host:port (0 = ephemeral). */
+/** Serves `target` over HTTP/2 (gRPC's transport; TLS with `tls`) on host:port (0 = ephemeral). */
 export async function listenStage(
   target: Stage | ModelRegistry,
   { host = "127.0.0.1", port = 0, ...options }: ListenOptions = {},
@@ -386,7 +411,7 @@ export async function listenStage(
   return {
     port: bound,
     host,
-    url: `http://${host.includes(":") ? `[${host}]` : host}:${bound}`,
+    url: `${options.tls ? "https" : "http"}://${host.includes(":") ? `[${host}]` : host}:${bound}`,
     server,
     close: () =>
       new Promise<void>((resolve) => {

@@ -1,9 +1,10 @@
+import { readFileSync } from "node:fs";
 import type http2 from "node:http2";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import { GRPCInferenceService } from "@trellis/protocol";
-import { grpcJsInferenceClient, rejectionOf } from "@trellis/testing";
+import { grpcJsInferenceClient, rejectionOf, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStage, grpcTransport, inMemoryTransport } from "../src/connect.js";
 import { Code, StageError } from "../src/errors.js";
@@ -179,6 +180,40 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
     expect(after.inferenceCount - before.inferenceCount).toBe(6n);
     expect(after.executionCount - before.executionCount).toBe(2n);
     expect((after.inferenceStats?.success?.count ?? 0n) - (before.inferenceStats?.success?.count ?? 0n)).toBe(2n);
+  });
+});
+
+describe("serveStage over TLS", () => {
+  const cert = readFileSync(TLS_CERT_PATH);
+  const key = readFileSync(TLS_KEY_PATH);
+
+  it("serves gRPC over TLS to a client that trusts the CA, and refuses one that does not", async () => {
+    const own = await listenStage(echoStage(), { tls: { cert, key } });
+    try {
+      expect(own.url).toMatch(/^https:\/\/127\.0\.0\.1:\d+$/);
+      const remote = await connectStage(grpcTransport(own.url, { tls: { ca: cert } }), "echo");
+      const res = await remote.infer(request());
+      expect(res.outputs.map((t) => t.name)).toEqual(["OUT_TEXT", "OUT_VALUES"]);
+      const untrusted = await rejectionOf(connectStage(grpcTransport(own.url), "echo"), ConnectError);
+      expect(untrusted.message).toMatch(/certificate/i);
+    } finally {
+      await own.close();
+    }
+  });
+
+  it("with requireClientCert, serves only clients presenting a certificate that chains to its CA", async () => {
+    const own = await listenStage(echoStage(), { tls: { cert, key, ca: cert, requireClientCert: true } });
+    try {
+      const withCert = await connectStage(grpcTransport(own.url, { tls: { ca: cert, cert, key } }), "echo");
+      expect((await withCert.infer(request())).outputs).toHaveLength(2);
+      const without = await rejectionOf(
+        connectStage(grpcTransport(own.url, { tls: { ca: cert } }), "echo").then((s) => s.infer(request())),
+        ConnectError,
+      );
+      expect(without.message).toMatch(/certificate required/);
+    } finally {
+      await own.close();
+    }
   });
 });
 

@@ -3,7 +3,7 @@
 inference.GRPCInferenceService with message classes built at run time from
 our own descriptors (a FileDescriptorSet the caller writes).
 
-  kserve_grpc.py DESCRIPTORS client ADDRESS  < calls.json  > results.json
+  kserve_grpc.py DESCRIPTORS client ADDRESS [--root-cert P [--cert P --key P]]  < calls.json  > results.json
   kserve_grpc.py DESCRIPTORS serve MODELS.json
       prints "listening PORT" and serves until stdin closes or SIGTERM;
       prints "cancelled ID" when a held call is cancelled.
@@ -50,9 +50,25 @@ def load_methods(path):
     return {m.name: (get_class(m.input_type), get_class(m.output_type), m.client_streaming) for m in service.methods}
 
 
-def run_client(methods, address):
+def open_channel(address, tls):
+    """Cleartext, or TLS when tls names a root certificate (and a client certificate and key, for mutual TLS)."""
+    if not tls:
+        return grpc.insecure_channel(address, options=OPTIONS)
+
+    def read(key):
+        path = tls.get(key)
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    credentials = grpc.ssl_channel_credentials(read("root_cert"), read("key"), read("cert"))
+    return grpc.secure_channel(address, credentials, options=OPTIONS)
+
+
+def run_client(methods, address, tls):
     results = []
-    with grpc.insecure_channel(address, options=OPTIONS) as channel:
+    with open_channel(address, tls) as channel:
         for call in json.load(sys.stdin):
             name = call["method"]
             request_type, response_type, streaming = methods[name]
@@ -216,9 +232,12 @@ def serve(methods, spec_path):
 
 def main():
     descriptors, mode, target = sys.argv[1:4]
+    # Client TLS: --root-cert PATH [--cert PATH --key PATH]
+    extra = sys.argv[4:]
+    tls = {extra[i].removeprefix("--").replace("-", "_"): extra[i + 1] for i in range(0, len(extra) - 1, 2)}
     methods = load_methods(descriptors)
     if mode == "client":
-        run_client(methods, target)
+        run_client(methods, target, tls)
     elif mode == "serve":
         serve(methods, target)
     else:

@@ -22,12 +22,15 @@ export {
   referenceDir,
   repoRoot,
   sharedDir,
+  TLS_CERT_PATH,
+  TLS_KEY_PATH,
   TRUNCATED_PHOTO,
 } from "./paths.js";
 export {
   findPythonGrpc,
   type PythonGrpcCall,
   type PythonGrpcResult,
+  type PythonGrpcTls,
   type PythonKServeModel,
   type PythonKServeServer,
   pythonGrpcCalls,

@@ -17,6 +17,13 @@ export const MOBILENET_PATH = join(sharedDir, "models", "mobilenetv2-12-int8.onn
 /** The 1000 ImageNet class names the seed's postprocess reads. */
 export const LABELS_PATH = join(sharedDir, "models", "imagenet_classes.txt");
 
+/**
+ * A self-signed certificate (CA:TRUE, for 127.0.0.1 and localhost, no usage limits) and its key,
+ * test-only: a TLS server's certificate, the CA a client trusts, and a client certificate alike.
+ */
+export const TLS_CERT_PATH = join(repoRoot, "packages", "testing", "fixtures", "tls-cert.pem");
+export const TLS_KEY_PATH = join(repoRoot, "packages", "testing", "fixtures", "tls-key.pem");
+
 /** A photo deliberately cut short: the one fixture that must fail to decode. */
 export const TRUNCATED_PHOTO = "truncated.jpg";
 

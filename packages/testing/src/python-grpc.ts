@@ -87,9 +87,27 @@ export interface PythonGrpcResult {
   error?: { code: string; details: string };
 }
 
-/** Makes `calls` in order on one grpcio channel to `address` ("host:port"). */
-export async function pythonGrpcCalls(address: string, calls: PythonGrpcCall[]): Promise<PythonGrpcResult[]> {
-  const child = spawn(python(), [SCRIPT, descriptorSet(), "client", address], { stdio: ["pipe", "pipe", "pipe"] });
+/** TLS for the grpcio channel: PEM file paths. */
+export interface PythonGrpcTls {
+  /** The CA to trust. */
+  rootCert: string;
+  /** A client certificate and its key, for mutual TLS. */
+  cert?: string;
+  key?: string;
+}
+
+/** Makes `calls` in order on one grpcio channel to `address` ("host:port"), cleartext or with `tls`. */
+export async function pythonGrpcCalls(
+  address: string,
+  calls: PythonGrpcCall[],
+  tls?: PythonGrpcTls,
+): Promise<PythonGrpcResult[]> {
+  const tlsArgs = tls
+    ? ["--root-cert", tls.rootCert, ...(tls.cert && tls.key ? ["--cert", tls.cert, "--key", tls.key] : [])]
+    : [];
+  const child = spawn(python(), [SCRIPT, descriptorSet(), "client", address, ...tlsArgs], {
+    stdio: ["pipe", "pipe", "pipe"],
+  });
   let stdout = "";
   let stderr = "";
   child.stdout.on("data", (d) => {

@@ -7,6 +7,7 @@ import { repoRoot } from "./paths.js";
 export interface ServerProcess {
   proc: ChildProcess;
   http: string;
+  /** http://, or https:// when the gRPC port serves TLS. */
   grpc: string;
   metrics: string;
   httpPort: number;
@@ -51,6 +52,7 @@ export async function startServerProcess(args: string[], options: ServerProcessO
   );
   const logs: Record<string, unknown>[] = [];
   const ports: Record<string, number> = {};
+  let grpcTls = false;
   let stderr = "";
   proc.stderr?.on("data", (d) => {
     stderr += String(d);
@@ -72,7 +74,10 @@ export async function startServerProcess(args: string[], options: ServerProcessO
         return;
       }
       logs.push(entry);
-      if (entry.msg === "listening") ports[entry.protocol as string] = entry.port as number;
+      if (entry.msg === "listening") {
+        ports[entry.protocol as string] = entry.port as number;
+        if (entry.protocol === "grpc") grpcTls = entry.tls === true;
+      }
       if (entry.msg === "server started") resolve();
     });
     exited.then((code) => reject(new Error(`server exited with ${code} before starting:\n${stderr}`)));
@@ -95,7 +100,7 @@ export async function startServerProcess(args: string[], options: ServerProcessO
     httpPort: ports.http as number,
     grpcPort: ports.grpc as number,
     http: `${host}:${ports.http}`,
-    grpc: `${host}:${ports.grpc}`,
+    grpc: `${grpcTls ? "https" : "http"}://127.0.0.1:${ports.grpc}`,
     metrics: `${host}:${ports.metrics}`,
     stop: async (signal = "SIGTERM") => {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
