@@ -165,7 +165,7 @@ function contentEncoding(req: IncomingMessage): "gzip" | "deflate" | undefined {
  * The coding to compress an inference response with, from Accept-Encoding (tritonclient.http's
  * response_compression_algorithm): gzip or deflate, the client's highest q first; none by default.
  */
-export function responseEncoding(accept: string | undefined): "gzip" | "deflate" | undefined {
+function responseEncoding(accept: string | undefined): "gzip" | "deflate" | undefined {
   let best: { coding: "gzip" | "deflate"; q: number } | undefined;
   for (const part of (accept ?? "").split(",")) {
     const [name = "", ...params] = part.split(";").map((x) => x.trim().toLowerCase());
