@@ -102,6 +102,9 @@ const program = new Command("trellis-server")
     "--endpoints <file>",
     'JSON file mapping model names to KServe v2 gRPC URLs ({"resnet50_preprocess": "http://host:8001"}); ensemble steps listed there are called remotely instead of loaded',
   )
+  .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
+  .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
+  .option("--allow-metrics [bool]", "open the metrics port", flag, true)
   .option("--grpc-use-ssl [bool]", "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)", flag, false)
   .option(
     "--grpc-use-ssl-mutual [bool]",
@@ -146,6 +149,9 @@ interface Flags {
   endpoints?: string;
   exitTimeoutSecs: number;
   logVerbose: boolean | string;
+  allowHttp: boolean;
+  allowGrpc: boolean;
+  allowMetrics: boolean;
   grpcUseSsl: boolean;
   grpcUseSslMutual: boolean;
   grpcServerCert?: string;
@@ -198,6 +204,9 @@ async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
 
 async function main(): Promise<void> {
   const flags = program.parse().opts<Flags>();
+  if (!flags.allowHttp && !flags.allowGrpc) {
+    throw new UsageError("nothing to serve: --allow-http and --allow-grpc are both false");
+  }
   // --log-verbose alone is level 1, as tritonserver's; --log-verbose 0 is off.
   const verboseLevel = flags.logVerbose === true ? 1 : Number(flags.logVerbose) || 0;
   const logger = pino({ base: { pid: process.pid } });
@@ -227,6 +236,7 @@ async function main(): Promise<void> {
     logger,
     logSettings,
     grpcTls: await grpcTls(flags),
+    allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
   });
 
   let shuttingDown = false;

@@ -55,12 +55,15 @@ export interface ServerOptions {
   logSettings?: LogSettingsControl;
   /** Serve gRPC over TLS (tritonserver's --grpc-use-ssl); HTTP and metrics stay cleartext, as in Triton. */
   grpcTls?: GrpcServerTlsOptions;
+  /** Which listeners to open (tritonserver's --allow-http / --allow-grpc / --allow-metrics); each default true. */
+  allow?: { http?: boolean; grpc?: boolean; metrics?: boolean };
 }
 
 export interface RunningServer {
-  httpPort: number;
-  grpcPort: number;
-  metricsPort: number;
+  /** The bound ports; undefined for a listener that is not allowed. */
+  httpPort?: number;
+  grpcPort?: number;
+  metricsPort?: number;
   /** Requests being served right now, over either protocol. */
   inflight(): number;
   /**
@@ -165,14 +168,18 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     res.end("Not Found");
   });
 
+  // A listener that is not allowed is never opened (closing it at shutdown is then a no-op).
+  const allow = { http: true, grpc: true, metrics: true, ...options.allow };
   const ports = {
-    grpcPort: await listen(grpc, grpcPort, host),
-    httpPort: await listen(httpServer, httpPort, host),
-    metricsPort: await listen(metricsServer, metricsPort, host),
+    grpcPort: allow.grpc ? await listen(grpc, grpcPort, host) : undefined,
+    httpPort: allow.http ? await listen(httpServer, httpPort, host) : undefined,
+    metricsPort: allow.metrics ? await listen(metricsServer, metricsPort, host) : undefined,
   };
-  logger.info({ protocol: "grpc", host, port: ports.grpcPort, tls: options.grpcTls !== undefined }, "listening");
-  logger.info({ protocol: "http", host, port: ports.httpPort }, "listening");
-  logger.info({ protocol: "metrics", host, port: ports.metricsPort }, "listening");
+  if (allow.grpc) {
+    logger.info({ protocol: "grpc", host, port: ports.grpcPort, tls: options.grpcTls !== undefined }, "listening");
+  }
+  if (allow.http) logger.info({ protocol: "http", host, port: ports.httpPort }, "listening");
+  if (allow.metrics) logger.info({ protocol: "metrics", host, port: ports.metricsPort }, "listening");
 
   const close = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
 

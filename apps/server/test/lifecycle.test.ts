@@ -479,3 +479,39 @@ describe("poll mode over two repositories", () => {
     expect(server.logs.some((l) => l.model === "echo" && l.msg === "model reloaded")).toBe(true);
   });
 });
+
+describe("which listeners open (--allow-http / --allow-grpc / --allow-metrics)", () => {
+  let repo: string;
+  beforeAll(async () => {
+    repo = await makeRepository({ echo: { config: echoConfig("echo") } });
+  });
+  afterAll(() => removeDir(repo));
+
+  it("opens only the allowed ports, and refuses to start with neither HTTP nor gRPC", async () => {
+    const server = await startServerProcess([
+      "--model-repository",
+      repo,
+      "--allow-http",
+      "false",
+      "--allow-metrics",
+      "false",
+    ]);
+    try {
+      const listening = server.logs.filter((l) => l.msg === "listening").map((l) => l.protocol);
+      expect(listening).toEqual(["grpc"]);
+      const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+      expect((await client.serverLive({})).live).toBe(true);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+    const none = await startServerProcess([
+      "--model-repository",
+      repo,
+      "--allow-http",
+      "false",
+      "--allow-grpc",
+      "false",
+    ]).catch((e: Error) => e);
+    expect(String(none)).toContain("trellis-server: nothing to serve: --allow-http and --allow-grpc are both false");
+  });
+});
