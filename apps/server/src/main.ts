@@ -6,7 +6,12 @@
 import { readFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import v8 from "node:v8";
-import { DEFAULT_GRPC_MAX_INPUT_BYTES, type GrpcServerTlsOptions, type GrpcTlsOptions } from "@trellis/stage";
+import {
+  DEFAULT_GRPC_MAX_INPUT_BYTES,
+  type GrpcServerTlsOptions,
+  type GrpcTlsOptions,
+  ResponseCache,
+} from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
@@ -102,6 +107,12 @@ const program = new Command("trellis-server")
     "--endpoints <file>",
     'JSON file mapping model names to KServe v2 gRPC URLs ({"resnet50_preprocess": "http://host:8001"}); ensemble steps listed there are called remotely instead of loaded',
   )
+  .option(
+    "--cache-config <cache,key=value>",
+    "response cache, as tritonserver's: local,size=<bytes> (models opt in with response_cache { enable: true }); repeatable",
+    collect,
+    [],
+  )
   .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
@@ -149,6 +160,7 @@ interface Flags {
   endpoints?: string;
   exitTimeoutSecs: number;
   logVerbose: boolean | string;
+  cacheConfig: string[];
   allowHttp: boolean;
   allowGrpc: boolean;
   allowMetrics: boolean;
@@ -183,6 +195,27 @@ async function grpcTls(flags: Flags): Promise<GrpcServerTlsOptions | undefined> 
       ? { ca: await read("--grpc-root-cert", flags.grpcRootCert), requireClientCert: true }
       : {}),
   };
+}
+
+/**
+ * The response cache from --cache-config (tritonserver's syntax: "<cache>,<key>=<value>",
+ * repeatable): only the local (in-process) cache, whose one setting is size in bytes.
+ */
+function responseCache(flags: Flags): ResponseCache | undefined {
+  let size: number | undefined;
+  for (const entry of flags.cacheConfig) {
+    const [cache, setting = ""] = entry.split(",", 2);
+    if (cache !== "local") {
+      throw new UsageError(`--cache-config ${entry}: only the local cache is supported ("local,size=<bytes>")`);
+    }
+    const [key, value] = setting.split("=", 2);
+    const n = Number(value);
+    if (key !== "size" || !Number.isSafeInteger(n) || n < 1) {
+      throw new UsageError(`--cache-config ${entry}: expected local,size=<bytes> with a whole number of bytes`);
+    }
+    size = n;
+  }
+  return size === undefined ? undefined : new ResponseCache(size);
 }
 
 /** TLS for https:// --endpoints from the flags (undefined: the system's CAs, no client certificate). */
@@ -223,6 +256,7 @@ async function main(): Promise<void> {
     loadModels: flags.loadModel,
     strictModelConfig: flags.strictModelConfig,
     endpoints,
+    responseCache: responseCache(flags),
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });

@@ -5,31 +5,50 @@
  * and implements Triton's classification extension, so HTTP and gRPC behave
  * the same without each stage knowing.
  */
-import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import { clone, create } from "@bufbuild/protobuf";
+import {
+  InferStatisticsSchema,
+  type ModelConfig,
+  type ModelStatistics,
+  ModelStatisticsSchema,
+  StatisticDurationSchema,
+} from "@trellis/protocol";
 import {
   Code,
   type InferOptions,
   type InferRequest,
   type InferResponse,
   type RequestedOutput,
+  type ResponseCache,
+  responseCacheKey,
   type Stage,
   StageError,
   type StageMetadata,
   type Tensor,
 } from "@trellis/stage";
 
+/** The response cache a model uses, and the scope its keys are made in (model, version, which load). */
+export interface ModelCache {
+  store: ResponseCache;
+  scope: string;
+}
+
 export class ManagedStage implements Stage {
   private inflightCount = 0;
   private idleWaiters: (() => void)[] = [];
+  private readonly cacheHits = { count: 0n, ns: 0n };
+  private readonly cacheMisses = { count: 0n, ns: 0n };
 
   /**
    * @param labels class labels per output name (from config `label_filename`), for classification.
+   * @param cache the response cache, when the server has one and the model's config enables it.
    */
   constructor(
     readonly inner: Stage,
     private readonly labels: ReadonlyMap<string, string[]> = new Map(),
     /** Every version of this model being served, for metadata (Triton lists them all). */
     private readonly versions?: () => string[],
+    private readonly cache?: ModelCache,
   ) {}
 
   get name(): string {
@@ -58,11 +77,45 @@ export class ManagedStage implements Stage {
     const versions = this.versions?.();
     return versions && versions.length > 0 ? { ...md, versions } : md;
   }
-  statistics(): ModelStatistics | Promise<ModelStatistics> {
-    return this.inner.statistics();
+  /**
+   * The inner stage's statistics, plus the cache's as Triton counts them: a hit is a
+   * successful request (and its time a success's), with no execution or inference behind it.
+   */
+  async statistics(): Promise<ModelStatistics> {
+    const inner = await this.inner.statistics();
+    if (!this.cache) return inner;
+    const s = clone(ModelStatisticsSchema, inner);
+    const stats = (s.inferenceStats ??= create(InferStatisticsSchema));
+    const success = (stats.success ??= create(StatisticDurationSchema));
+    success.count += this.cacheHits.count;
+    success.ns += this.cacheHits.ns;
+    stats.cacheHit = create(StatisticDurationSchema, this.cacheHits);
+    stats.cacheMiss = create(StatisticDurationSchema, this.cacheMisses);
+    return s;
   }
 
   async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+    if (!this.cache) return this.run(request, options);
+    const { store, scope } = this.cache;
+    const started = process.hrtime.bigint();
+    const key = responseCacheKey(scope, request);
+    const hit = store.lookup(key, request);
+    if (hit) {
+      this.cacheHits.count++;
+      this.cacheHits.ns += process.hrtime.bigint() - started;
+      return hit;
+    }
+    const lookupNs = process.hrtime.bigint() - started;
+    const response = await this.run(request, options);
+    const inserting = process.hrtime.bigint();
+    store.insert(key, response);
+    // Triton's cache-miss time: the lookup plus the insertion, not the execution between them.
+    this.cacheMisses.count++;
+    this.cacheMisses.ns += lookupNs + (process.hrtime.bigint() - inserting);
+    return response;
+  }
+
+  private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     this.inflightCount++;
     try {
       const classify = classificationRequests(this.name, request.outputs);

@@ -89,6 +89,22 @@ export function createMetrics(source: MetricsSource, logger?: { warn(obj: object
     "Cumulative inference compute output duration in microseconds",
     (s) => usOf(s.inferenceStats?.computeOutput?.ns),
   );
+  counter("nv_cache_num_hits_per_model", "Number of response cache hits per model", (s) =>
+    Number(s.inferenceStats?.cacheHit?.count ?? 0n),
+  );
+  counter("nv_cache_num_misses_per_model", "Number of response cache misses per model", (s) =>
+    Number(s.inferenceStats?.cacheMiss?.count ?? 0n),
+  );
+  counter(
+    "nv_cache_hit_duration_per_model",
+    "Cumulative time requests spend on response cache hits, in microseconds",
+    (s) => usOf(s.inferenceStats?.cacheHit?.ns),
+  );
+  counter(
+    "nv_cache_miss_duration_per_model",
+    "Cumulative time requests spend on response cache misses (lookup and insertion), in microseconds",
+    (s) => usOf(s.inferenceStats?.cacheMiss?.ns),
+  );
   new Gauge({
     name: "nv_inference_pending_request_count",
     help: "Instantaneous number of pending requests awaiting execution per-model.",

@@ -13,11 +13,12 @@ import {
   type ModelIndexEntry,
   type ModelRegistry,
   type ModelRepositoryControl,
+  type ResponseCache,
   type Stage,
   StageError,
   type StageLogger,
 } from "@trellis/stage";
-import { ManagedStage } from "./managed.js";
+import { ManagedStage, type ModelCache } from "./managed.js";
 
 /** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
 export interface ModelLoader {
@@ -39,6 +40,8 @@ export interface RepositoryManagerOptions {
   strictModelConfig?: boolean;
   /** Remote steps: model name -> KServe v2 gRPC URL. */
   endpoints?: Record<string, string>;
+  /** The server's response cache (--cache-config); models whose config enables `response_cache` use it. */
+  responseCache?: ResponseCache;
   logger: StageLogger & { debug?(obj: object | string, msg?: string): void };
   pollIntervalMs?: number;
 }
@@ -88,9 +91,12 @@ export function selectVersions(config: ModelConfig, available: string[]): string
 
 export class RepositoryManager implements ModelRegistry {
   private readonly models = new Map<string, ModelEntry>();
-  private readonly opts: Required<Omit<RepositoryManagerOptions, "endpoints">> & {
+  private readonly opts: Required<Omit<RepositoryManagerOptions, "endpoints" | "responseCache">> & {
     endpoints: Record<string, string>;
+    responseCache?: ResponseCache;
   };
+  /** Counts loads, so each load's cache entries are its own (a reload never answers from the old one's). */
+  private loads = 0;
   private started = false;
   private closed = false;
   /** Set when shutdown begins: the server stops reporting ready at once, as Triton does. */
@@ -375,7 +381,12 @@ export class RepositoryManager implements ModelRegistry {
           });
           if (!(await stage.isReady())) await waitReady(stage);
           labels ??= readLabels(model);
-          entry.stage = new ManagedStage(stage, await labels, () => this.readyVersions(model.name));
+          entry.stage = new ManagedStage(
+            stage,
+            await labels,
+            () => this.readyVersions(model.name),
+            this.cacheFor(model, version),
+          );
           entry.state = "READY";
           e.versions.set(version, entry);
           this.opts.logger.info(
@@ -419,6 +430,20 @@ export class RepositoryManager implements ModelRegistry {
     await stage
       .close()
       .catch((err: unknown) => this.opts.logger.warn({ model, version, err: String(err) }, "error closing model"));
+  }
+
+  /** The response cache for one load of a model version, if the server has one and the config enables it. */
+  private cacheFor(model: RepositoryModel, version: string): ModelCache | undefined {
+    if (!model.config.responseCache?.enable) return undefined;
+    const store = this.opts.responseCache;
+    if (!store) {
+      this.opts.logger.warn(
+        { model: model.name, version },
+        "response_cache is enabled in the model config, but the server has no response cache (--cache-config local,size=<bytes>): serving uncached",
+      );
+      return undefined;
+    }
+    return { store, scope: `${model.name}\u0000${version}\u0000${++this.loads}` };
   }
 
   /**

@@ -56,6 +56,7 @@ export {
   type ModelRepositoryControl,
   stageRegistry,
 } from "./registry.js";
+export { ResponseCache, type ResponseCacheStats, responseCacheKey } from "./response-cache.js";
 export {
   createGrpcServer,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
