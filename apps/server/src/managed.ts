@@ -85,12 +85,14 @@ export class ManagedStage implements Stage {
     const inner = await this.inner.statistics();
     if (!this.cache) return inner;
     const s = clone(ModelStatisticsSchema, inner);
-    const stats = (s.inferenceStats ??= create(InferStatisticsSchema));
-    const success = (stats.success ??= create(StatisticDurationSchema));
+    const stats = s.inferenceStats ?? create(InferStatisticsSchema);
+    const success = stats.success ?? create(StatisticDurationSchema);
     success.count += this.cacheHits.count;
     success.ns += this.cacheHits.ns;
+    stats.success = success;
     stats.cacheHit = create(StatisticDurationSchema, this.cacheHits);
     stats.cacheMiss = create(StatisticDurationSchema, this.cacheMisses);
+    s.inferenceStats = stats;
     return s;
   }
 

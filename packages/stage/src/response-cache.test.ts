@@ -50,7 +50,8 @@ describe("ResponseCache", () => {
     expect(hit?.id).toBe("req-7");
     expect([hit?.modelName, hit?.modelVersion]).toEqual(["m", "1"]);
     expect(Array.from(hit?.outputs[0]?.data as Float32Array)).toEqual([1, 2, 3]);
-    expect(new TextDecoder().decode((hit?.outputs[1]?.data as Uint8Array[])[0])).toBe("cat");
+    const [label] = (hit?.outputs[1]?.data ?? []) as Uint8Array[];
+    expect(new TextDecoder().decode(label)).toBe("cat");
     (hit?.outputs[0]?.data as Float32Array)[1] = 99;
     expect(Array.from(cache.lookup("k", { inputs: [] })?.outputs[0]?.data as Float32Array)).toEqual([1, 2, 3]);
     expect(cache.lookup("missing", { inputs: [] })).toBeUndefined();
