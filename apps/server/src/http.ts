@@ -9,6 +9,8 @@ import { constants, deflate, gunzip, gzip, inflate, inflateRaw, type ZlibOptions
 import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelStatisticsSchema } from "@trellis/protocol";
 import {
+  type ApiCategory,
+  type ApiRestrictions,
   answerLogSettings,
   answerTraceSettings,
   Code,
@@ -21,6 +23,7 @@ import {
   type Parameters,
   type RequestedOutput,
   refuseSharedMemoryRegister,
+  restrictionError,
   StageError,
   sharedMemoryStatus,
   toConnectError,
@@ -45,6 +48,8 @@ export interface RestContext {
   maxInputBytes?: number;
   /** The logging extension (/v2/logging); without it the route answers 501. */
   logSettings?: LogSettingsControl;
+  /** Endpoint groups that require a header (tritonserver's --http-restricted-api); refused with 403. */
+  restrictions?: ApiRestrictions;
 }
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -228,6 +233,34 @@ const SHARED_MEMORY_ROUTE = /^\/v2\/(system|cuda)sharedmemory(?:\/region\/([^/]+
 const TRACE_ROUTE = /^\/v2\/(?:models\/[^/]+\/)?trace\/setting$/;
 const REPO_ROUTE = /^\/v2\/repository\/models\/([^/]+)\/(load|unload)$/;
 
+const headerOf = (req: IncomingMessage, name: string): string | undefined => {
+  const v = req.headers[name];
+  return Array.isArray(v) ? v[0] : v;
+};
+
+/** The restricted-API group of a REST path (undefined for paths that are no endpoint). */
+function httpCategory(path: string): ApiCategory | undefined {
+  if (path === "/v2" || path === "/v2/") return "metadata";
+  if (path.startsWith("/v2/health/")) return "health";
+  if (path === "/v2/models/stats") return "statistics";
+  if (path === "/v2/logging") return "logging";
+  if (SHARED_MEMORY_ROUTE.test(path)) return "shared-memory";
+  if (TRACE_ROUTE.test(path)) return "trace";
+  if (path.startsWith("/v2/repository/")) return "model-repository";
+  const m = MODEL_ROUTE.exec(path);
+  if (!m) return undefined;
+  const action = m[3];
+  return action === "ready"
+    ? "health"
+    : action === "config"
+      ? "model-config"
+      : action === "stats"
+        ? "statistics"
+        : action === "infer"
+          ? "inference"
+          : "metadata";
+}
+
 /** A request handler for the REST API; answers 404 for paths it does not know. */
 export function restHandler(ctx: RestContext) {
   const { registry } = ctx;
@@ -245,6 +278,8 @@ export function restHandler(ctx: RestContext) {
     } catch {
       throw new HttpError(400, `malformed percent-encoding in path ${rawPath}`);
     }
+    const refused = restrictionError(ctx.restrictions, httpCategory(path), (h) => headerOf(req, h));
+    if (refused) throw new HttpError(403, refused.rawMessage);
     if (path === "/v2" || path === "/v2/") {
       requireMethod(req, "GET");
       return sendJson(res, 200, { name: ctx.serverName, version: ctx.serverVersion, extensions: ctx.extensions });

@@ -7,9 +7,12 @@ import { readFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import v8 from "node:v8";
 import {
+  API_CATEGORIES,
+  type ApiRestrictions,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   type GrpcServerTlsOptions,
   type GrpcTlsOptions,
+  parseRestriction,
   ResponseCache,
 } from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
@@ -113,6 +116,18 @@ const program = new Command("trellis-server")
     collect,
     [],
   )
+  .option(
+    "--http-restricted-api <categories:header=value>",
+    `HTTP endpoint groups (${API_CATEGORIES.join(", ")}) that answer 403 unless the request has this header and value, e.g. model-repository,logging:admin-key=secret; repeatable`,
+    collect,
+    [],
+  )
+  .option(
+    "--grpc-restricted-protocol <categories:header=value>",
+    "the same for gRPC methods (refused with PERMISSION_DENIED); repeatable",
+    collect,
+    [],
+  )
   .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
@@ -161,6 +176,8 @@ interface Flags {
   exitTimeoutSecs: number;
   logVerbose: boolean | string;
   cacheConfig: string[];
+  httpRestrictedApi: string[];
+  grpcRestrictedProtocol: string[];
   allowHttp: boolean;
   allowGrpc: boolean;
   allowMetrics: boolean;
@@ -218,6 +235,20 @@ function responseCache(flags: Flags): ResponseCache | undefined {
   return size === undefined ? undefined : new ResponseCache(size);
 }
 
+/** Restricted endpoint groups from repeated `option` values, or undefined for none. */
+function restrictions(option: string, specs: string[]): ApiRestrictions | undefined {
+  if (specs.length === 0) return undefined;
+  const into: ApiRestrictions = {};
+  for (const spec of specs) {
+    try {
+      parseRestriction(spec, into);
+    } catch (err) {
+      throw new UsageError(`${option} ${(err as Error).message}`);
+    }
+  }
+  return into;
+}
+
 /** TLS for https:// --endpoints from the flags (undefined: the system's CAs, no client certificate). */
 async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
   const { endpointsRootCert: ca, endpointsClientCert: cert, endpointsClientKey: key } = flags;
@@ -271,6 +302,8 @@ async function main(): Promise<void> {
     logSettings,
     grpcTls: await grpcTls(flags),
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
+    httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
+    grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
   });
 
   let shuttingDown = false;

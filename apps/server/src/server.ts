@@ -9,9 +9,11 @@ import type http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
+  type ApiRestrictions,
   createGrpcServer,
   type GrpcServerTlsOptions,
   type LogSettingsControl,
+  restrictionInterceptor,
   SERVER_COMPRESSION,
   serveStage,
 } from "@trellis/stage";
@@ -55,6 +57,9 @@ export interface ServerOptions {
   logSettings?: LogSettingsControl;
   /** Serve gRPC over TLS (tritonserver's --grpc-use-ssl); HTTP and metrics stay cleartext, as in Triton. */
   grpcTls?: GrpcServerTlsOptions;
+  /** Endpoint groups that require a header: tritonserver's --http-restricted-api and --grpc-restricted-protocol. */
+  httpRestrictions?: ApiRestrictions;
+  grpcRestrictions?: ApiRestrictions;
   /** Which listeners to open (tritonserver's --allow-http / --allow-grpc / --allow-metrics); each default true. */
   allow?: { http?: boolean; grpc?: boolean; metrics?: boolean };
 }
@@ -111,6 +116,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     ...serveOptions,
     maxInputBytes: options.grpcMaxInputBytes,
     tls: options.grpcTls,
+    restrictions: options.grpcRestrictions,
   });
   grpc.on("session", (s) => {
     // A session opened while stopping gets GOAWAY straight away.
@@ -131,6 +137,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     logger,
     maxInputBytes: options.httpMaxInputBytes,
     logSettings: options.logSettings,
+    restrictions: options.httpRestrictions,
   });
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
   const httpServer = http.createServer(
@@ -138,6 +145,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       routes,
       fallback: rest as NodeHandlerFn,
       readMaxBytes: options.httpMaxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES,
+      // gRPC-Web and Connect calls on the HTTP port come under the HTTP port's restrictions.
+      interceptors: options.httpRestrictions ? [restrictionInterceptor(options.httpRestrictions)] : [],
       ...SERVER_COMPRESSION,
     }),
   );

@@ -32,6 +32,36 @@ import {
 import { toConnectError } from "./errors.js";
 import { deadlineTimer } from "./timer.js";
 
+/**
+ * grpc-message as the gRPC spec writes it: printable ASCII as is, everything else (and '%')
+ * percent-encoded as UTF-8. Connect encodes with encodeURIComponent, which also escapes
+ * ',', ':', '/' and the like; grpc-js decodes with decodeURI, which leaves those escaped,
+ * so its users read "model%3A step 0%2C ...". Both ends read this form as meant.
+ */
+export function encodeGrpcMessage(message: string): string {
+  let out = "";
+  for (const b of new TextEncoder().encode(message)) {
+    out +=
+      b >= 0x20 && b <= 0x7e && b !== 0x25
+        ? String.fromCharCode(b)
+        : `%${b.toString(16).toUpperCase().padStart(2, "0")}`;
+  }
+  return out;
+}
+
+/** `trailers` with a Connect-encoded grpc-message re-encoded as encodeGrpcMessage does. */
+export function withReadableGrpcMessage(trailers: http2.OutgoingHttpHeaders): http2.OutgoingHttpHeaders {
+  const message = trailers["grpc-message"];
+  if (typeof message !== "string") return trailers;
+  let text: string;
+  try {
+    text = decodeURIComponent(message);
+  } catch {
+    return trailers;
+  }
+  return { ...trailers, "grpc-message": encodeGrpcMessage(text) };
+}
+
 /** Runs one decoded ModelInfer; `signal` aborts on deadline or client cancel. */
 export type ModelInferFn = (request: ModelInferRequest, signal: AbortSignal) => Promise<ModelInferResponse>;
 
@@ -87,8 +117,15 @@ function decode(message: Uint8Array): ModelInferRequest {
 const oversize = (size: number, limit: number) =>
   new ConnectError(`message size ${size} is larger than configured readMaxBytes ${limit}`, Code.ResourceExhausted);
 
-/** The fast path for `infer`, refusing messages over `readMaxBytes` like Connect's readMaxBytes does. */
-export function grpcModelInferHandler(infer: ModelInferFn, readMaxBytes: number): FastPath {
+/**
+ * The fast path for `infer`, refusing messages over `readMaxBytes` like Connect's readMaxBytes does,
+ * and calls `refuse` says are not allowed (restricted APIs) before reading them.
+ */
+export function grpcModelInferHandler(
+  infer: ModelInferFn,
+  readMaxBytes: number,
+  refuse?: (headers: http2.IncomingHttpHeaders) => ConnectError | undefined,
+): FastPath {
   return (req, res) => {
     if (!servedHere(req)) return false;
     const controller = new AbortController();
@@ -106,7 +143,7 @@ export function grpcModelInferHandler(infer: ModelInferFn, readMaxBytes: number)
       const trailers: Record<string, string> = {};
       for (const [key, value] of setTrailerStatus(new Headers(), error)) trailers[key] = value;
       res.writeHead(200, { "content-type": contentTypeProto });
-      res.addTrailers(trailers);
+      res.addTrailers(withReadableGrpcMessage(trailers));
       res.end();
       // Whatever the client is still sending is read and dropped.
       req.resume();
@@ -132,6 +169,11 @@ export function grpcModelInferHandler(infer: ModelInferFn, readMaxBytes: number)
     );
     if (timeout.error) {
       fail(timeout.error);
+      return true;
+    }
+    const refused = refuse?.(req.headers);
+    if (refused) {
+      fail(refused);
       return true;
     }
     if (timeout.timeoutMs !== undefined) {

@@ -58,6 +58,15 @@ export {
 } from "./registry.js";
 export { ResponseCache, type ResponseCacheStats, responseCacheKey } from "./response-cache.js";
 export {
+  API_CATEGORIES,
+  type ApiCategory,
+  type ApiRestrictions,
+  grpcMethodCategory,
+  parseRestriction,
+  restrictionError,
+  restrictionInterceptor,
+} from "./restrictions.js";
+export {
   createGrpcServer,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   type GrpcServer,

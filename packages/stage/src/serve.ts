@@ -33,9 +33,10 @@ import {
 } from "@trellis/protocol";
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
-import { grpcModelInferHandler } from "./grpc-model-infer.js";
+import { grpcModelInferHandler, withReadableGrpcMessage } from "./grpc-model-infer.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
+import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
 import type { InferOptions, Stage } from "./stage.js";
 import { answerTraceSettings, refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
@@ -318,6 +319,8 @@ export interface GrpcServerOptions extends ServeOptions {
   maxInputBytes?: number;
   /** Serve over TLS (h2) instead of cleartext HTTP/2. */
   tls?: GrpcServerTlsOptions;
+  /** Endpoint groups that require a header (tritonserver's --grpc-restricted-protocol). */
+  restrictions?: ApiRestrictions;
 }
 
 export interface GrpcServerTlsOptions {
@@ -363,17 +366,27 @@ export interface GrpcServer {
  */
 export function createGrpcServer(
   target: Stage | ModelRegistry,
-  { maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, tls, ...options }: GrpcServerOptions = {},
+  { maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, tls, restrictions, ...options }: GrpcServerOptions = {},
 ): GrpcServer {
   const registry = asRegistry(target);
   const connect = connectNodeAdapter({
     routes: serveStage(registry, options),
     readMaxBytes: maxInputBytes,
+    interceptors: restrictions ? [restrictionInterceptor(restrictions)] : [],
     ...SERVER_COMPRESSION,
   });
-  const modelInfer = grpcModelInferHandler((msg, signal) => handleModelInfer(registry, msg, signal), maxInputBytes);
+  const modelInfer = grpcModelInferHandler(
+    (msg, signal) => handleModelInfer(registry, msg, signal),
+    maxInputBytes,
+    restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
+  );
   const handle = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
-    if (!modelInfer(req, res)) connect(req, res);
+    if (modelInfer(req, res)) return;
+    // Connect writes its status trailers through addTrailers; grpc-js clients need grpc-message
+    // encoded as the gRPC spec does (see encodeGrpcMessage).
+    const addTrailers = res.addTrailers.bind(res);
+    res.addTrailers = (trailers) => addTrailers(withReadableGrpcMessage(trailers));
+    connect(req, res);
   };
   const server = tls
     ? http2.createSecureServer(

@@ -8,6 +8,8 @@ import { grpcJsInferenceClient, rejectionOf, TLS_CERT_PATH, TLS_KEY_PATH } from 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectStage, grpcTransport, inMemoryTransport } from "../src/connect.js";
 import { Code, StageError } from "../src/errors.js";
+import { encodeGrpcMessage } from "../src/grpc-model-infer.js";
+import { parseRestriction } from "../src/restrictions.js";
 import { type ListeningServer, listenStage } from "../src/serve.js";
 import type { InferRequest, Stage } from "../src/stage.js";
 import { bytesTensor, type Tensor } from "../src/tensor.js";
@@ -126,6 +128,18 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
     client.close();
   });
 
+  it("gives grpc-js error messages as written, on ModelInfer's direct path and Connect's (grpc-message as the spec encodes it)", async () => {
+    const client = grpcJsInferenceClient(`127.0.0.1:${server.port}`);
+    const name = "a:b,c/d% é";
+    const direct = await client.modelInfer({ model_name: name, inputs: [] }).catch((e: grpc.ServiceError) => e);
+    expect((direct as grpc.ServiceError).details).toBe(`unknown model "${name}"`);
+    const viaConnect = await client.modelMetadata({ name }).catch((e: grpc.ServiceError) => e);
+    expect((viaConnect as grpc.ServiceError).details).toBe(`unknown model "${name}"`);
+    client.close();
+    expect(encodeGrpcMessage(`x: 100%, é`)).toBe("x: 100%25, %C3%A9");
+    expect(decodeURIComponent(encodeGrpcMessage(name))).toBe(name);
+  });
+
   it("keeps the error code and the stage name across the wire", async () => {
     const remote = await connectStage(grpcTransport(server.url), "echo", { remoteLabel: server.url });
     const err = await remote.infer({ ...request(), parameters: { fail: "on purpose" } }).catch((e: unknown) => e);
@@ -211,6 +225,33 @@ describe("serveStage over TLS", () => {
         ConnectError,
       );
       expect(without.message).toMatch(/certificate required/);
+    } finally {
+      await own.close();
+    }
+  });
+});
+
+describe("restricted APIs on the gRPC port", () => {
+  it("refuses restricted calls without the header on both ModelInfer's direct path and Connect's, and serves them with it", async () => {
+    const own = await listenStage(echoStage(), {
+      restrictions: parseRestriction("inference,metadata:api-key=k1"),
+    });
+    try {
+      const client = createClient(GRPCInferenceService, grpcTransport(own.url));
+      const denied = await rejectionOf(connectStage(grpcTransport(own.url), "echo"), ConnectError);
+      expect(denied.code).toBe(Code.PermissionDenied);
+      expect((await client.serverLive({})).live).toBe(true); // health is open
+      const withKey = grpcTransport(own.url, { headers: { "api-key": "k1" } });
+      const remote = await connectStage(withKey, "echo");
+      expect((await remote.infer(request())).outputs).toHaveLength(2);
+      // ModelInfer's direct path: a grpc-js call without the key.
+      const grpcJs = grpcJsInferenceClient(`127.0.0.1:${own.port}`);
+      const failure = await grpcJs.modelInfer({ model_name: "echo", inputs: [] }).catch((e: grpc.ServiceError) => e);
+      expect((failure as grpc.ServiceError).code).toBe(grpc.status.PERMISSION_DENIED);
+      expect((failure as grpc.ServiceError).details).toBe(
+        "This API is restricted, expecting header 'api-key' (the inference endpoints)",
+      );
+      grpcJs.close();
     } finally {
       await own.close();
     }
