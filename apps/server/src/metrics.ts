@@ -3,6 +3,7 @@
  * values are read from each stage's ModelStatistics at scrape time, so the
  * metrics and the statistics API can never disagree.
  */
+import { cpus, freemem, totalmem } from "node:os";
 import type { ModelStatistics } from "@trellis/protocol";
 import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client";
 import type { ManagedStage } from "./managed.js";
@@ -115,6 +116,7 @@ export function createMetrics(source: MetricsSource, logger?: { warn(obj: object
       for (const r of await rows()) this.set(r.labels, r.pending);
     },
   });
+  hostMetrics(register);
   return {
     register,
     scrape: async () => {
@@ -126,4 +128,51 @@ export function createMetrics(source: MetricsSource, logger?: { warn(obj: object
       }
     },
   };
+}
+
+/** CPU time summed over every core: busy and total, in ms. */
+function cpuTimes(): { busy: number; total: number } {
+  let busy = 0;
+  let total = 0;
+  for (const { times } of cpus()) {
+    const b = times.user + times.nice + times.sys + times.irq;
+    busy += b;
+    total += b + times.idle;
+  }
+  return { busy, total };
+}
+
+/**
+ * Triton's host metrics, so dashboards built for Triton read them: the machine's CPU
+ * utilization (0..1, over the time since the previous scrape) and memory.
+ */
+function hostMetrics(register: Registry): void {
+  let previous = cpuTimes();
+  new Gauge({
+    name: "nv_cpu_utilization",
+    help: "CPU utilization rate [0.0 - 1.0]",
+    registers: [register],
+    collect() {
+      const now = cpuTimes();
+      const total = now.total - previous.total;
+      if (total > 0) this.set((now.busy - previous.busy) / total);
+      previous = now;
+    },
+  });
+  new Gauge({
+    name: "nv_cpu_memory_total_bytes",
+    help: "CPU total memory (RAM), in bytes",
+    registers: [register],
+    collect() {
+      this.set(totalmem());
+    },
+  });
+  new Gauge({
+    name: "nv_cpu_memory_used_bytes",
+    help: "CPU used memory (RAM), in bytes",
+    registers: [register],
+    collect() {
+      this.set(totalmem() - freemem());
+    },
+  });
 }

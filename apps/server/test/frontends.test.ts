@@ -4,6 +4,7 @@
  * the HTTP port, metrics, statistics, version policy, a model that fails to load.
  */
 
+import { totalmem } from "node:os";
 import { deflateRawSync, deflateSync, gunzipSync, gzipSync, inflateSync } from "node:zlib";
 import { create } from "@bufbuild/protobuf";
 import { Code, type ConnectError, createClient } from "@connectrpc/connect";
@@ -591,6 +592,20 @@ describe("gRPC", () => {
       const res = await client.modelInfer(request("echo10", "INPUT", [[1, 1, 2, 2]]));
       expect([...floats(res.rawOutputContents[0] as Uint8Array)]).toEqual([10, 10, 20, 20]);
     }
+  });
+});
+
+describe("host metrics", () => {
+  it("reports Triton's nv_cpu_utilization and nv_cpu_memory_* for the machine", async () => {
+    await scrape(server); // utilization is over the time since the previous scrape
+    await new Promise((r) => setTimeout(r, 50));
+    const text = await scrape(server);
+    const value = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1]);
+    expect(value("nv_cpu_utilization")).toBeGreaterThanOrEqual(0);
+    expect(value("nv_cpu_utilization")).toBeLessThanOrEqual(1);
+    expect(value("nv_cpu_memory_total_bytes")).toBe(totalmem());
+    expect(value("nv_cpu_memory_used_bytes")).toBeGreaterThan(0);
+    expect(value("nv_cpu_memory_used_bytes")).toBeLessThan(totalmem());
   });
 });
 
