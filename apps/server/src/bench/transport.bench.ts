@@ -1,0 +1,62 @@
+/**
+ * Where a concurrency-1 call's time goes between client and server: the server process
+ * (models/ as committed) runs with stream-timing.ts preloaded, @grpc/grpc-js sends
+ * 1920x1080 JPEGs one at a time, and both ends' stamps (one monotonic clock) give the
+ * medians of: client send -> server stream, request body, the server's work, answer
+ * headers -> trailers, trailers -> client done.
+ * Run: pnpm --filter @trellis/server bench:transport (after pnpm build). Env: TRANSPORT_N (default 120).
+ */
+import { mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { frameBytes } from "@trellis/stage";
+import { fixturePhotos, grpcJsInferenceClient, median, readFixtureImage, startServerProcess } from "@trellis/testing";
+import sharp from "sharp";
+import type { StreamStamps } from "./stream-timing.js";
+
+const N = Number(process.env.TRANSPORT_N ?? 120);
+const now = () => Number(process.hrtime.bigint()) / 1e6;
+const out = join(mkdtempSync(join(tmpdir(), "trellis-transport-")), "stamps.json");
+
+const photos = await Promise.all(
+  fixturePhotos()
+    .filter((p) => p.endsWith(".jpg"))
+    .map((p) => sharp(readFixtureImage(p)).resize(1920, 1080, { fit: "fill" }).jpeg({ quality: 90 }).toBuffer()),
+);
+process.env.NODE_OPTIONS = `--import=${join(import.meta.dirname, "stream-timing.js")}`;
+process.env.STREAM_TIMING_OUT = out;
+const server = await startServerProcess([
+  "--model-repository",
+  join(import.meta.dirname, "..", "..", "..", "..", "models"),
+]);
+delete process.env.NODE_OPTIONS;
+const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
+const call = (image: Buffer) =>
+  client.modelInfer({
+    model_name: "resnet50_ensemble",
+    inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
+    raw_input_contents: [Buffer.from(frameBytes([image]))],
+  });
+const warmup = 20;
+for (let i = 0; i < warmup; i++) await call(photos[i % photos.length] as Buffer);
+const calls: { start: number; done: number }[] = [];
+for (let i = 0; i < N; i++) {
+  const start = now();
+  await call(photos[i % photos.length] as Buffer);
+  calls.push({ start, done: now() });
+}
+client.close();
+await server.stop("SIGTERM");
+const stamps = (JSON.parse(readFileSync(out, "utf8")) as StreamStamps[]).slice(-N);
+const med = (f: (c: { start: number; done: number }, s: StreamStamps) => number) =>
+  median(calls.map((c, i) => f(c, stamps[i] as StreamStamps))).toFixed(2);
+const rows: [string, string][] = [
+  ["whole call", med((c) => c.done - c.start)],
+  ["client send -> server stream", med((c, s) => s.arrived - c.start)],
+  ["request body", med((_, s) => (s.bodyEnd ?? s.arrived) - s.arrived)],
+  ["server's work (body end -> answer headers)", med((_, s) => (s.respond ?? 0) - (s.bodyEnd ?? 0))],
+  ["answer headers -> trailers", med((_, s) => (s.trailers ?? 0) - (s.respond ?? 0))],
+  ["trailers -> client done", med((c, s) => c.done - (s.trailers ?? 0))],
+];
+console.log(`transport: ${N} sequential grpc-js calls (1920x1080 JPEG), models/ as committed; medians in ms`);
+for (const [what, ms] of rows) console.log(`${what.padEnd(44)} ${ms}`);
