@@ -3,56 +3,15 @@
  * trellis server: serves a Triton-layout model repository over KServe v2
  * gRPC and HTTP/REST, with Prometheus metrics, like `tritonserver`.
  */
-import { readFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import v8 from "node:v8";
-import {
-  API_CATEGORIES,
-  type ApiRestrictions,
-  DEFAULT_GRPC_MAX_INPUT_BYTES,
-  type GrpcServerTlsOptions,
-  type GrpcTlsOptions,
-  parseRestriction,
-  ResponseCache,
-} from "@trellis/stage";
-import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
-import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
+import { readCommandLine, UsageError } from "./cli.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
 import { pinoLogSettings } from "./logging.js";
-import { type ControlMode, RepositoryManager } from "./repository.js";
-import { SERVER_VERSION, startServer } from "./server.js";
-
-const port = (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 0 || n > 65535)
-    throw new InvalidArgumentError("a port number 0-65535 (0 = any free port)");
-  return n;
-};
-const seconds = (v: string) => {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError("a number of seconds");
-  return n;
-};
-const positiveSeconds = (v: string) => {
-  const n = seconds(v);
-  if (n === 0) throw new InvalidArgumentError("a number of seconds greater than 0");
-  return n;
-};
-/** A boolean flag that also takes an explicit value, as tritonserver's do (--flag, --flag true, --flag false). */
-const flag = (v: string) => {
-  const value = v.toLowerCase();
-  if (["true", "1", "yes", "on"].includes(value)) return true;
-  if (["false", "0", "no", "off"].includes(value)) return false;
-  throw new InvalidArgumentError("true or false");
-};
-const bytes = (v: string) => {
-  const n = Number(v);
-  if (!Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError("a whole number of bytes, at least 1");
-  return n;
-};
-const collect = (v: string, prev: string[] = []) => [...prev, v];
+import { RepositoryManager } from "./repository.js";
+import { startServer } from "./server.js";
 
 // Every request allocates megabytes of ArrayBuffers (encoded image, decoded pixels, tensors)
 // around a small, steady JS heap. V8's adaptive heap growth then keeps the old-generation
@@ -61,233 +20,23 @@ const collect = (v: string, prev: string[] = []) => [...prev, v];
 // (55 ms). Set before any worker thread starts, so session and decode workers get it too.
 v8.setFlagsFromString("--heap-growing-percent=300");
 
-const program = new Command("trellis-server")
-  .description("Serve a Triton-layout model repository over KServe v2 gRPC and HTTP/REST, with Prometheus metrics.")
-  .version(SERVER_VERSION)
-  .requiredOption(
-    "--model-repository <path>",
-    "model repository directory (config.pbtxt + version folders per model); repeat for several",
-    collect,
-  )
-  .option("--http-port <port>", "HTTP/REST (KServe v2 + Triton extensions) port; 0 picks a free port", port, 8000)
-  .option(
-    "--grpc-port <port>",
-    "gRPC (inference.GRPCInferenceService + grpc.health.v1) port; 0 picks a free port",
-    port,
-    8001,
-  )
-  .option("--metrics-port <port>", "Prometheus /metrics port; 0 picks a free port", port, 8002)
-  .option("--host <address>", "address every listener binds to", "127.0.0.1")
-  .option(
-    "--http-max-input-size <bytes>",
-    "largest HTTP/REST request body accepted; larger ones get 400",
-    bytes,
-    DEFAULT_HTTP_MAX_INPUT_BYTES,
-  )
-  .option(
-    "--grpc-max-input-size <bytes>",
-    "largest gRPC request message accepted on the gRPC port; larger ones get RESOURCE_EXHAUSTED (default: Triton's 2^31-1)",
-    bytes,
-    DEFAULT_GRPC_MAX_INPUT_BYTES,
-  )
-  .addOption(
-    new Option(
-      "--model-control-mode <mode>",
-      "none: load every model at start; explicit: load only --load-model, then load/unload by API; poll: load every model, then rescan the repository every --repository-poll-secs",
-    )
-      .choices(["none", "explicit", "poll"])
-      .default("none"),
-  )
-  .option("--load-model <name>", 'model to load at start in explicit mode ("*" = all); repeatable', collect, [])
-  .option("--repository-poll-secs <secs>", "rescan interval in poll mode", positiveSeconds, 15)
-  .option(
-    "--strict-model-config [bool]",
-    "require a complete config.pbtxt (no filling in from the model file)",
-    flag,
-    false,
-  )
-  .option(
-    "--endpoints <file>",
-    'JSON file mapping model names to KServe v2 gRPC URLs ({"resnet50_preprocess": "http://host:8001"}); ensemble steps listed there are called remotely instead of loaded',
-  )
-  .option(
-    "--cache-config <cache,key=value>",
-    "response cache, as tritonserver's: local,size=<bytes> (models opt in with response_cache { enable: true }); repeatable",
-    collect,
-    [],
-  )
-  .option(
-    "--http-restricted-api <categories:header=value>",
-    `HTTP endpoint groups (${API_CATEGORIES.join(", ")}) that answer 403 unless the request has this header and value, e.g. model-repository,logging:admin-key=secret; repeatable`,
-    collect,
-    [],
-  )
-  .option(
-    "--grpc-restricted-protocol <categories:header=value>",
-    "the same for gRPC methods (refused with PERMISSION_DENIED); repeatable",
-    collect,
-    [],
-  )
-  .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
-  .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
-  .option("--allow-metrics [bool]", "open the metrics port", flag, true)
-  .option("--grpc-use-ssl [bool]", "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)", flag, false)
-  .option(
-    "--grpc-use-ssl-mutual [bool]",
-    "serve gRPC over mutual TLS: clients must present a certificate that chains to --grpc-root-cert (implies --grpc-use-ssl)",
-    flag,
-    false,
-  )
-  .option("--grpc-server-cert <path>", "PEM certificate (chain) the gRPC port presents")
-  .option("--grpc-server-key <path>", "PEM private key of --grpc-server-cert")
-  .option("--grpc-root-cert <path>", "PEM CA certificate(s) client certificates must chain to (mutual TLS)")
-  .option(
-    "--endpoints-root-cert <path>",
-    "PEM CA certificate(s) to trust for https:// --endpoints (default: the system's)",
-  )
-  .option("--endpoints-client-cert <path>", "PEM client certificate for https:// --endpoints that require mutual TLS")
-  .option("--endpoints-client-key <path>", "PEM private key of --endpoints-client-cert")
-  .option(
-    "--exit-timeout-secs <secs>",
-    "on SIGINT/SIGTERM, how long in-flight requests may take to finish",
-    seconds,
-    30,
-  )
-  .option(
-    "--log-verbose [level]",
-    "verbose (debug) logging: level > 0 (1 when given without one); changeable at run time through /v2/logging",
-    false,
-  )
-  .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start");
-
-interface Flags {
-  modelRepository: string[];
-  httpPort: number;
-  grpcPort: number;
-  metricsPort: number;
-  host: string;
-  httpMaxInputSize: number;
-  grpcMaxInputSize: number;
-  modelControlMode: ControlMode;
-  loadModel: string[];
-  repositoryPollSecs: number;
-  strictModelConfig: boolean;
-  endpoints?: string;
-  exitTimeoutSecs: number;
-  logVerbose: boolean | string;
-  cacheConfig: string[];
-  httpRestrictedApi: string[];
-  grpcRestrictedProtocol: string[];
-  allowHttp: boolean;
-  allowGrpc: boolean;
-  allowMetrics: boolean;
-  grpcUseSsl: boolean;
-  grpcUseSslMutual: boolean;
-  grpcServerCert?: string;
-  grpcServerKey?: string;
-  grpcRootCert?: string;
-  endpointsRootCert?: string;
-  endpointsClientCert?: string;
-  endpointsClientKey?: string;
-  fetchModels: boolean;
-}
-
-/** A bad flag or flag file: printed as one line, without a stack. */
-class UsageError extends Error {}
-
-/** The gRPC port's TLS settings from the flags, or undefined for cleartext; a missing file or flag is a startup error. */
-async function grpcTls(flags: Flags): Promise<GrpcServerTlsOptions | undefined> {
-  if (!flags.grpcUseSsl && !flags.grpcUseSslMutual) return undefined;
-  const read = async (option: string, path: string | undefined) => {
-    if (!path)
-      throw new UsageError(`${option} is required with --grpc-use-ssl${flags.grpcUseSslMutual ? "-mutual" : ""}`);
-    return readFile(resolve(path)).catch((err: Error) => {
-      throw new UsageError(`${option} ${path}: ${err.message}`);
-    });
-  };
-  return {
-    cert: await read("--grpc-server-cert", flags.grpcServerCert),
-    key: await read("--grpc-server-key", flags.grpcServerKey),
-    ...(flags.grpcUseSslMutual
-      ? { ca: await read("--grpc-root-cert", flags.grpcRootCert), requireClientCert: true }
-      : {}),
-  };
-}
-
-/**
- * The response cache from --cache-config (tritonserver's syntax: "<cache>,<key>=<value>",
- * repeatable): only the local (in-process) cache, whose one setting is size in bytes.
- */
-function responseCache(flags: Flags): ResponseCache | undefined {
-  let size: number | undefined;
-  for (const entry of flags.cacheConfig) {
-    const [cache, setting = ""] = entry.split(",", 2);
-    if (cache !== "local") {
-      throw new UsageError(`--cache-config ${entry}: only the local cache is supported ("local,size=<bytes>")`);
-    }
-    const [key, value] = setting.split("=", 2);
-    const n = Number(value);
-    if (key !== "size" || !Number.isSafeInteger(n) || n < 1) {
-      throw new UsageError(`--cache-config ${entry}: expected local,size=<bytes> with a whole number of bytes`);
-    }
-    size = n;
-  }
-  return size === undefined ? undefined : new ResponseCache(size);
-}
-
-/** Restricted endpoint groups from repeated `option` values, or undefined for none. */
-function restrictions(option: string, specs: string[]): ApiRestrictions | undefined {
-  if (specs.length === 0) return undefined;
-  const into: ApiRestrictions = {};
-  for (const spec of specs) {
-    try {
-      parseRestriction(spec, into);
-    } catch (err) {
-      throw new UsageError(`${option} ${(err as Error).message}`);
-    }
-  }
-  return into;
-}
-
-/** TLS for https:// --endpoints from the flags (undefined: the system's CAs, no client certificate). */
-async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
-  const { endpointsRootCert: ca, endpointsClientCert: cert, endpointsClientKey: key } = flags;
-  if (!ca && !cert && !key) return undefined;
-  if (!cert !== !key) throw new UsageError("--endpoints-client-cert and --endpoints-client-key go together");
-  const read = (option: string, path: string) =>
-    readFile(resolve(path)).catch((err: Error) => {
-      throw new UsageError(`${option} ${path}: ${err.message}`);
-    });
-  return {
-    ...(ca ? { ca: await read("--endpoints-root-cert", ca) } : {}),
-    ...(cert && key
-      ? { cert: await read("--endpoints-client-cert", cert), key: await read("--endpoints-client-key", key) }
-      : {}),
-  };
-}
-
 async function main(): Promise<void> {
-  const flags = program.parse().opts<Flags>();
-  if (!flags.allowHttp && !flags.allowGrpc) {
-    throw new UsageError("nothing to serve: --allow-http and --allow-grpc are both false");
-  }
-  // --log-verbose alone is level 1, as tritonserver's; --log-verbose 0 is off.
-  const verboseLevel = flags.logVerbose === true ? 1 : Number(flags.logVerbose) || 0;
+  const settings = await readCommandLine();
+  const { flags, repositories } = settings;
   const logger = pino({ base: { pid: process.pid } });
-  const logSettings = pinoLogSettings(logger, verboseLevel);
-  const repositories = flags.modelRepository.map((r) => resolve(r));
+  const logSettings = pinoLogSettings(logger, settings.verboseLevel);
 
   if (flags.fetchModels) await ensureSeedModels(repositories, logger);
   const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;
 
   const manager = new RepositoryManager({
     repositories,
-    loader: modelLoader(await endpointsTls(flags)),
+    loader: modelLoader(settings.endpointsTls),
     mode: flags.modelControlMode,
     loadModels: flags.loadModel,
     strictModelConfig: flags.strictModelConfig,
     endpoints,
-    responseCache: responseCache(flags),
+    responseCache: settings.responseCache,
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });
@@ -300,10 +49,10 @@ async function main(): Promise<void> {
     grpcMaxInputBytes: flags.grpcMaxInputSize,
     logger,
     logSettings,
-    grpcTls: await grpcTls(flags),
+    grpcTls: settings.grpcTls,
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
-    httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
-    grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
+    httpRestrictions: settings.httpRestrictions,
+    grpcRestrictions: settings.grpcRestrictions,
   });
 
   let shuttingDown = false;
