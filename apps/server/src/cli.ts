@@ -65,7 +65,14 @@ export const program = new Command("trellis-server")
     8001,
   )
   .option("--metrics-port <port>", "Prometheus /metrics port; 0 picks a free port", port, 8002)
-  .option("--host <address>", "address every listener binds to", "127.0.0.1")
+  .option(
+    "--host <address>",
+    "address every listener binds to (unless one of the three below says otherwise)",
+    "127.0.0.1",
+  )
+  .option("--http-address <address>", "address the HTTP/REST port binds to (default: --host)")
+  .option("--grpc-address <address>", "address the gRPC port binds to (default: --host)")
+  .option("--metrics-address <address>", "address the metrics port binds to (default: --host)")
   .option(
     "--http-max-input-size <bytes>",
     "largest HTTP/REST request body accepted; larger ones get 400",
@@ -88,6 +95,18 @@ export const program = new Command("trellis-server")
   )
   .option("--load-model <name>", 'model to load at start in explicit mode ("*" = all); repeatable', collect, [])
   .option("--repository-poll-secs <secs>", "rescan interval in poll mode", positiveSeconds, 15)
+  .option(
+    "--strict-readiness [bool]",
+    "report ready only when every loaded model is ready; false: whenever the server is up",
+    flag,
+    true,
+  )
+  .option(
+    "--exit-on-error [bool]",
+    "exit (code 1) if any model fails to load at start; default false: serve the rest (tritonserver's default is true)",
+    flag,
+    false,
+  )
   .option(
     "--strict-model-config [bool]",
     "require a complete config.pbtxt (no filling in from the model file)",
@@ -154,6 +173,11 @@ export interface Flags {
   grpcPort: number;
   metricsPort: number;
   host: string;
+  httpAddress?: string;
+  grpcAddress?: string;
+  metricsAddress?: string;
+  strictReadiness: boolean;
+  exitOnError: boolean;
   httpMaxInputSize: number;
   grpcMaxInputSize: number;
   modelControlMode: ControlMode;

@@ -37,11 +37,13 @@ async function main(): Promise<void> {
     strictModelConfig: flags.strictModelConfig,
     endpoints,
     responseCache: settings.responseCache,
+    strictReadiness: flags.strictReadiness,
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });
   const server = await startServer(manager, {
     host: flags.host,
+    addresses: { http: flags.httpAddress, grpc: flags.grpcAddress, metrics: flags.metricsAddress },
     httpPort: flags.httpPort,
     grpcPort: flags.grpcPort,
     metricsPort: flags.metricsPort,
@@ -81,11 +83,17 @@ async function main(): Promise<void> {
   const index = manager.index(false);
   for (const m of index)
     logger.info({ model: m.name, version: m.version, state: m.state, reason: m.reason }, "model status");
+  const failed = index.filter((m) => m.state === "UNAVAILABLE");
+  if (flags.exitOnError && failed.length > 0) {
+    logger.error({ failed: failed.map((m) => m.name) }, "a model failed to load and --exit-on-error is set: exiting");
+    await server.shutdown(0);
+    process.exit(1);
+  }
   logger.info(
     {
       ready: await manager.isReady(),
       models: index.filter((m) => m.state === "READY").length,
-      failed: index.filter((m) => m.state === "UNAVAILABLE").length,
+      failed: failed.length,
       http: server.httpPort,
       grpc: server.grpcPort,
       metrics: server.metricsPort,

@@ -42,6 +42,11 @@ export interface RepositoryManagerOptions {
   endpoints?: Record<string, string>;
   /** The server's response cache (--cache-config); models whose config enables `response_cache` use it. */
   responseCache?: ResponseCache;
+  /**
+   * Ready only when every loaded model is (default true, tritonserver's --strict-readiness);
+   * false: ready whenever the server is up, whatever its models are doing.
+   */
+  strictReadiness?: boolean;
   logger: StageLogger & { debug?(obj: object | string, msg?: string): void };
   pollIntervalMs?: number;
 }
@@ -111,6 +116,7 @@ export class RepositoryManager implements ModelRegistry {
       mode: "none",
       loadModels: [],
       strictModelConfig: false,
+      strictReadiness: true,
       pollIntervalMs: 15_000,
       ...options,
       endpoints: options.endpoints ?? {},
@@ -209,6 +215,7 @@ export class RepositoryManager implements ModelRegistry {
    */
   async isReady(): Promise<boolean> {
     if (!this.started || this.closed || this.draining) return false;
+    if (!this.opts.strictReadiness) return true;
     const checks: (boolean | Promise<boolean>)[] = [];
     for (const e of this.models.values()) {
       for (const v of e.versions.values()) {

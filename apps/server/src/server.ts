@@ -60,6 +60,8 @@ export interface ServerOptions {
   /** Endpoint groups that require a header: tritonserver's --http-restricted-api and --grpc-restricted-protocol. */
   httpRestrictions?: ApiRestrictions;
   grpcRestrictions?: ApiRestrictions;
+  /** Per-listener bind addresses (tritonserver's --http-address / --grpc-address / --metrics-address); default `host`. */
+  addresses?: { http?: string; grpc?: string; metrics?: string };
   /** Which listeners to open (tritonserver's --allow-http / --allow-grpc / --allow-metrics); each default true. */
   allow?: { http?: boolean; grpc?: boolean; metrics?: boolean };
 }
@@ -179,16 +181,22 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
 
   // A listener that is not allowed is never opened (closing it at shutdown is then a no-op).
   const allow = { http: true, grpc: true, metrics: true, ...options.allow };
+  const at = {
+    http: options.addresses?.http ?? host,
+    grpc: options.addresses?.grpc ?? host,
+    metrics: options.addresses?.metrics ?? host,
+  };
   const ports = {
-    grpcPort: allow.grpc ? await listen(grpc, grpcPort, host) : undefined,
-    httpPort: allow.http ? await listen(httpServer, httpPort, host) : undefined,
-    metricsPort: allow.metrics ? await listen(metricsServer, metricsPort, host) : undefined,
+    grpcPort: allow.grpc ? await listen(grpc, grpcPort, at.grpc) : undefined,
+    httpPort: allow.http ? await listen(httpServer, httpPort, at.http) : undefined,
+    metricsPort: allow.metrics ? await listen(metricsServer, metricsPort, at.metrics) : undefined,
   };
   if (allow.grpc) {
-    logger.info({ protocol: "grpc", host, port: ports.grpcPort, tls: options.grpcTls !== undefined }, "listening");
+    const tls = options.grpcTls !== undefined;
+    logger.info({ protocol: "grpc", host: at.grpc, port: ports.grpcPort, tls }, "listening");
   }
-  if (allow.http) logger.info({ protocol: "http", host, port: ports.httpPort }, "listening");
-  if (allow.metrics) logger.info({ protocol: "metrics", host, port: ports.metricsPort }, "listening");
+  if (allow.http) logger.info({ protocol: "http", host: at.http, port: ports.httpPort }, "listening");
+  if (allow.metrics) logger.info({ protocol: "metrics", host: at.metrics, port: ports.metricsPort }, "listening");
 
   const close = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
 

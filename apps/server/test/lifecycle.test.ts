@@ -515,3 +515,87 @@ describe("which listeners open (--allow-http / --allow-grpc / --allow-metrics)",
     expect(String(none)).toContain("trellis-server: nothing to serve: --allow-http and --allow-grpc are both false");
   });
 });
+
+describe("--strict-readiness, --exit-on-error and per-listener addresses", () => {
+  let repo: string;
+  let gate: string;
+  beforeAll(async () => {
+    repo = await makeRepository({
+      echo: { config: echoConfig("echo") },
+      broken: { config: echoConfig("broken", { params: { module: "./missing.js" } }) },
+    });
+    // A model that reports ready only once the test creates its gate file: its load waits until then.
+    gate = join(repo, "slow-gate");
+    await addModel(repo, "slow", {
+      config: `name: "slow"\nbackend: "typescript"\nmax_batch_size: 0\n`,
+      files: {
+        "1/model.js": `import { existsSync } from "node:fs";
+export function createStage({ config, version }) {
+  return {
+    name: config.name, version, config,
+    isReady: async () => existsSync(${JSON.stringify(gate)}),
+    metadata: () => ({ name: config.name, versions: [version], platform: "", inputs: [], outputs: [] }),
+    infer: async () => { throw new Error("no inputs"); },
+    statistics: () => ({}),
+    close: async () => {},
+  };
+}
+`,
+      },
+    });
+  });
+  afterAll(() => removeDir(repo));
+
+  const explicit = (extra: string[]) =>
+    startServerProcess(["--model-repository", repo, "--model-control-mode", "explicit", ...extra]);
+  const ready = async (server: ServerProcess) => (await fetch(`${server.http}/v2/health/ready`)).status;
+
+  it("is not ready while a model loads, unless --strict-readiness false", async () => {
+    const strict = await explicit([]);
+    const lax = await explicit(["--strict-readiness", "false"]);
+    try {
+      await rm(gate, { force: true });
+      const loads = [strict, lax].map((s) => postJson(`${s.http}/v2/repository/models/slow/load`, {}));
+      await until(
+        async () =>
+          (await postJson(`${strict.http}/v2/repository/index`, {})).json.some(
+            (m: { name: string; state?: string }) => m.name === "slow" && m.state === "LOADING",
+          ),
+        "slow to be loading",
+      );
+      expect(await ready(strict)).toBe(400);
+      expect(await ready(lax)).toBe(200);
+      await writeFile(gate, "");
+      for (const load of await Promise.all(loads)) expect(load.status).toBe(200);
+      expect(await ready(strict)).toBe(200);
+    } finally {
+      expect(await strict.stop()).toBe(0);
+      expect(await lax.stop()).toBe(0);
+    }
+  });
+
+  it("with --exit-on-error, exits 1 when a model fails to load at start; without it, serves the rest", async () => {
+    const exits = await explicit(["--load-model", "echo", "--load-model", "broken", "--exit-on-error"]).catch(
+      (e: Error) => e,
+    );
+    expect(String(exits)).toMatch(/server exited with 1 before starting/);
+    const serves = await explicit(["--load-model", "echo", "--load-model", "broken"]);
+    try {
+      expect((await postJson(`${serves.http}/v2/models/echo/infer`, slowRequest(0))).status).toBe(200);
+    } finally {
+      expect(await serves.stop()).toBe(0);
+    }
+  });
+
+  it("binds each listener to its own --*-address", async () => {
+    const server = await explicit(["--host", "127.0.0.1", "--metrics-address", "0.0.0.0"]);
+    try {
+      const hosts = Object.fromEntries(
+        server.logs.filter((l) => l.msg === "listening").map((l) => [l.protocol as string, l.host]),
+      );
+      expect(hosts).toEqual({ grpc: "127.0.0.1", http: "127.0.0.1", metrics: "0.0.0.0" });
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+});
