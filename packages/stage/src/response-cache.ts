@@ -48,7 +48,7 @@ export class ResponseCache {
       modelName: entry.modelName,
       modelVersion: entry.modelVersion,
       outputs: entry.outputs.map((o) => tensorFromRaw("output", o, o.raw.slice())),
-      parameters: entry.parameters,
+      parameters: entry.parameters && { ...entry.parameters },
     };
   }
 
@@ -77,7 +77,7 @@ export class ResponseCache {
       modelName: response.modelName,
       modelVersion: response.modelVersion,
       outputs,
-      parameters: response.parameters,
+      parameters: response.parameters && { ...response.parameters },
       bytes,
     });
     this.usedBytes += bytes;
