@@ -207,15 +207,20 @@ export interface Flags {
 /** A bad flag or flag file: printed as one line, without a stack. */
 export class UsageError extends Error {}
 
+/** The file a flag names; one that cannot be read is a UsageError naming the flag. */
+function readFlagFile(option: string, path: string): Promise<Buffer> {
+  return readFile(resolve(path)).catch((err: Error) => {
+    throw new UsageError(`${option} ${path}: ${err.message}`);
+  });
+}
+
 /** The gRPC port's TLS settings from the flags, or undefined for cleartext; a missing file or flag is a startup error. */
 async function grpcTls(flags: Flags): Promise<GrpcServerTlsOptions | undefined> {
   if (!flags.grpcUseSsl && !flags.grpcUseSslMutual) return undefined;
   const read = async (option: string, path: string | undefined) => {
     if (!path)
       throw new UsageError(`${option} is required with --grpc-use-ssl${flags.grpcUseSslMutual ? "-mutual" : ""}`);
-    return readFile(resolve(path)).catch((err: Error) => {
-      throw new UsageError(`${option} ${path}: ${err.message}`);
-    });
+    return readFlagFile(option, path);
   };
   return {
     cert: await read("--grpc-server-cert", flags.grpcServerCert),
@@ -266,14 +271,13 @@ async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
   const { endpointsRootCert: ca, endpointsClientCert: cert, endpointsClientKey: key } = flags;
   if (!ca && !cert && !key) return undefined;
   if (!cert !== !key) throw new UsageError("--endpoints-client-cert and --endpoints-client-key go together");
-  const read = (option: string, path: string) =>
-    readFile(resolve(path)).catch((err: Error) => {
-      throw new UsageError(`${option} ${path}: ${err.message}`);
-    });
   return {
-    ...(ca ? { ca: await read("--endpoints-root-cert", ca) } : {}),
+    ...(ca ? { ca: await readFlagFile("--endpoints-root-cert", ca) } : {}),
     ...(cert && key
-      ? { cert: await read("--endpoints-client-cert", cert), key: await read("--endpoints-client-key", key) }
+      ? {
+          cert: await readFlagFile("--endpoints-client-cert", cert),
+          key: await readFlagFile("--endpoints-client-key", key),
+        }
       : {}),
   };
 }

@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { promisify } from "node:util";
-import { constants, deflate, gunzip, gzip, inflate, inflateRaw, type ZlibOptions } from "node:zlib";
+import { constants, deflate, gunzip, gzip, type ZlibOptions } from "node:zlib";
 import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelStatisticsSchema } from "@trellis/protocol";
 import {
@@ -16,7 +16,7 @@ import {
   Code,
   type InferOptions,
   type InferRequest,
-  isZlibWrapped,
+  inflateDeflate,
   type LogSettings,
   type LogSettingsControl,
   type ModelRegistry,
@@ -134,7 +134,7 @@ async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer>
   const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks);
   if (encoding === undefined) return body;
   try {
-    return await decompress(encoding, body, { maxOutputLength: maxBytes });
+    return await decompress(encoding, body, maxBytes);
   } catch (err) {
     if ((err as { code?: string }).code === "ERR_BUFFER_TOO_LARGE") {
       throw tooLarge(`more than ${maxBytes}`, `${encoding}-decompressed request body`);
@@ -148,13 +148,9 @@ async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer>
 }
 
 const gunzipAsync = promisify(gunzip);
-const inflateAsync = promisify(inflate);
-const inflateRawAsync = promisify(inflateRaw);
 
-/** "deflate" in HTTP is zlib-wrapped (RFC 9110); some clients send it raw, so that is accepted too. */
-async function decompress(encoding: "gzip" | "deflate", body: Buffer, options: ZlibOptions): Promise<Buffer> {
-  if (encoding === "gzip") return gunzipAsync(body, options);
-  return isZlibWrapped(body) ? inflateAsync(body, options) : inflateRawAsync(body, options);
+function decompress(encoding: "gzip" | "deflate", body: Buffer, maxOutputLength: number): Promise<Buffer> {
+  return encoding === "gzip" ? gunzipAsync(body, { maxOutputLength }) : inflateDeflate(body, maxOutputLength);
 }
 
 /** The request's Content-Encoding: undefined for none or identity; 415 for one we cannot undo. */
@@ -296,11 +292,7 @@ export function restHandler(ctx: RestContext) {
       return sendEmpty(res, ready ? 200 : 400);
     }
     if (path === "/v2/logging") {
-      if (req.method !== "GET") requireMethod(req, "POST");
-      const changes = req.method === "POST" ? parseJson(await readBody(req, maxInputBytes), "log settings") : {};
-      if (!changes || typeof changes !== "object" || Array.isArray(changes)) {
-        throw new StageError(Code.InvalidArgument, "", "log settings must be a JSON object");
-      }
+      const changes = await settingChanges(req, "log settings");
       return sendJson(res, 200, answerLogSettings(ctx.logSettings, changes as LogSettings));
     }
     const shm = SHARED_MEMORY_ROUTE.exec(path);
@@ -319,14 +311,12 @@ export function restHandler(ctx: RestContext) {
       return sendEmpty(res, 200);
     }
     if (TRACE_ROUTE.test(path)) {
-      if (req.method !== "GET") requireMethod(req, "POST");
-      const body = req.method === "POST" ? parseJson(await readBody(req, maxInputBytes), "trace settings") : {};
-      if (!body || typeof body !== "object" || Array.isArray(body)) {
-        throw new StageError(Code.InvalidArgument, "", "trace settings must be a JSON object");
-      }
       // A value may be a string, a list of strings, or null (clear back to the global setting).
       const changes = Object.fromEntries(
-        Object.entries(body).map(([k, v]) => [k, v === null ? [] : Array.isArray(v) ? v.map(String) : [String(v)]]),
+        Object.entries(await settingChanges(req, "trace settings")).map(([k, v]) => [
+          k,
+          v === null ? [] : Array.isArray(v) ? v.map(String) : [String(v)],
+        ]),
       );
       return sendJson(res, 200, answerTraceSettings(changes));
     }
@@ -406,6 +396,17 @@ export function restHandler(ctx: RestContext) {
       });
     }
     throw new HttpError(404, "Not Found");
+  }
+
+  /** A settings endpoint's changes: none for GET, the JSON object a POST carries. */
+  async function settingChanges(req: IncomingMessage, what: string): Promise<Record<string, unknown>> {
+    if (req.method === "GET") return {};
+    requireMethod(req, "POST");
+    const body = parseJson(await readBody(req, maxInputBytes), what);
+    if (!body || typeof body !== "object" || Array.isArray(body)) {
+      throw new StageError(Code.InvalidArgument, "", `${what} must be a JSON object`);
+    }
+    return body as Record<string, unknown>;
   }
 
   async function sendStats(res: ServerResponse, stages: ReturnType<ModelRegistry["list"]>): Promise<void> {

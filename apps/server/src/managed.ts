@@ -18,6 +18,7 @@ import {
   type InferOptions,
   type InferRequest,
   type InferResponse,
+  nowNs,
   type RequestedOutput,
   type ResponseCache,
   responseCacheKey,
@@ -36,8 +37,8 @@ export interface ModelCache {
 export class ManagedStage implements Stage {
   private inflightCount = 0;
   private idleWaiters: (() => void)[] = [];
-  private readonly cacheHits = { count: 0n, ns: 0n };
-  private readonly cacheMisses = { count: 0n, ns: 0n };
+  private readonly cacheHits = { count: 0, ns: 0 };
+  private readonly cacheMisses = { count: 0, ns: 0 };
 
   /**
    * @param labels class labels per output name (from config `label_filename`), for classification.
@@ -87,11 +88,13 @@ export class ManagedStage implements Stage {
     const s = clone(ModelStatisticsSchema, inner);
     const stats = s.inferenceStats ?? create(InferStatisticsSchema);
     const success = stats.success ?? create(StatisticDurationSchema);
-    success.count += this.cacheHits.count;
-    success.ns += this.cacheHits.ns;
+    const duration = ({ count, ns }: { count: number; ns: number }) =>
+      create(StatisticDurationSchema, { count: BigInt(count), ns: BigInt(Math.round(ns)) });
+    stats.cacheHit = duration(this.cacheHits);
+    stats.cacheMiss = duration(this.cacheMisses);
+    success.count += stats.cacheHit.count;
+    success.ns += stats.cacheHit.ns;
     stats.success = success;
-    stats.cacheHit = create(StatisticDurationSchema, this.cacheHits);
-    stats.cacheMiss = create(StatisticDurationSchema, this.cacheMisses);
     s.inferenceStats = stats;
     return s;
   }
@@ -99,21 +102,21 @@ export class ManagedStage implements Stage {
   async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     if (!this.cache) return this.run(request, options);
     const { store, scope } = this.cache;
-    const started = process.hrtime.bigint();
+    const started = nowNs();
     const key = responseCacheKey(scope, request);
     const hit = store.lookup(key, request);
     if (hit) {
       this.cacheHits.count++;
-      this.cacheHits.ns += process.hrtime.bigint() - started;
+      this.cacheHits.ns += nowNs() - started;
       return hit;
     }
-    const lookupNs = process.hrtime.bigint() - started;
+    const lookupNs = nowNs() - started;
     const response = await this.run(request, options);
-    const inserting = process.hrtime.bigint();
+    const inserting = nowNs();
     store.insert(key, response);
     // Triton's cache-miss time: the lookup plus the insertion, not the execution between them.
     this.cacheMisses.count++;
-    this.cacheMisses.ns += lookupNs + (process.hrtime.bigint() - inserting);
+    this.cacheMisses.ns += lookupNs + (nowNs() - inserting);
     return response;
   }
 

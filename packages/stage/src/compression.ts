@@ -20,6 +20,15 @@ export function isZlibWrapped(bytes: Uint8Array): boolean {
   return bytes.byteLength >= 2 && (cmf & 0x0f) === 8 && (cmf * 256 + flg) % 31 === 0;
 }
 
+/**
+ * Inflates a "deflate" body, zlib-wrapped (RFC 1950, what gRPC core and HTTP's
+ * Content-Encoding mean) or raw, as some clients send it; `maxOutputLength` bounds it
+ * (past it zlib throws ERR_BUFFER_TOO_LARGE).
+ */
+export function inflateDeflate(bytes: Uint8Array, maxOutputLength: number): Promise<Buffer> {
+  return (isZlibWrapped(bytes) ? inflateAsync : inflateRawAsync)(bytes, { maxOutputLength });
+}
+
 export const compressionDeflate: Compression = {
   name: "deflate",
   async compress(bytes) {
@@ -28,10 +37,8 @@ export const compressionDeflate: Compression = {
   async decompress(bytes, readMaxBytes) {
     if (bytes.byteLength === 0) return new Uint8Array(0);
     try {
-      const inflated = await (isZlibWrapped(bytes) ? inflateAsync : inflateRawAsync)(bytes, {
-        maxOutputLength: readMaxBytes,
-      });
-      return new Uint8Array(inflated.buffer, inflated.byteOffset, inflated.byteLength);
+      const inflated = await inflateDeflate(bytes, readMaxBytes);
+      return new Uint8Array(inflated.buffer as ArrayBuffer, inflated.byteOffset, inflated.byteLength);
     } catch (err) {
       if ((err as { code?: string }).code === "ERR_BUFFER_TOO_LARGE") {
         throw new ConnectError(

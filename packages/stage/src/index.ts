@@ -18,7 +18,7 @@ export {
   tensorToContents,
   tensorToRaw,
 } from "./codec.js";
-export { compressionDeflate, isZlibWrapped } from "./compression.js";
+export { compressionDeflate, inflateDeflate } from "./compression.js";
 export {
   type ClosableTransport,
   type ConnectStageOptions,
@@ -61,7 +61,6 @@ export {
   API_CATEGORIES,
   type ApiCategory,
   type ApiRestrictions,
-  grpcMethodCategory,
   parseRestriction,
   restrictionError,
   restrictionInterceptor,
@@ -107,7 +106,6 @@ export {
   refuseSharedMemoryRegister,
   type SharedMemoryKind,
   sharedMemoryStatus,
-  TRACE_SETTINGS,
 } from "./unsupported.js";
 export {
   datatypeFromConfig,

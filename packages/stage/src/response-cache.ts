@@ -58,7 +58,8 @@ export class ResponseCache {
       name: t.name,
       datatype: t.datatype,
       shape: [...t.shape],
-      raw: tensorToRaw(t).slice(),
+      // tensorToRaw frames BYTES into a new buffer but views numeric data: copy only that.
+      raw: t.datatype === "BYTES" ? tensorToRaw(t) : tensorToRaw(t).slice(),
     }));
     const bytes = ENTRY_OVERHEAD_BYTES + key.length + outputs.reduce((n, o) => n + o.raw.byteLength, 0);
     if (bytes > this.capacityBytes) return;
@@ -108,9 +109,12 @@ export function responseCacheKey(scope: string, request: InferRequest): string {
     field(t.name);
     field(t.datatype);
     field(t.shape.join(","));
-    const raw = tensorToRaw(t);
-    field(String(raw.byteLength));
-    hash.update(raw);
+    // BYTES elements are hashed as they are, length first, rather than framed into a copy first.
+    const parts = t.datatype === "BYTES" ? (t.data as Uint8Array[]) : [tensorToRaw(t)];
+    for (const part of parts) {
+      field(String(part.byteLength));
+      hash.update(part);
+    }
   }
   field(stableJson(request.outputs ?? []));
   field(stableJson(request.parameters ?? {}));

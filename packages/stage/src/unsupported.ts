@@ -24,7 +24,7 @@ export function refuseSharedMemoryRegister(kind: SharedMemoryKind): never {
 }
 
 /** The only trace setting there is. */
-export const TRACE_SETTINGS: Readonly<Record<string, string[]>> = { trace_level: ["OFF"] };
+const TRACE_SETTINGS: Readonly<Record<string, string[]>> = { trace_level: ["OFF"] };
 
 /** Trace settings: reading, or setting trace_level to OFF (or clearing it), answers them; anything else is refused. */
 export function answerTraceSettings(changes: Record<string, string[]>): Record<string, string[]> {

@@ -33,7 +33,6 @@ import { GRPCInferenceService, ModelInferRequestSchema, parseModelConfig } from 
 import { bytesTensor, frameBytes, grpcTransport } from "@trellis/stage";
 import {
   closedLoop,
-  fixtureImagesDir,
   grpcJsInferenceClient,
   MOBILENET_PATH,
   makeSeedRepository,
@@ -45,6 +44,7 @@ import {
 import { synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import sharp from "sharp";
+import { fullHdPhotos, PHOTOS } from "./photos.js";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 16);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 8);
@@ -56,7 +56,6 @@ const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4);
 /** Uncounted seconds before each throughput window: the server's decode-then-batch pipeline fills first. */
 const WARMUP_SECONDS = Number(process.env.BENCH_WARMUP_SECONDS ?? 1);
 const USE_MOBILENET = process.env.BENCH_MODEL === "mobilenet";
-const PHOTOS = ["chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg", "camera.jpg", "motorcycle_left.jpg"];
 
 interface ServerSetup {
   label: string;
@@ -97,18 +96,6 @@ const SETUPS = process.env.BENCH_SETUPS
 
 const parameter = (key: string, value: string) =>
   `\nparameters {\n  key: "${key}"\n  value: { string_value: "${value}" }\n}\n`;
-
-/** The shared photos as 1920x1080 JPEGs (quality 90), like a camera frame. */
-async function fullHdPhotos(): Promise<Uint8Array[]> {
-  return Promise.all(
-    PHOTOS.map(
-      async (p) =>
-        new Uint8Array(
-          await sharp(join(fixtureImagesDir, p)).resize(1920, 1080, { fit: "cover" }).jpeg({ quality: 90 }).toBuffer(),
-        ),
-    ),
-  );
-}
 
 const MEAN = [0.485, 0.456, 0.406];
 const STD = [0.229, 0.224, 0.225];

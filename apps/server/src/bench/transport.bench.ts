@@ -10,19 +10,15 @@ import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { frameBytes } from "@trellis/stage";
-import { fixturePhotos, grpcJsInferenceClient, median, readFixtureImage, startServerProcess } from "@trellis/testing";
-import sharp from "sharp";
+import { grpcJsInferenceClient, median, startServerProcess } from "@trellis/testing";
+import { fullHdPhotos } from "./photos.js";
 import type { StreamStamps } from "./stream-timing.js";
 
 const N = Number(process.env.TRANSPORT_N ?? 120);
 const now = () => Number(process.hrtime.bigint()) / 1e6;
 const out = join(mkdtempSync(join(tmpdir(), "trellis-transport-")), "stamps.json");
 
-const photos = await Promise.all(
-  fixturePhotos()
-    .filter((p) => p.endsWith(".jpg"))
-    .map((p) => sharp(readFixtureImage(p)).resize(1920, 1080, { fit: "fill" }).jpeg({ quality: 90 }).toBuffer()),
-);
+const photos = await fullHdPhotos();
 process.env.NODE_OPTIONS = `--import=${join(import.meta.dirname, "stream-timing.js")}`;
 process.env.STREAM_TIMING_OUT = out;
 const server = await startServerProcess([
@@ -31,18 +27,18 @@ const server = await startServerProcess([
 ]);
 delete process.env.NODE_OPTIONS;
 const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
-const call = (image: Buffer) =>
+const call = (image: Uint8Array) =>
   client.modelInfer({
     model_name: "resnet50_ensemble",
     inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
     raw_input_contents: [Buffer.from(frameBytes([image]))],
   });
 const warmup = 20;
-for (let i = 0; i < warmup; i++) await call(photos[i % photos.length] as Buffer);
+for (let i = 0; i < warmup; i++) await call(photos[i % photos.length] as Uint8Array);
 const calls: { start: number; done: number }[] = [];
 for (let i = 0; i < N; i++) {
   const start = now();
-  await call(photos[i % photos.length] as Buffer);
+  await call(photos[i % photos.length] as Uint8Array);
   calls.push({ start, done: now() });
 }
 client.close();
