@@ -18,6 +18,7 @@ import { Command, InvalidArgumentError, Option } from "commander";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import type { ControlMode } from "./repository.js";
 import { SERVER_VERSION } from "./server.js";
+import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "./tracing.js";
 
 const port = (v: string) => {
   const n = Number(v);
@@ -165,6 +166,17 @@ export const program = new Command("trellis-server")
     "verbose (debug) logging: level > 0 (1 when given without one); changeable at run time through /v2/logging",
     false,
   )
+  .option(
+    "--trace-config <setting>",
+    "request tracing, as tritonserver's: level=TIMESTAMPS (or OFF), rate=<n> (every n-th request; default 1000), count=<n> (-1: no limit), triton,file=<path> (needed to trace), triton,log-frequency=<n> (write every n traces to <path>.<i>; 0: all to <path> at exit); repeatable; changeable at run time through /v2/trace/setting",
+    collect,
+    [],
+  )
+  .option("--trace-file <path>", "deprecated in tritonserver: --trace-config triton,file=<path>")
+  .option("--trace-level <level>", "deprecated in tritonserver: --trace-config level=<level>", collect, [])
+  .option("--trace-rate <n>", "deprecated in tritonserver: --trace-config rate=<n>")
+  .option("--trace-count <n>", "deprecated in tritonserver: --trace-config count=<n>")
+  .option("--trace-log-frequency <n>", "deprecated in tritonserver: --trace-config triton,log-frequency=<n>")
   .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start");
 
 export interface Flags {
@@ -201,6 +213,12 @@ export interface Flags {
   endpointsRootCert?: string;
   endpointsClientCert?: string;
   endpointsClientKey?: string;
+  traceConfig: string[];
+  traceFile?: string;
+  traceLevel: string[];
+  traceRate?: string;
+  traceCount?: string;
+  traceLogFrequency?: string;
   fetchModels: boolean;
 }
 
@@ -266,6 +284,59 @@ function restrictions(option: string, specs: string[]): ApiRestrictions | undefi
   return into;
 }
 
+/** --trace-config's names for the trace extension's settings: global ones, then trace mode triton's. */
+const TRACE_CONFIG_GLOBAL: Record<string, string> = {
+  level: "trace_level",
+  rate: "trace_rate",
+  count: "trace_count",
+  mode: "trace_mode",
+};
+const TRACE_CONFIG_TRITON: Record<string, string> = { file: "trace_file", "log-frequency": "log_frequency" };
+
+/**
+ * Tracing as the command line sets it: tritonserver's deprecated --trace-* flags,
+ * then --trace-config entries ("<setting>=<value>" or "triton,<setting>=<value>"),
+ * later ones winning (levels add up, as repeated --trace-config level= do).
+ */
+function traceValues(flags: Flags): TraceValues {
+  const given = new Map<string, string[]>();
+  const put = (setting: string, value: string) =>
+    given.set(setting, setting === "trace_level" ? [...(given.get(setting) ?? []), value] : [value]);
+  if (flags.traceFile !== undefined) put("trace_file", flags.traceFile);
+  for (const level of flags.traceLevel) put("trace_level", level);
+  if (flags.traceRate !== undefined) put("trace_rate", flags.traceRate);
+  if (flags.traceCount !== undefined) put("trace_count", flags.traceCount);
+  if (flags.traceLogFrequency !== undefined) put("log_frequency", flags.traceLogFrequency);
+  for (const entry of flags.traceConfig) {
+    const comma = entry.indexOf(",");
+    const mode = comma < 0 ? undefined : entry.slice(0, comma);
+    const [key = "", value] = entry.slice(comma + 1).split(/=(.*)/s, 2);
+    if (mode === "opentelemetry") {
+      throw new UsageError(`--trace-config ${entry}: OpenTelemetry tracing is not supported (trace mode triton is)`);
+    }
+    const names = mode === undefined ? TRACE_CONFIG_GLOBAL : mode === "triton" ? TRACE_CONFIG_TRITON : undefined;
+    const setting = names?.[key];
+    if (!setting || value === undefined) {
+      throw new UsageError(
+        `--trace-config ${entry}: expected level=, rate=, count=, mode=, triton,file= or triton,log-frequency=<value>`,
+      );
+    }
+    put(setting, value);
+  }
+  const values: TraceValues = { ...DEFAULT_TRACE_VALUES };
+  for (const [setting, list] of given) {
+    try {
+      Object.assign(values, parseTraceSetting(setting, list));
+    } catch (err) {
+      throw new UsageError(`--trace-config ${(err as Error).message}`);
+    }
+  }
+  if (values.level.length > 0 && !values.file) {
+    throw new UsageError("--trace-config level=TIMESTAMPS needs a trace file: --trace-config triton,file=<path>");
+  }
+  return values;
+}
+
 /** TLS for https:// --endpoints from the flags (undefined: the system's CAs, no client certificate). */
 async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
   const { endpointsRootCert: ca, endpointsClientCert: cert, endpointsClientKey: key } = flags;
@@ -293,6 +364,8 @@ export interface Settings {
   grpcTls?: GrpcServerTlsOptions;
   httpRestrictions?: ApiRestrictions;
   grpcRestrictions?: ApiRestrictions;
+  /** Tracing at start (--trace-config); changeable at run time through the trace extension. */
+  tracing: TraceValues;
 }
 
 export async function readCommandLine(argv: string[] = process.argv): Promise<Settings> {
@@ -309,5 +382,6 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     grpcTls: await grpcTls(flags),
     httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
     grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
+    tracing: traceValues(flags),
   };
 }

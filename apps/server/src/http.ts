@@ -20,12 +20,15 @@ import {
   type LogSettings,
   type LogSettingsControl,
   type ModelRegistry,
+  nowNs,
   type Parameters,
   type RequestedOutput,
   refuseSharedMemoryRegister,
   restrictionError,
   StageError,
   sharedMemoryStatus,
+  stampTrace,
+  type TraceControl,
   toConnectError,
 } from "@trellis/stage";
 import {
@@ -50,6 +53,8 @@ export interface RestContext {
   logSettings?: LogSettingsControl;
   /** Endpoint groups that require a header (tritonserver's --http-restricted-api); refused with 403. */
   restrictions?: ApiRestrictions;
+  /** The trace extension (/v2[/models/m]/trace/setting) and request tracing; without it tracing stays OFF. */
+  tracing?: TraceControl;
 }
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -226,7 +231,7 @@ export function configToJson(config: ModelConfig): unknown {
 
 const MODEL_ROUTE = /^\/v2\/models\/([^/]+)(?:\/versions\/([^/]+))?(?:\/(ready|config|stats|infer))?$/;
 const SHARED_MEMORY_ROUTE = /^\/v2\/(system|cuda)sharedmemory(?:\/region\/([^/]+))?\/(status|register|unregister)$/;
-const TRACE_ROUTE = /^\/v2\/(?:models\/[^/]+\/)?trace\/setting$/;
+const TRACE_ROUTE = /^\/v2\/(?:models\/([^/]+)\/)?trace\/setting$/;
 const REPO_ROUTE = /^\/v2\/repository\/models\/([^/]+)\/(load|unload)$/;
 
 const headerOf = (req: IncomingMessage, name: string): string | undefined => {
@@ -310,15 +315,23 @@ export function restHandler(ctx: RestContext) {
       }
       return sendEmpty(res, 200);
     }
-    if (TRACE_ROUTE.test(path)) {
+    const traceMatch = TRACE_ROUTE.exec(path);
+    if (traceMatch) {
+      const model = traceMatch[1];
+      // A model's settings: only for a model being served (a typo would otherwise be kept, and trace nothing).
+      if (model) registry.resolve(model, "");
       // A value may be a string, a list of strings, or null (clear back to the global setting).
-      const changes = Object.fromEntries(
+      let changes: Record<string, string[]> = Object.fromEntries(
         Object.entries(await settingChanges(req, "trace settings")).map(([k, v]) => [
           k,
           v === null ? [] : Array.isArray(v) ? v.map(String) : [String(v)],
         ]),
       );
-      return sendJson(res, 200, answerTraceSettings(changes));
+      // The trace extension: a model named with no settings in the body clears all of the model's own.
+      if (model && req.method === "POST" && Object.keys(changes).length === 0 && ctx.tracing) {
+        changes = Object.fromEntries(Object.keys(ctx.tracing.settings(model)).map((k) => [k, []]));
+      }
+      return sendJson(res, 200, answerTraceSettings(ctx.tracing, model, changes));
     }
     if (path === "/v2/models/stats") {
       requireMethod(req, "GET");
@@ -428,9 +441,11 @@ export function restHandler(ctx: RestContext) {
         return undefined;
       }
     };
+    const recvStartNs = nowNs();
     // Checked before the upload, like Triton; looked up again after it (below).
     if (!resolve()) return;
     const body = await readBody(req, maxInputBytes);
+    const recvEndNs = nowNs();
     const headerLength = req.headers[HEADER_LENGTH];
     let jsonPart: Uint8Array = body;
     let binary: Uint8Array = new Uint8Array(0);
@@ -509,7 +524,16 @@ export function restHandler(ctx: RestContext) {
     // The model may have been unloaded or reloaded while the body arrived: use what is loaded now.
     const stage = resolve();
     if (!stage) return;
+    const trace = ctx.tracing?.begin(stage.name, stage.version, request.id);
+    if (trace) {
+      trace.stamp("HTTP_RECV_START", recvStartNs);
+      trace.stamp("HTTP_RECV_END", recvEndNs);
+      options.trace = trace;
+      res.once("finish", () => trace.stamp("HTTP_SEND_END", nowNs()));
+      res.once("close", () => trace.end());
+    }
     const response = await stage.infer(request, options);
+    stampTrace(trace, "HTTP_SEND_START");
 
     const chunks: Uint8Array[] = [];
     const outJson = response.outputs.map((t) => {

@@ -12,6 +12,7 @@ import { loadEndpoints, modelLoader } from "./loader.js";
 import { pinoLogSettings } from "./logging.js";
 import { RepositoryManager } from "./repository.js";
 import { startServer } from "./server.js";
+import { Tracer } from "./tracing.js";
 
 // Every request allocates megabytes of ArrayBuffers (encoded image, decoded pixels, tensors)
 // around a small, steady JS heap. V8's adaptive heap growth then keeps the old-generation
@@ -55,6 +56,7 @@ async function main(): Promise<void> {
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
+    tracing: new Tracer(settings.tracing, logger),
   });
 
   let shuttingDown = false;

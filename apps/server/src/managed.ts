@@ -100,6 +100,18 @@ export class ManagedStage implements Stage {
   }
 
   async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+    const trace = options?.trace;
+    if (!trace) return this.answer(request, options);
+    trace.stamp("REQUEST_START", nowNs());
+    try {
+      return await this.answer(request, options);
+    } finally {
+      trace.stamp("REQUEST_END", nowNs());
+    }
+  }
+
+  /** From the response cache when it holds the answer, else by running the stage. */
+  private async answer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     if (!this.cache) return this.run(request, options);
     const { store, scope } = this.cache;
     const started = nowNs();

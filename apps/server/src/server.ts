@@ -16,6 +16,7 @@ import {
   restrictionInterceptor,
   SERVER_COMPRESSION,
   serveStage,
+  type TraceControl,
 } from "@trellis/stage";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics } from "./metrics.js";
@@ -34,6 +35,7 @@ export const EXTENSIONS = [
   "statistics",
   "binary_tensor_data",
   "logging",
+  "trace",
 ];
 
 export interface Logger {
@@ -55,6 +57,8 @@ export interface ServerOptions {
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
+  /** Request tracing (the trace extension, --trace-config); without it tracing stays OFF. */
+  tracing?: TraceControl & { flush(): Promise<void> };
   /** Serve gRPC over TLS (tritonserver's --grpc-use-ssl); HTTP and metrics stay cleartext, as in Triton. */
   grpcTls?: GrpcServerTlsOptions;
   /** Endpoint groups that require a header: tritonserver's --http-restricted-api and --grpc-restricted-protocol. */
@@ -103,6 +107,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     serverVersion: SERVER_VERSION,
     extensions: EXTENSIONS,
     logSettings: options.logSettings,
+    tracing: options.tracing,
   };
   const routes = serveStage(manager, serveOptions);
   let active = 0;
@@ -139,6 +144,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     logger,
     maxInputBytes: options.httpMaxInputBytes,
     logSettings: options.logSettings,
+    tracing: options.tracing,
     restrictions: options.httpRestrictions,
   });
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
@@ -228,6 +234,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       httpServer.closeAllConnections();
       await closed;
       await manager.close();
+      await options.tracing?.flush();
       await close(metricsServer);
       return { timedOut };
     },

@@ -455,7 +455,9 @@ describe("gRPC", () => {
       log_format: "default",
     };
     expect(await jsonOf(await fetch(`${server.http}/v2/logging`))).toEqual(defaults);
-    expect((await jsonOf(await fetch(`${server.http}/v2`))).extensions).toContain("logging");
+    expect((await jsonOf(await fetch(`${server.http}/v2`))).extensions).toEqual(
+      expect.arrayContaining(["logging", "trace"]),
+    );
     const debugLines = () => server.logs.filter((l) => l.msg === "request failed" && l.url === "/v2/nowhere").length;
     await fetch(`${server.http}/v2/nowhere`);
     expect(debugLines()).toBe(0);
@@ -495,7 +497,7 @@ describe("gRPC", () => {
     expect(await jsonOf(await fetch(`${server.http}/v2/logging`))).toEqual(defaults);
   });
 
-  it("answers shared memory and tracing, which it lacks, as a Triton without them would: nothing there, changes refused", async () => {
+  it("answers shared memory, which it lacks, as a Triton without it would (nothing there, registering refused), and keeps tracing off without a trace file", async () => {
     // HTTP, as tritonclient.http's shm examples start: status, unregister all, then register.
     for (const kind of ["system", "cuda"]) {
       const base = `${server.http}/v2/${kind}sharedmemory`;
@@ -511,15 +513,24 @@ describe("gRPC", () => {
         /shared memory is not supported by this server: send tensors in the request$/,
       );
     }
-    expect(await jsonOf(await fetch(`${server.http}/v2/trace/setting`))).toEqual({ trace_level: ["OFF"] });
+    // Tracing: Triton's defaults, and no trace file (none was given at start), so it cannot be turned on.
+    const traceDefaults = {
+      trace_file: "",
+      trace_level: ["OFF"],
+      trace_rate: "1000",
+      trace_count: "-1",
+      log_frequency: "0",
+      trace_mode: "triton",
+    };
+    expect(await jsonOf(await fetch(`${server.http}/v2/trace/setting`))).toEqual(traceDefaults);
     expect(await postJson(`${server.http}/v2/models/echo/trace/setting`, { trace_level: "OFF" })).toEqual({
       status: 200,
-      json: { trace_level: ["OFF"] },
+      json: traceDefaults,
     });
     expect(await postJson(`${server.http}/v2/trace/setting`, { trace_level: ["TIMESTAMPS"], trace_rate: "1" })).toEqual(
       {
-        status: 501,
-        json: { error: "tracing is not supported by this server (setting trace_level)" },
+        status: 400,
+        json: { error: "tracing needs a trace file: start the server with --trace-config triton,file=<path>" },
       },
     );
 
@@ -537,7 +548,8 @@ describe("gRPC", () => {
     const tracing = await client
       .traceSetting({ settings: { trace_level: { value: ["TIMESTAMPS"] } } })
       .catch((e: ConnectError) => e);
-    expect((tracing as ConnectError).code).toBe(Code.Unimplemented);
+    expect((tracing as ConnectError).code).toBe(Code.InvalidArgument);
+    expect(await jsonOf(await fetch(`${server.http}/v2/trace/setting`))).toEqual(traceDefaults);
   });
 
   it("runs the requests of one ModelStreamInfer stream at once, answering each as it completes, as Triton does", async () => {

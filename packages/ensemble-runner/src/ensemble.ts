@@ -20,6 +20,7 @@ import {
   type StageMetadata,
   StatisticsRecorder,
   type Tensor,
+  traceExecution,
 } from "@trellis/stage";
 import { Limiter } from "./limiter.js";
 import { type EnsemblePlan, ensembling, planEnsemble, type StepPlan, stepLabel } from "./plan.js";
@@ -257,7 +258,12 @@ function buildEnsemble(
               try {
                 response = await step.stage.infer(
                   { id: request.id, inputs, outputs: perStep[step.index], parameters: request.parameters },
-                  { signal, priority: options?.priority, timeoutMicroseconds: options?.timeoutMicroseconds },
+                  {
+                    signal,
+                    priority: options?.priority,
+                    timeoutMicroseconds: options?.timeoutMicroseconds,
+                    trace: options?.trace?.child(step.model, step.stage.version),
+                  },
                 );
               } catch (err) {
                 rt.stats.requestFailed(nowNs() - queued);
@@ -335,6 +341,7 @@ function buildEnsemble(
         const end = nowNs();
         const times = { computeInputNs: inputNs, computeInferNs: totals.computeNs, computeOutputNs: 0 };
         recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
+        traceExecution(options?.trace, begin, begin, end, times);
         recorder.executed(batch, times);
         return { id: request.id, modelName: name, modelVersion: version, outputs };
       } catch (err) {

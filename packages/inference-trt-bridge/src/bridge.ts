@@ -26,6 +26,7 @@ import {
   StatisticsRecorder,
   type Tensor,
   tensor,
+  traceExecution,
 } from "@trellis/stage";
 import { type BridgePlan, checkRemote, type TensorPlan } from "./check.js";
 
@@ -260,6 +261,7 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
         const times = { computeInputNs: t1 - start, computeInferNs: t2 - t1, computeOutputNs: t3 - t2 };
         stats.executed(batch, times);
         stats.requestSucceeded(t3 - start, batch, 0, times);
+        traceExecution(opts?.trace, start, start, t3, times);
         return {
           id: res.id ?? request.id,
           modelName: name,

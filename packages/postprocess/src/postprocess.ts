@@ -23,6 +23,7 @@ import {
   type StageLogger,
   type StageMetadata,
   StatisticsRecorder,
+  traceExecution,
 } from "@trellis/stage";
 import { cFixed6, pyJsonFloatList, pyJsonStringList } from "./format.js";
 import { loadLabels } from "./labels.js";
@@ -219,6 +220,7 @@ export class PostprocessStage implements Stage {
       };
       this.stats.executed(n, times);
       this.stats.requestSucceeded(end - start, n, 0, times);
+      traceExecution(options.trace, start, start, end, times);
       return response;
     } catch (err) {
       this.stats.requestFailed(nowNs() - start);

@@ -23,6 +23,7 @@ import {
   StatisticsRecorder,
   type Tensor,
   tensor,
+  traceExecution,
 } from "@trellis/stage";
 import { decodeCrop, ElementError, unwrap } from "./image.js";
 import { lookupTables, rowWriter } from "./normalize.js";
@@ -217,6 +218,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
       };
       stats.executed(n, times);
       stats.requestSucceeded(end - start, n, 0, times);
+      traceExecution(opts.trace, start, start, end, times);
       return response;
     } catch (err) {
       stats.requestFailed(nowNs() - start);

@@ -14,6 +14,7 @@ import type { InferOptions, InferRequest, InferResponse } from "./stage.js";
 import { type ExecutionTimes, nowNs, type StatisticsRecorder } from "./statistics.js";
 import { allocate, elementCount, formatShape, type Tensor, type TensorData } from "./tensor.js";
 import { deadlineTimer } from "./timer.js";
+import { type RequestTrace, traceExecution } from "./trace.js";
 
 export interface BatchContext {
   /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
@@ -102,6 +103,7 @@ interface Pending {
   startNs: number;
   enqueuedNs: number;
   queueNs: number;
+  trace?: RequestTrace;
   timer?: NodeJS.Timeout;
   detach?: () => void;
   resolve(response: InferResponse): void;
@@ -361,6 +363,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         fail(p, r);
       } else {
         recorder.requestSucceeded(t3 - p.startNs, p.size, p.queueNs, times);
+        traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t3, times);
         p.resolve(r);
       }
     });
@@ -424,6 +427,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         startNs,
         enqueuedNs: nowNs(),
         queueNs: 0,
+        trace: opts.trace,
         resolve,
         reject,
       };

@@ -9,6 +9,7 @@ import { Code, StageError, toConnectError } from "./errors.js";
 import type { InferOptions, InferRequest, InferResponse, Stage } from "./stage.js";
 import { nowNs, StatisticsRecorder } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
+import { traceExecution } from "./trace.js";
 import { metadataFromConfig } from "./wire.js";
 
 export interface StageDefinition {
@@ -65,10 +66,11 @@ export function defineStage(definition: StageDefinition): Stage {
         if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
         const outputs = pick(request, await definition.compute(request, options));
         const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
-        const elapsed = nowNs() - start;
-        const times = { computeInputNs: 0, computeInferNs: elapsed, computeOutputNs: 0 };
+        const end = nowNs();
+        const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
         recorder.executed(batch, times);
-        recorder.requestSucceeded(elapsed, batch, 0, times);
+        recorder.requestSucceeded(end - start, batch, 0, times);
+        traceExecution(options?.trace, start, start, end, times);
         return { id: request.id, modelName: name, modelVersion: version, outputs };
       } catch (err) {
         recorder.requestFailed(nowNs() - start);

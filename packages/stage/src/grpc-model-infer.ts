@@ -30,7 +30,9 @@ import {
   ModelInferResponseSchema,
 } from "@trellis/protocol";
 import { toConnectError } from "./errors.js";
+import { nowNs } from "./statistics.js";
 import { deadlineTimer } from "./timer.js";
+import { type RequestTrace, stampTrace } from "./trace.js";
 
 /**
  * grpc-message as the gRPC spec writes it: printable ASCII as is, everything else (and '%')
@@ -62,8 +64,20 @@ export function withReadableGrpcMessage(trailers: http2.OutgoingHttpHeaders): ht
   return { ...trailers, "grpc-message": encodeGrpcMessage(text) };
 }
 
+/** When the call's stream arrived and its request was read (nowNs), and the trace its request got, if sampled. */
+export interface GrpcCallTimes {
+  readStartNs: number;
+  readEndNs: number;
+  /** Set by the infer function when it traces the request: the handler stamps the send and ends it. */
+  trace?: RequestTrace;
+}
+
 /** Runs one decoded ModelInfer; `signal` aborts on deadline or client cancel. */
-export type ModelInferFn = (request: ModelInferRequest, signal: AbortSignal) => Promise<ModelInferResponse>;
+export type ModelInferFn = (
+  request: ModelInferRequest,
+  signal: AbortSignal,
+  call: GrpcCallTimes,
+) => Promise<ModelInferResponse>;
 
 /** Handles the request and returns true, or returns false for Connect to handle it. */
 export type FastPath = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
@@ -128,6 +142,7 @@ export function grpcModelInferHandler(
 ): FastPath {
   return (req, res) => {
     if (!servedHere(req)) return false;
+    const call: GrpcCallTimes = { readStartNs: nowNs(), readEndNs: 0 };
     const controller = new AbortController();
     let answered = false;
     let timer: NodeJS.Timeout | undefined;
@@ -135,32 +150,41 @@ export function grpcModelInferHandler(
       answered = true;
       clearTimeout(timer);
     };
+    const sent = () => {
+      const trace = call.trace;
+      if (!trace) return;
+      trace.stamp("GRPC_SEND_END", nowNs());
+      trace.end();
+    };
     const fail = (err: unknown) => {
       if (answered) return;
       finish();
+      stampTrace(call.trace, "GRPC_SEND_START");
       const error = toConnectError(err);
       controller.abort(error);
       const trailers: Record<string, string> = {};
       for (const [key, value] of setTrailerStatus(new Headers(), error)) trailers[key] = value;
       res.writeHead(200, { "content-type": contentTypeProto });
       res.addTrailers(withReadableGrpcMessage(trailers));
-      res.end();
+      res.end(sent);
       // Whatever the client is still sending is read and dropped.
       req.resume();
     };
     const answer = (response: ModelInferResponse) => {
       if (answered) return;
+      stampTrace(call.trace, "GRPC_SEND_START");
       // Serialized before the call counts as answered, so a failure here still reaches the client.
       const frame = encodeEnvelope(0, toBinary(ModelInferResponseSchema, response));
       finish();
       res.writeHead(200, { "content-type": contentTypeProto });
       res.addTrailers({ "grpc-status": "0" });
-      res.end(frame);
+      res.end(frame, sent);
     };
     res.on("close", () => {
       if (answered) return;
       finish();
       controller.abort(new ConnectError("the client cancelled the call", Code.Canceled));
+      call.trace?.end();
     });
 
     const timeout = parseTimeout(
@@ -198,11 +222,12 @@ export function grpcModelInferHandler(
     });
     req.on("end", () => {
       if (answered) return;
+      call.readEndNs = nowNs();
       try {
         const request = decode(
           unaryMessage(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, received)),
         );
-        infer(request, controller.signal).then(answer).catch(fail);
+        infer(request, controller.signal, call).then(answer).catch(fail);
       } catch (err) {
         fail(err);
       }

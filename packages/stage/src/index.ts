@@ -100,9 +100,17 @@ export type {
 export { configInteger, configParameter } from "./stage.js";
 export { type ExecutionTimes, nowNs, StatisticsRecorder } from "./statistics.js";
 export * from "./tensor.js";
-export { describeTransportError, isConnectionLost, neverSent } from "./transport-errors.js";
 export {
   answerTraceSettings,
+  type RequestTrace,
+  stampTrace,
+  type TraceActivity,
+  type TraceControl,
+  type TraceSettings,
+  traceExecution,
+} from "./trace.js";
+export { describeTransportError, isConnectionLost, neverSent } from "./transport-errors.js";
+export {
   refuseSharedMemoryRegister,
   type SharedMemoryKind,
   sharedMemoryStatus,

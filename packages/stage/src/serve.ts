@@ -33,12 +33,13 @@ import {
 } from "@trellis/protocol";
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
-import { grpcModelInferHandler, withReadableGrpcMessage } from "./grpc-model-infer.js";
+import { type GrpcCallTimes, grpcModelInferHandler, withReadableGrpcMessage } from "./grpc-model-infer.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
 import type { InferOptions, Stage } from "./stage.js";
-import { answerTraceSettings, refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
+import { answerTraceSettings, type TraceControl } from "./trace.js";
+import { refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
 
 export interface ServeOptions {
@@ -47,6 +48,8 @@ export interface ServeOptions {
   extensions?: string[];
   /** The logging extension's settings (LogSettings); without it the call answers UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
+  /** The trace extension: samples requests and keeps the settings; without it tracing stays OFF. */
+  tracing?: TraceControl;
 }
 
 const DEFAULT_EXTENSIONS = [
@@ -80,16 +83,35 @@ function inferOptions(msg: ModelInferRequest, signal: AbortSignal): InferOptions
   return opts;
 }
 
-/** Runs one ModelInfer against the registry; `signal` is the call's. Errors come back as ConnectErrors. */
+/**
+ * Runs one ModelInfer against the registry; `signal` is the call's. Errors come back as ConnectErrors.
+ * With `tracing`, a sampled request is traced; with `call` (the direct gRPC path), the call's own
+ * read times go on the trace and the trace is left for the caller to finish once the answer is sent.
+ */
 export async function handleModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
+  tracing?: TraceControl,
+  call?: GrpcCallTimes,
 ): Promise<ModelInferResponse> {
   const stage = registry.resolve(msg.modelName, msg.modelVersion);
   const request = inferRequestFromWire(msg, stage.name);
-  const response = await stage.infer(request, inferOptions(msg, signal));
-  return inferResponseToWire(response);
+  const options = inferOptions(msg, signal);
+  const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined);
+  if (trace) {
+    options.trace = trace;
+    if (call) {
+      trace.stamp("GRPC_WAITREAD_START", call.readStartNs);
+      trace.stamp("GRPC_WAITREAD_END", call.readEndNs);
+      call.trace = trace;
+    }
+  }
+  try {
+    return inferResponseToWire(await stage.infer(request, options));
+  } finally {
+    if (!call) trace?.end();
+  }
 }
 
 export function inferenceService(
@@ -119,7 +141,7 @@ export function inferenceService(
       }),
     modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
     modelConfig: (req) => create(ModelConfigResponseSchema, { config: registry.resolve(req.name, req.version).config }),
-    modelInfer: (msg, ctx) => handleModelInfer(registry, msg, ctx.signal),
+    modelInfer: (msg, ctx) => handleModelInfer(registry, msg, ctx.signal, options.tracing),
     // As Triton does: every request on the stream runs as soon as it arrives (so they can
     // batch together), and each is answered as it completes, in completion order; a failed
     // one is answered with its error (and its id) and the stream goes on.
@@ -138,7 +160,7 @@ export function inferenceService(
         try {
           for await (const msg of requests) {
             running++;
-            handleModelInfer(registry, msg, ctx.signal).then(
+            handleModelInfer(registry, msg, ctx.signal, options.tracing).then(
               (inferResponse) => answer(create(ModelStreamInferResponseSchema, { inferResponse })),
               (err) =>
                 answer(
@@ -200,11 +222,17 @@ export function inferenceService(
     cudaSharedMemoryRegister: () => refuseSharedMemoryRegister("CUDA"),
     cudaSharedMemoryUnregister: () => ({}),
     traceSetting: (req) => {
+      // A model's settings: only for a model being served (a typo would otherwise be kept, and trace nothing).
+      if (req.modelName) registry.resolve(req.modelName, "");
       const settings = answerTraceSettings(
+        options.tracing,
+        req.modelName || undefined,
         Object.fromEntries(Object.entries(req.settings).map(([k, v]) => [k, v.value])),
       );
       return create(TraceSettingResponseSchema, {
-        settings: Object.fromEntries(Object.entries(settings).map(([k, value]) => [k, { value }])),
+        settings: Object.fromEntries(
+          Object.entries(settings).map(([k, value]) => [k, { value: Array.isArray(value) ? value : [value] }]),
+        ),
       });
     },
     logSettings: (req) => {
@@ -376,7 +404,7 @@ export function createGrpcServer(
     ...SERVER_COMPRESSION,
   });
   const modelInfer = grpcModelInferHandler(
-    (msg, signal) => handleModelInfer(registry, msg, signal),
+    (msg, signal, call) => handleModelInfer(registry, msg, signal, options.tracing, call),
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
   );

@@ -5,6 +5,7 @@
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
 import type { DataType, Tensor } from "./tensor.js";
+import type { RequestTrace } from "./trace.js";
 
 /** A request or tensor parameter, as KServe v2's InferParameter carries it. */
 export type ParameterValue = string | number | boolean | bigint;
@@ -39,6 +40,8 @@ export interface InferOptions {
   priority?: number;
   /** Overrides the queue policy's default timeout for this request. */
   timeoutMicroseconds?: number;
+  /** Present when the request is traced (Triton's trace extension): the stage stamps its part on it. */
+  trace?: RequestTrace;
 }
 
 export interface TensorMetadata {

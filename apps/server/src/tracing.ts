@@ -1,0 +1,354 @@
+/**
+ * Triton's request tracing (trace mode "triton", level TIMESTAMPS): the settings
+ * from --trace-config and the trace extension (global, and per model), the
+ * sampling (every trace_rate-th request, trace_count in all), and the JSON trace
+ * file Triton's tools read: per trace a header object then its timestamps, an
+ * ensemble's steps as traces of their own whose parent_id is the ensemble's.
+ */
+import { writeFile } from "node:fs/promises";
+import {
+  Code,
+  nowNs,
+  type RequestTrace,
+  StageError,
+  type StageLogger,
+  type TraceActivity,
+  type TraceControl,
+  type TraceSettings,
+} from "@trellis/stage";
+
+export interface TraceValues {
+  /** TIMESTAMPS when tracing; empty is OFF. */
+  level: "TIMESTAMPS"[];
+  /** Every rate-th request is traced. */
+  rate: number;
+  /** Traces still to collect; -1 never stops. */
+  count: number;
+  /** Write every logFrequency traces to `<file>.<n>`; 0 writes everything to `<file>` at shutdown. */
+  logFrequency: number;
+  file: string;
+}
+
+/** Triton's defaults: off, every 1000th request, no limit, written at shutdown. */
+export const DEFAULT_TRACE_VALUES: Readonly<TraceValues> = {
+  level: [],
+  rate: 1000,
+  count: -1,
+  logFrequency: 0,
+  file: "",
+};
+
+const KEYS = {
+  trace_level: "level",
+  trace_rate: "rate",
+  trace_count: "count",
+  log_frequency: "logFrequency",
+  trace_file: "file",
+  trace_mode: undefined,
+} as const satisfies Record<string, keyof TraceValues | undefined>;
+type SettingName = keyof typeof KEYS;
+const SETTING_NAMES = Object.keys(KEYS) as SettingName[];
+
+/** The settings as the trace extension writes them. */
+export function traceSettingsOf(v: TraceValues): TraceSettings {
+  return {
+    trace_file: v.file,
+    trace_level: v.level.length > 0 ? [...v.level] : ["OFF"],
+    trace_rate: String(v.rate),
+    trace_count: String(v.count),
+    log_frequency: String(v.logFrequency),
+    trace_mode: "triton",
+  };
+}
+
+const invalid = (msg: string) => new StageError(Code.InvalidArgument, "", msg);
+const noFile = "tracing needs a trace file: start the server with --trace-config triton,file=<path>";
+
+function wholeNumber(setting: string, values: string[], min: number): number {
+  if (values.length !== 1) throw invalid(`${setting}: expected one value, got ${values.length}`);
+  const text = values[0]!.trim();
+  const n = Number(text);
+  if (text === "" || !Number.isSafeInteger(n) || n < min) {
+    throw invalid(`${setting}: expected a whole number ≥ ${min}, got "${values[0]}"`);
+  }
+  return n;
+}
+
+/**
+ * One setting's value from its wire form (what --trace-config and the trace extension
+ * carry), as a TraceValues field; trace_mode checks only. Throws a StageError naming it.
+ */
+export function parseTraceSetting(setting: string, values: string[]): Partial<TraceValues> {
+  switch (setting) {
+    case "trace_level": {
+      for (const v of values) {
+        if (v === "TENSORS") {
+          throw new StageError(
+            Code.Unimplemented,
+            "",
+            "trace_level TENSORS is not supported by this server (TIMESTAMPS is)",
+          );
+        }
+        if (v !== "OFF" && v !== "TIMESTAMPS") throw invalid(`trace_level: expected OFF or TIMESTAMPS, got "${v}"`);
+      }
+      if (values.includes("OFF") && values.length > 1) throw invalid("trace_level: OFF goes alone");
+      return { level: values.includes("TIMESTAMPS") ? ["TIMESTAMPS"] : [] };
+    }
+    case "trace_rate":
+      return { rate: wholeNumber(setting, values, 1) };
+    case "trace_count":
+      return { count: wholeNumber(setting, values, -1) };
+    case "log_frequency":
+      return { logFrequency: wholeNumber(setting, values, 0) };
+    case "trace_file":
+      if (values.length !== 1) throw invalid(`trace_file: expected one value, got ${values.length}`);
+      return { file: values[0]! };
+    case "trace_mode":
+      if (values.length === 1 && values[0] === "triton") return {};
+      if (values.includes("opentelemetry")) {
+        throw new StageError(
+          Code.Unimplemented,
+          "",
+          "trace_mode opentelemetry is not supported by this server (triton is)",
+        );
+      }
+      throw invalid(`trace_mode: expected triton, got "${values.join(",")}"`);
+    default:
+      throw invalid(`unknown trace setting "${setting}"; the settings are ${SETTING_NAMES.join(", ")}`);
+  }
+}
+
+/** Where the traces sampled under one set of settings stand: requests seen, traces still to take. */
+interface Sampler {
+  seen: number;
+  remaining: number;
+}
+
+/** A model's own settings (the rest follow the global ones) and its own sampling. */
+interface ModelTracing extends Sampler {
+  overrides: Partial<TraceValues>;
+}
+
+interface Timestamp {
+  name: TraceActivity;
+  ns: number;
+}
+
+class Trace implements RequestTrace {
+  private readonly timestamps: Timestamp[] = [];
+  private readonly children: Trace[] = [];
+  private ended = false;
+
+  constructor(
+    private readonly newId: () => number,
+    readonly id: number,
+    private readonly model: string,
+    private readonly version: string,
+    private readonly requestId: string | undefined,
+    private readonly parentId: number | undefined,
+    /** Collects the trace; a child has none (it is collected with its parent). */
+    private readonly onEnd?: (trace: Trace) => void,
+  ) {}
+
+  stamp(activity: TraceActivity, ns: number = nowNs()): void {
+    this.timestamps.push({ name: activity, ns });
+  }
+
+  child(model: string, version: string): RequestTrace {
+    const child = new Trace(this.newId, this.newId(), model, version, undefined, this.id);
+    this.children.push(child);
+    return child;
+  }
+
+  end(): void {
+    if (this.ended || !this.onEnd) return;
+    this.ended = true;
+    this.onEnd(this);
+  }
+
+  /** Triton's JSON objects for this trace and its children's. */
+  entries(): object[] {
+    const version = Number(this.version);
+    const header = {
+      id: this.id,
+      model_name: this.model,
+      model_version: Number.isInteger(version) ? version : -1,
+      ...(this.requestId ? { request_id: this.requestId } : {}),
+      ...(this.parentId !== undefined ? { parent_id: this.parentId } : {}),
+    };
+    // Stamped as each layer learns its times (a batcher's after the run): listed in time order.
+    const timestamps = [...this.timestamps].sort((a, b) => a.ns - b.ns);
+    return [header, { id: this.id, timestamps }, ...this.children.flatMap((c) => c.entries())];
+  }
+}
+
+/**
+ * One trace file: with a log frequency, every that many traces go to `<path>.<n>`
+ * (n from 0); without, every trace is kept and the whole array written to `<path>`
+ * on flush (when the trace count runs out, and at shutdown). Writes run one at a time.
+ */
+class TraceFile {
+  private pending: object[] = [];
+  private pendingTraces = 0;
+  private readonly kept: object[] = [];
+  private index = 0;
+  private writing: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly path: string,
+    private readonly log?: StageLogger,
+  ) {}
+
+  collect(trace: Trace, logFrequency: number): void {
+    if (logFrequency === 0) {
+      this.kept.push(...trace.entries());
+      return;
+    }
+    this.pending.push(...trace.entries());
+    this.pendingTraces++;
+    if (this.pendingTraces >= logFrequency) this.writePending();
+  }
+
+  flush(): Promise<void> {
+    this.writePending();
+    if (this.kept.length > 0) this.write(this.path, [...this.kept]);
+    return this.writing;
+  }
+
+  private writePending(): void {
+    if (this.pending.length === 0) return;
+    this.write(`${this.path}.${this.index++}`, this.pending);
+    this.pending = [];
+    this.pendingTraces = 0;
+  }
+
+  private write(path: string, entries: object[]): void {
+    const text = JSON.stringify(entries);
+    this.writing = this.writing.then(
+      () =>
+        writeFile(path, text).catch((err: Error) =>
+          this.log?.error({ file: path, err: err.message }, "could not write the trace file"),
+        ),
+      () => undefined,
+    );
+  }
+}
+
+/** The server's TraceControl. */
+export class Tracer implements TraceControl {
+  private global: TraceValues;
+  private readonly globalSampler: Sampler;
+  private readonly models = new Map<string, ModelTracing>();
+  private readonly files = new Map<string, TraceFile>();
+  private lastId = 0;
+  private readonly newId = () => ++this.lastId;
+
+  /** @param startup the settings from the command line: a cleared global setting goes back to its value here. */
+  constructor(
+    private readonly startup: TraceValues,
+    private readonly log?: StageLogger,
+  ) {
+    if (startup.level.length > 0 && !startup.file) throw invalid(noFile);
+    this.global = { ...startup, level: [...startup.level] };
+    this.globalSampler = { seen: 0, remaining: startup.count };
+  }
+
+  private effective(model?: string): TraceValues {
+    const own = model === undefined ? undefined : this.models.get(model);
+    return own ? { ...this.global, ...own.overrides } : this.global;
+  }
+
+  /** The settings in force; trace_count is what remains of it, as Triton reports it. */
+  settings(model?: string): TraceSettings {
+    const sampler = (model === undefined ? undefined : this.models.get(model)) ?? this.globalSampler;
+    return traceSettingsOf({ ...this.effective(model), count: sampler.remaining });
+  }
+
+  update(model: string | undefined, changes: Record<string, string[]>): TraceSettings {
+    // Everything is checked before anything changes.
+    const set: Partial<TraceValues> = {};
+    const cleared: (keyof TraceValues)[] = [];
+    for (const [setting, values] of Object.entries(changes)) {
+      const field = KEYS[setting as SettingName];
+      if (values.length === 0) {
+        if (!(setting in KEYS)) parseTraceSetting(setting, values);
+        if (field) cleared.push(field);
+        continue;
+      }
+      Object.assign(set, parseTraceSetting(setting, values));
+    }
+    const current = this.effective(model);
+    if (set.file !== undefined && set.file !== current.file) {
+      // As Triton since 24.05: a client must not choose where the server writes.
+      throw invalid(
+        "trace_file can only be set when the server starts (--trace-config triton,file=<path>), not through the trace API",
+      );
+    }
+    delete set.file;
+    const clearedFields = cleared.filter((f) => f !== "file");
+
+    let next: TraceValues;
+    let overrides: Partial<TraceValues> | undefined;
+    if (model === undefined) {
+      next = { ...this.global, ...set };
+      for (const f of clearedFields) Object.assign(next, { [f]: this.startup[f] });
+    } else {
+      overrides = { ...this.models.get(model)?.overrides, ...set };
+      for (const f of clearedFields) delete overrides[f];
+      next = { ...this.global, ...overrides };
+    }
+    if (next.level.length > 0 && !next.file) throw invalid(noFile);
+
+    const countChanged = "count" in set || clearedFields.includes("count");
+    if (model === undefined) {
+      this.global = next;
+      if (countChanged) {
+        this.globalSampler.remaining = next.count;
+        // Models without a count of their own follow the global one.
+        for (const m of this.models.values()) if (m.overrides.count === undefined) m.remaining = next.count;
+      }
+    } else if (overrides && Object.keys(overrides).length === 0) {
+      this.models.delete(model);
+    } else if (overrides) {
+      const existing = this.models.get(model);
+      if (existing) {
+        existing.overrides = overrides;
+        if (countChanged) existing.remaining = next.count;
+      } else {
+        this.models.set(model, { overrides, seen: 0, remaining: next.count });
+      }
+    }
+    return this.settings(model);
+  }
+
+  begin(model: string, version: string, requestId?: string): RequestTrace | undefined {
+    const values = this.effective(model);
+    if (values.level.length === 0) return undefined;
+    const sampler: Sampler = this.models.get(model) ?? this.globalSampler;
+    if (sampler.remaining === 0) return undefined;
+    sampler.seen++;
+    if (sampler.seen % values.rate !== 0) return undefined;
+    if (sampler.remaining > 0) sampler.remaining--;
+    const last = sampler.remaining === 0;
+    const file = this.fileFor(values.file);
+    return new Trace(this.newId, this.newId(), model, version, requestId, undefined, (trace) => {
+      file.collect(trace, values.logFrequency);
+      // The count is spent: what was collected is written now, not only at shutdown.
+      if (last) void file.flush();
+    });
+  }
+
+  private fileFor(path: string): TraceFile {
+    let file = this.files.get(path);
+    if (!file) {
+      file = new TraceFile(path, this.log);
+      this.files.set(path, file);
+    }
+    return file;
+  }
+
+  /** Writes every trace collected and not yet written (at shutdown). */
+  async flush(): Promise<void> {
+    await Promise.all([...this.files.values()].map((f) => f.flush()));
+  }
+}
