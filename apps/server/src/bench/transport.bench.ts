@@ -3,20 +3,26 @@
  * (models/ as committed) runs with stream-timing.ts preloaded, @grpc/grpc-js sends
  * 1920x1080 JPEGs one at a time, and both ends' stamps (one monotonic clock) give the
  * medians of: client send -> server stream, request body, the server's work, answer
- * headers -> trailers, trailers -> client done.
+ * headers -> trailers, trailers -> client done. The timed calls are also traced
+ * (--trace-config, turned on after the warm-up), and the trace summary printed:
+ * where the server's work went (each step, the hand-offs between them).
  * Run: pnpm --filter @trellis/server bench:transport (after pnpm build). Env: TRANSPORT_N (default 120).
  */
 import { mkdtempSync, readFileSync } from "node:fs";
+import { readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { frameBytes } from "@trellis/stage";
 import { grpcJsInferenceClient, median, startServerProcess } from "@trellis/testing";
+import { summarizeTraces } from "../trace-summary.js";
 import { fullHdPhotos } from "./photos.js";
 import type { StreamStamps } from "./stream-timing.js";
 
 const N = Number(process.env.TRANSPORT_N ?? 120);
 const now = () => Number(process.hrtime.bigint()) / 1e6;
-const out = join(mkdtempSync(join(tmpdir(), "trellis-transport-")), "stamps.json");
+const work = mkdtempSync(join(tmpdir(), "trellis-transport-"));
+const out = join(work, "stamps.json");
+const traceFile = join(work, "trace.json");
 
 const photos = await fullHdPhotos();
 process.env.NODE_OPTIONS = `--import=${join(import.meta.dirname, "stream-timing.js")}`;
@@ -24,6 +30,8 @@ process.env.STREAM_TIMING_OUT = out;
 const server = await startServerProcess([
   "--model-repository",
   join(import.meta.dirname, "..", "..", "..", "..", "models"),
+  "--trace-config",
+  `triton,file=${traceFile}`,
 ]);
 delete process.env.NODE_OPTIONS;
 const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
@@ -35,6 +43,11 @@ const call = (image: Uint8Array) =>
   });
 const warmup = 20;
 for (let i = 0; i < warmup; i++) await call(photos[i % photos.length] as Uint8Array);
+const tracing = await fetch(`${server.http}/v2/trace/setting`, {
+  method: "POST",
+  body: JSON.stringify({ trace_level: ["TIMESTAMPS"], trace_rate: "1" }),
+});
+if (tracing.status !== 200) throw new Error(`turning tracing on: ${tracing.status} ${await tracing.text()}`);
 const calls: { start: number; done: number }[] = [];
 for (let i = 0; i < N; i++) {
   const start = now();
@@ -56,3 +69,5 @@ const rows: [string, string][] = [
 ];
 console.log(`transport: ${N} sequential grpc-js calls (1920x1080 JPEG), models/ as committed; medians in ms`);
 for (const [what, ms] of rows) console.log(`${what.padEnd(44)} ${ms}`);
+console.log(`\nthe same calls' traces (pnpm trace:summary ${traceFile}):\n`);
+console.log(summarizeTraces(JSON.parse(await readFile(traceFile, "utf8"))));
