@@ -74,6 +74,15 @@ const PROTOCOLS = [
   },
 ] as const;
 
+/** A stage's execution spans: indent, label, from, to. */
+const EXECUTION: [number, string, string, string][] = [
+  [0, "queue", "QUEUE_START", "COMPUTE_START"],
+  [0, "compute", "COMPUTE_START", "COMPUTE_END"],
+  [1, "input", "COMPUTE_START", "COMPUTE_INPUT_END"],
+  [1, "infer", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"],
+  [1, "output", "COMPUTE_OUTPUT_START", "COMPUTE_END"],
+];
+
 /** The summary as text, one group (model, protocol) after another. */
 export function summarizeTraces(entries: unknown[]): string {
   const traces = readTraces(entries);
@@ -97,32 +106,14 @@ export function summarizeTraces(entries: unknown[]): string {
     const name = `${"  ".repeat(depth)}${label}`;
     lines.push(`${name.padEnd(52)}${figures}`);
   };
+  const spanRow = (depth: number, label: string, ts: Stamped[], from: string, to: string) =>
+    row(
+      depth,
+      label,
+      ts.map((t) => span(t, from, to)),
+    );
   const execution = (depth: number, ts: Stamped[]) => {
-    row(
-      depth,
-      "queue",
-      ts.map((t) => span(t, "QUEUE_START", "COMPUTE_START")),
-    );
-    row(
-      depth,
-      "compute",
-      ts.map((t) => span(t, "COMPUTE_START", "COMPUTE_END")),
-    );
-    row(
-      depth + 1,
-      "input",
-      ts.map((t) => span(t, "COMPUTE_START", "COMPUTE_INPUT_END")),
-    );
-    row(
-      depth + 1,
-      "infer",
-      ts.map((t) => span(t, "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START")),
-    );
-    row(
-      depth + 1,
-      "output",
-      ts.map((t) => span(t, "COMPUTE_OUTPUT_START", "COMPUTE_END")),
-    );
+    for (const [indent, label, from, to] of EXECUTION) spanRow(depth + indent, label, ts, from, to);
   };
 
   for (const [key, ts] of groups) {
@@ -130,32 +121,12 @@ export function summarizeTraces(entries: unknown[]): string {
     const title = `${key}: ${ts.length} traces`;
     lines.push(`${title.padEnd(52)}  median     mean (µs)`);
     if (protocol) {
-      row(
-        1,
-        "request (received to sent)",
-        ts.map((t) => span(t, protocol.start, protocol.end)),
-      );
-      row(
-        2,
-        protocol.name === "HTTP" ? "receive" : "wait/read",
-        ts.map((t) => span(t, protocol.start, protocol.read)),
-      );
-      row(
-        2,
-        "frontend, before the handler",
-        ts.map((t) => span(t, protocol.read, "REQUEST_START")),
-      );
+      spanRow(1, "request (received to sent)", ts, protocol.start, protocol.end);
+      spanRow(2, protocol.name === "HTTP" ? "receive" : "wait/read", ts, protocol.start, protocol.read);
+      spanRow(2, "frontend, before the handler", ts, protocol.read, "REQUEST_START");
     }
-    row(
-      2,
-      "handler",
-      ts.map((t) => span(t, "REQUEST_START", "REQUEST_END")),
-    );
-    row(
-      3,
-      "before the queue",
-      ts.map((t) => span(t, "REQUEST_START", "QUEUE_START")),
-    );
+    spanRow(2, "handler", ts, "REQUEST_START", "REQUEST_END");
+    spanRow(3, "before the queue", ts, "REQUEST_START", "QUEUE_START");
     execution(3, ts);
     const steps = ts.map((t) => children.get(t.id) ?? []);
     if (steps.some((s) => s.length > 0)) {
@@ -173,11 +144,7 @@ export function summarizeTraces(entries: unknown[]): string {
       models.sort((a, b) => startOf(a) - startOf(b));
       for (const model of models) {
         const own = steps.flatMap((s) => s.filter((c) => c.model === model));
-        row(
-          4,
-          `step ${model}`,
-          own.map((c) => span(c, "REQUEST_START", "REQUEST_END")),
-        );
+        spanRow(4, `step ${model}`, own, "REQUEST_START", "REQUEST_END");
         execution(5, own);
       }
       row(
@@ -194,22 +161,10 @@ export function summarizeTraces(entries: unknown[]): string {
         }),
       );
     }
-    row(
-      3,
-      "after the response",
-      ts.map((t) => span(t, "COMPUTE_END", "REQUEST_END")),
-    );
+    spanRow(3, "after the response", ts, "COMPUTE_END", "REQUEST_END");
     if (protocol) {
-      row(
-        2,
-        "frontend, after the handler",
-        ts.map((t) => span(t, "REQUEST_END", protocol.send)),
-      );
-      row(
-        2,
-        "send",
-        ts.map((t) => span(t, protocol.send, protocol.end)),
-      );
+      spanRow(2, "frontend, after the handler", ts, "REQUEST_END", protocol.send);
+      spanRow(2, "send", ts, protocol.send, protocol.end);
     }
     lines.push("");
   }
