@@ -16,6 +16,7 @@ import {
 } from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
+import type { MetricsOptions } from "./metrics.js";
 import type { ControlMode } from "./repository.js";
 import { SERVER_VERSION } from "./server.js";
 import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "./tracing.js";
@@ -167,6 +168,12 @@ export const program = new Command("trellis-server")
     false,
   )
   .option(
+    "--metrics-config <setting>",
+    "latency metrics, as tritonserver's: counter_latencies=<bool> (the *_duration_us counters; default true), summary_latencies=<bool> (*_summary_us quantiles over the last 60 s; default false), summary_quantiles=<q>:<error>,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001); repeatable",
+    collect,
+    [],
+  )
+  .option(
     "--trace-config <setting>",
     "request tracing, as tritonserver's: level=TIMESTAMPS (or OFF), rate=<n> (every n-th request; default 1000), count=<n> (-1: no limit), triton,file=<path> (needed to trace), triton,log-frequency=<n> (write every n traces to <path>.<i>; 0: all to <path> at exit); repeatable; changeable at run time through /v2/trace/setting",
     collect,
@@ -213,6 +220,7 @@ export interface Flags {
   endpointsRootCert?: string;
   endpointsClientCert?: string;
   endpointsClientKey?: string;
+  metricsConfig: string[];
   traceConfig: string[];
   traceFile?: string;
   traceLevel: string[];
@@ -282,6 +290,41 @@ function restrictions(option: string, specs: string[]): ApiRestrictions | undefi
     }
   }
   return into;
+}
+
+/**
+ * Latency metrics from --metrics-config ("<setting>=<value>", repeatable, as tritonserver's).
+ * A quantile's error is accepted as Triton writes it; prom-client's summaries (t-digest) have no use for it.
+ */
+function metricsOptions(flags: Flags): MetricsOptions {
+  const options: MetricsOptions = {};
+  for (const entry of flags.metricsConfig) {
+    const [key = "", value = ""] = entry.split(/=(.*)/s, 2);
+    const bool = () => {
+      if (value === "true" || value === "false") return value === "true";
+      throw new UsageError(`--metrics-config ${entry}: expected true or false`);
+    };
+    if (key === "counter_latencies") options.counterLatencies = bool();
+    else if (key === "summary_latencies") options.summaryLatencies = bool();
+    else if (key === "summary_quantiles") {
+      options.summaryQuantiles = value.split(",").map((pair) => {
+        const [q, error = "0"] = pair.split(":");
+        const quantile = Number(q);
+        const e = Number(error);
+        if (!(quantile > 0 && quantile < 1) || !(e >= 0 && e < 1)) {
+          throw new UsageError(
+            `--metrics-config ${entry}: expected <quantile>:<error>,... with each between 0 and 1, got "${pair}"`,
+          );
+        }
+        return quantile;
+      });
+    } else {
+      throw new UsageError(
+        `--metrics-config ${entry}: expected counter_latencies=, summary_latencies= or summary_quantiles=<value>`,
+      );
+    }
+  }
+  return options;
 }
 
 /** --trace-config's names for the trace extension's settings: global ones, then trace mode triton's. */
@@ -364,6 +407,8 @@ export interface Settings {
   grpcTls?: GrpcServerTlsOptions;
   httpRestrictions?: ApiRestrictions;
   grpcRestrictions?: ApiRestrictions;
+  /** Latency metrics (--metrics-config). */
+  metrics: MetricsOptions;
   /** Tracing at start (--trace-config); changeable at run time through the trace extension. */
   tracing: TraceValues;
 }
@@ -382,6 +427,7 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     grpcTls: await grpcTls(flags),
     httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
     grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
+    metrics: metricsOptions(flags),
     tracing: traceValues(flags),
   };
 }

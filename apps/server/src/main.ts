@@ -57,6 +57,7 @@ async function main(): Promise<void> {
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
     tracing: new Tracer(settings.tracing, logger),
+    metrics: settings.metrics,
   });
 
   let shuttingDown = false;

@@ -5,7 +5,8 @@
  */
 import { cpus, freemem, totalmem } from "node:os";
 import type { ModelStatistics } from "@trellis/protocol";
-import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client";
+import { observeRequests } from "@trellis/stage";
+import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
 import type { ManagedStage } from "./managed.js";
 
 export interface MetricsSource {
@@ -20,9 +21,30 @@ export interface Metrics {
   register: Registry;
   /** The Prometheus text for one scrape. */
   scrape(): Promise<string>;
+  /** Stops observing requests (the summaries). */
+  close(): void;
 }
 
-export function createMetrics(source: MetricsSource, logger?: { warn(obj: object, msg?: string): void }): Metrics {
+/** Triton's --metrics-config settings that apply here. */
+export interface MetricsOptions {
+  /** counter_latencies (default true): the cumulative nv_inference_*_duration_us counters. */
+  counterLatencies?: boolean;
+  /** summary_latencies (default false): nv_inference_*_summary_us, quantiles over a sliding window. */
+  summaryLatencies?: boolean;
+  /** summary_quantiles: the quantiles the summaries give (default Triton's). */
+  summaryQuantiles?: number[];
+}
+
+/** Triton's default summary quantiles. */
+export const DEFAULT_SUMMARY_QUANTILES = [0.5, 0.9, 0.95, 0.99, 0.999];
+/** The summaries' sliding window, as prometheus-cpp's (Triton's) summaries: 60 s in 5 buckets. */
+const SUMMARY_WINDOW = { maxAgeSeconds: 60, ageBuckets: 5 };
+
+export function createMetrics(
+  source: MetricsSource,
+  logger?: { warn(obj: object, msg?: string): void },
+  options: MetricsOptions = {},
+): Metrics {
   const register = new Registry();
   collectDefaultMetrics({ register });
 
@@ -71,25 +93,30 @@ export function createMetrics(source: MetricsSource, logger?: { warn(obj: object
   counter("nv_inference_exec_count", "Number of model executions performed (a batch counts once)", (s) =>
     Number(s.executionCount),
   );
-  counter(
-    "nv_inference_request_duration_us",
-    "Cumulative inference request duration in microseconds (includes cached requests)",
-    (s) => usOf(s.inferenceStats?.success?.ns),
-  );
-  counter("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", (s) =>
-    usOf(s.inferenceStats?.queue?.ns),
-  );
-  counter("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds", (s) =>
-    usOf(s.inferenceStats?.computeInput?.ns),
-  );
-  counter("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds", (s) =>
-    usOf(s.inferenceStats?.computeInfer?.ns),
-  );
-  counter(
-    "nv_inference_compute_output_duration_us",
-    "Cumulative inference compute output duration in microseconds",
-    (s) => usOf(s.inferenceStats?.computeOutput?.ns),
-  );
+  if (options.counterLatencies ?? true) {
+    counter(
+      "nv_inference_request_duration_us",
+      "Cumulative inference request duration in microseconds (includes cached requests)",
+      (s) => usOf(s.inferenceStats?.success?.ns),
+    );
+    counter("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", (s) =>
+      usOf(s.inferenceStats?.queue?.ns),
+    );
+    counter("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds", (s) =>
+      usOf(s.inferenceStats?.computeInput?.ns),
+    );
+    counter("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds", (s) =>
+      usOf(s.inferenceStats?.computeInfer?.ns),
+    );
+    counter(
+      "nv_inference_compute_output_duration_us",
+      "Cumulative inference compute output duration in microseconds",
+      (s) => usOf(s.inferenceStats?.computeOutput?.ns),
+    );
+  }
+  const stopSummaries = options.summaryLatencies
+    ? latencySummaries(register, source, options.summaryQuantiles ?? DEFAULT_SUMMARY_QUANTILES)
+    : () => undefined;
   counter("nv_cache_num_hits_per_model", "Number of response cache hits per model", (s) =>
     Number(s.inferenceStats?.cacheHit?.count ?? 0n),
   );
@@ -119,6 +146,7 @@ export function createMetrics(source: MetricsSource, logger?: { warn(obj: object
   hostMetrics(register);
   return {
     register,
+    close: stopSummaries,
     scrape: async () => {
       scrape = undefined;
       try {
@@ -128,6 +156,57 @@ export function createMetrics(source: MetricsSource, logger?: { warn(obj: object
       }
     },
   };
+}
+
+/**
+ * Triton's latency summaries, fed by every request a model records (observeRequests):
+ * request, queue and compute input / infer / output times in µs, per model and version.
+ * A model no longer served is dropped from them at the next scrape. Returns the stop.
+ */
+function latencySummaries(register: Registry, source: MetricsSource, percentiles: number[]): () => void {
+  const seen = new Map<string, { model: string; version: string }>();
+  const summaries: Summary[] = [];
+  const summary = (name: string, help: string) => {
+    const s = new Summary({
+      name,
+      help,
+      labelNames: ["model", "version"],
+      percentiles,
+      ...SUMMARY_WINDOW,
+      registers: [register],
+      collect() {
+        if (s !== summaries[0]) return;
+        const live = new Set(source.list().map((stage) => `${stage.name}/${stage.version}`));
+        for (const [key, labels] of seen) {
+          if (live.has(key)) continue;
+          for (const each of summaries) each.remove(labels);
+          seen.delete(key);
+        }
+      },
+    });
+    summaries.push(s);
+    return s;
+  };
+  const request = summary("nv_inference_request_summary_us", "Summary of inference request duration in microseconds");
+  const queue = summary("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds");
+  const input = summary("nv_inference_compute_input_summary_us", "Summary of compute input duration in microseconds");
+  const infer = summary(
+    "nv_inference_compute_infer_summary_us",
+    "Summary of compute inference duration in microseconds",
+  );
+  const output = summary(
+    "nv_inference_compute_output_summary_us",
+    "Summary of inference compute output duration in microseconds",
+  );
+  return observeRequests(({ model, version, totalNs, queueNs, times }) => {
+    const labels = { model, version };
+    seen.set(`${model}/${version}`, labels);
+    request.observe(labels, totalNs / 1000);
+    queue.observe(labels, queueNs / 1000);
+    input.observe(labels, times.computeInputNs / 1000);
+    infer.observe(labels, times.computeInferNs / 1000);
+    output.observe(labels, times.computeOutputNs / 1000);
+  });
 }
 
 /** CPU time summed over every core: busy and total, in ms. */

@@ -19,7 +19,7 @@ import {
   type TraceControl,
 } from "@trellis/stage";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
-import { createMetrics } from "./metrics.js";
+import { createMetrics, type MetricsOptions } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
 
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
@@ -57,6 +57,8 @@ export interface ServerOptions {
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
+  /** Which latency metrics to publish (tritonserver's --metrics-config). */
+  metrics?: MetricsOptions;
   /** Request tracing (the trace extension, --trace-config); without it tracing stays OFF. */
   tracing?: TraceControl & { flush(): Promise<void> };
   /** Serve gRPC over TLS (tritonserver's --grpc-use-ssl); HTTP and metrics stay cleartext, as in Triton. */
@@ -166,7 +168,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     res.on("close", done);
   });
 
-  const metrics = createMetrics(manager, logger);
+  const metrics = createMetrics(manager, logger, options.metrics);
   const metricsServer = http.createServer((req, res) => {
     if (req.method === "GET" && (req.url ?? "").split("?")[0] === "/metrics") {
       metrics.scrape().then(
@@ -235,6 +237,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       await closed;
       await manager.close();
       await options.tracing?.flush();
+      metrics.close();
       await close(metricsServer);
       return { timedOut };
     },

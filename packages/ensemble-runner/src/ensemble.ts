@@ -139,7 +139,7 @@ function buildEnsemble(
   const steps: StepRuntime[] = plan.steps.map((p) => ({
     plan: p,
     limiter: new Limiter(maxInflight),
-    stats: new StatisticsRecorder(p.model, p.stage.version),
+    stats: new StatisticsRecorder(p.model, p.stage.version, false),
   }));
   const batching = config.maxBatchSize > 0;
   let closed = false;

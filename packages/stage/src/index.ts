@@ -98,7 +98,14 @@ export type {
   TensorMetadata,
 } from "./stage.js";
 export { configInteger, configParameter } from "./stage.js";
-export { type ExecutionTimes, nowNs, StatisticsRecorder } from "./statistics.js";
+export {
+  type ExecutionTimes,
+  nowNs,
+  observeRequests,
+  type RequestObserver,
+  type RequestSample,
+  StatisticsRecorder,
+} from "./statistics.js";
 export * from "./tensor.js";
 export {
   answerTraceSettings,

@@ -32,6 +32,29 @@ const add = (d: Duration, ns: number, count = 1) => {
 /** Monotonic clock in nanoseconds as a number (safe for ~104 days of uptime). */
 export const nowNs = (): number => Number(process.hrtime.bigint());
 
+/** One successful request of a model, as its StatisticsRecorder takes it (nanoseconds). */
+export interface RequestSample {
+  model: string;
+  version: string;
+  totalNs: number;
+  queueNs: number;
+  times: ExecutionTimes;
+}
+
+export type RequestObserver = (sample: RequestSample) => void;
+
+const observers = new Set<RequestObserver>();
+
+/**
+ * Hears every successful request a model's StatisticsRecorder records in this
+ * process (for latency summaries: a distribution, where ModelStatistics keeps
+ * sums). Returns the function that stops it.
+ */
+export function observeRequests(observer: RequestObserver): () => void {
+  observers.add(observer);
+  return () => observers.delete(observer);
+}
+
 export class StatisticsRecorder {
   private lastInference = 0;
   private inferenceCount = 0;
@@ -44,9 +67,14 @@ export class StatisticsRecorder {
   private readonly computeOutput = zero();
   private readonly batches = new Map<number, { input: Duration; infer: Duration; output: Duration }>();
 
+  /**
+   * @param observed whether observeRequests hears this recorder's requests: false for a
+   * copy kept elsewhere (an ensemble's per-step statistics), so no request is heard twice.
+   */
   constructor(
     readonly name: string,
     readonly version: string,
+    private readonly observed = true,
   ) {}
 
   /**
@@ -61,6 +89,10 @@ export class StatisticsRecorder {
     add(this.computeInput, times.computeInputNs);
     add(this.computeInfer, times.computeInferNs);
     add(this.computeOutput, times.computeOutputNs);
+    if (this.observed && observers.size > 0) {
+      const sample = { model: this.name, version: this.version, totalNs, queueNs, times };
+      for (const observer of observers) observer(sample);
+    }
   }
 
   requestFailed(totalNs: number): void {

@@ -1,0 +1,89 @@
+/**
+ * Triton's --metrics-config, black-box: latency summaries (quantiles per model)
+ * in place of the cumulative latency counters.
+ */
+import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CHAIN_CONFIG, echoConfig, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
+
+/** The quantile labels a summary reports for a model. */
+const quantilesOf = (text: string, name: string, model: string) =>
+  text
+    .split("\n")
+    .filter((l) => l.startsWith(`${name}{`) && l.includes(`model="${model}"`))
+    .map((l) => /quantile="([^"]+)"/.exec(l)?.[1]);
+
+describe("--metrics-config summary_latencies=true, counter_latencies=false, two quantiles", () => {
+  let repo: string;
+  let server: ServerProcess;
+  beforeAll(async () => {
+    repo = await makeRepository({
+      echo: { config: echoConfig("echo") },
+      echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
+      chain: { config: CHAIN_CONFIG },
+    });
+    server = await startServerProcess([
+      "--model-repository",
+      repo,
+      "--model-control-mode",
+      "explicit",
+      "--load-model",
+      "*",
+      "--metrics-config",
+      "summary_latencies=true",
+      "--metrics-config",
+      "counter_latencies=false",
+      "--metrics-config",
+      "summary_quantiles=0.5:0.05,0.99:0.001",
+    ]);
+  });
+  afterAll(async () => {
+    expect(await server?.stop()).toBe(0);
+    await removeDir(repo);
+  });
+
+  it("gives each model's latency quantiles, hearing every request once, an ensemble's steps included", async () => {
+    const infer = (model: string) =>
+      postJson(`${server.http}/v2/models/${model}/infer`, {
+        inputs: [{ name: model === "chain" ? "IN" : "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+      });
+    for (let i = 0; i < 5; i++) expect((await infer("echo")).status).toBe(200);
+    for (let i = 0; i < 3; i++) expect((await infer("chain")).status).toBe(200);
+
+    const text = await scrape(server);
+    const count = (model: string) => metricValue(text, "nv_inference_request_summary_us_count", model);
+    // echo: 5 of its own and 3 as the chain's first step; the ensemble's per-step copies are not heard again.
+    expect([count("echo"), count("echo10"), count("chain")]).toEqual([8, 3, 3]);
+    expect(count("echo")).toBe(metricValue(text, "nv_inference_request_success", "echo"));
+    expect(metricValue(text, "nv_inference_request_summary_us_sum", "chain")).toBeGreaterThan(0);
+    for (const name of ["request", "queue", "compute_input", "compute_infer", "compute_output"]) {
+      expect(quantilesOf(text, `nv_inference_${name}_summary_us`, "echo"), name).toEqual(["0.5", "0.99"]);
+    }
+    expect(text).not.toContain("nv_inference_request_duration_us");
+    expect(text).toContain("nv_inference_request_success{"); // the other counters stay
+  });
+
+  it("drops an unloaded model's summaries", async () => {
+    expect((await postJson(`${server.http}/v2/repository/models/chain/unload`, {})).status).toBe(200);
+    const text = await scrape(server);
+    expect(quantilesOf(text, "nv_inference_request_summary_us", "chain")).toEqual([]);
+    expect(quantilesOf(text, "nv_inference_request_summary_us", "echo")).toEqual(["0.5", "0.99"]);
+  });
+});
+
+it("refuses to start with a --metrics-config it cannot use, naming it", async () => {
+  const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
+  try {
+    const bad = await startServerProcess([
+      "--model-repository",
+      repo,
+      "--metrics-config",
+      "summary_quantiles=0.5:0.05,1.5:0.01",
+    ]).catch((e: Error) => e);
+    expect(String(bad)).toContain(
+      'trellis-server: --metrics-config summary_quantiles=0.5:0.05,1.5:0.01: expected <quantile>:<error>,... with each between 0 and 1, got "1.5:0.01"',
+    );
+  } finally {
+    await removeDir(repo);
+  }
+});
