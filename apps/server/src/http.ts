@@ -262,6 +262,19 @@ function httpCategory(path: string): ApiCategory | undefined {
           : "metadata";
 }
 
+/** Triton's "file:<path>" load parameters over HTTP: each file's content in base64. */
+function fileOverrides(parameters: Record<string, unknown>): Record<string, Uint8Array> | undefined {
+  let files: Record<string, Uint8Array> | undefined;
+  for (const [key, value] of Object.entries(parameters)) {
+    if (!key.startsWith("file:")) continue;
+    if (typeof value !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(value)) {
+      throw new StageError(Code.InvalidArgument, "", `load parameter '${key}' must be the file's content in base64`);
+    }
+    files = { ...files, [key.slice("file:".length)]: Buffer.from(value, "base64") };
+  }
+  return files;
+}
+
 /** A request handler for the REST API; answers 404 for paths it does not know. */
 export function restHandler(ctx: RestContext) {
   const { registry } = ctx;
@@ -363,9 +376,7 @@ export function restHandler(ctx: RestContext) {
       if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
       if (action === "load") {
         const { config, ...rest } = body.parameters ?? {};
-        const file = Object.keys(rest).find((k) => k.startsWith("file:"));
-        if (file)
-          throw new StageError(Code.Unimplemented, "", `loading with file overrides (${file}) is not supported`);
+        const files = fileOverrides(rest);
         if (config !== undefined && typeof config !== "string") {
           throw new StageError(
             Code.InvalidArgument,
@@ -373,7 +384,7 @@ export function restHandler(ctx: RestContext) {
             "load parameter 'config' must be a string (the model config as JSON)",
           );
         }
-        await repo.load(name, config === undefined ? {} : { config });
+        await repo.load(name, { ...(config === undefined ? {} : { config }), ...(files ? { files } : {}) });
       } else {
         await repo.unload(name);
       }

@@ -4,13 +4,15 @@
  * (READY / UNAVAILABLE / LOADING / UNLOADING) and serves them as a
  * ModelRegistry to both frontends.
  */
-import { readdir, readFile, stat } from "node:fs/promises";
-import { join } from "node:path";
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, isAbsolute, join, resolve, sep } from "node:path";
 import type { LoadStageOptions, RepositoryModel, RepositoryScan } from "@trellis/ensemble-runner";
 import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
 import {
   Code,
   type ModelIndexEntry,
+  type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
   type ResponseCache,
@@ -123,7 +125,7 @@ export class RepositoryManager implements ModelRegistry {
     };
     this.repository = {
       index: (readyOnly) => this.index(readyOnly),
-      load: (name, options) => this.requestControl(() => this.load(name, true, options?.config)),
+      load: (name, options) => this.requestControl(() => this.load(name, true, options)),
       unload: (name) => this.requestControl(() => this.unload(name)),
     };
   }
@@ -311,8 +313,10 @@ export class RepositoryManager implements ModelRegistry {
    * Loads (or reloads) `name` from the repository, its ensemble steps
    * first. Throws if any version fails; the failure stays in the index.
    */
-  async load(name: string, rescan = true, configOverride?: string): Promise<void> {
+  async load(name: string, rescan = true, options: ModelLoadOptions = {}): Promise<void> {
     if (rescan) await this.scan();
+    if (options.files && Object.keys(options.files).length > 0) return this.loadFromFiles(name, options);
+    const configOverride = options.config;
     const e = this.models.get(name);
     if (!e || (!e.model && !e.scanError)) {
       throw new StageError(Code.NotFound, "", `failed to load '${name}': no such model in the model repository`);
@@ -323,6 +327,51 @@ export class RepositoryManager implements ModelRegistry {
     const failures = await this.enqueue(e, () => this.loadEntry(e, model));
     if (failures.length > 0) {
       throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${failures.join("; ")}`);
+    }
+  }
+
+  /**
+   * Triton's load with file overrides: the model's folder made of the request's files, with
+   * the request's config, whether or not the repository has the model. The folder is written
+   * to a temporary directory and removed once the load is over (a loaded model reads its
+   * files while loading only); a later load without files goes back to the repository.
+   */
+  private async loadFromFiles(name: string, options: ModelLoadOptions): Promise<void> {
+    const fail = (why: string) => new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${why}`);
+    if (options.config === undefined) {
+      throw fail("file overrides need the 'config' parameter too (the model config as JSON)");
+    }
+    const root = await mkdtemp(join(tmpdir(), "trellis-load-"));
+    try {
+      const modelDir = join(root, name);
+      for (const [path, bytes] of Object.entries(options.files ?? {})) {
+        const target = resolve(modelDir, path);
+        if (isAbsolute(path) || !target.startsWith(modelDir + sep)) {
+          throw fail(`file override 'file:${path}' must be a path inside the model's folder`);
+        }
+        await mkdir(dirname(target), { recursive: true });
+        await writeFile(target, bytes);
+      }
+      const versions = (await readdir(modelDir, { withFileTypes: true }))
+        .filter((d) => d.isDirectory() && /^\d+$/.test(d.name))
+        .map((d) => d.name)
+        .sort(byVersion);
+      const model: RepositoryModel = {
+        name,
+        repository: root,
+        modelDir,
+        configPath: join(modelDir, "config.pbtxt"),
+        // Unlike any earlier load's: each load with files loads afresh.
+        configText: `file overrides (load ${++this.loads}):\n${options.config}`,
+        config: configFromJson(name, options.config),
+        versions,
+      };
+      const e = this.entry(name);
+      if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name]));
+      const failures = await this.enqueue(e, () => this.loadEntry(e, model));
+      if (failures.length > 0) throw fail(failures.join("; "));
+    } finally {
+      await rm(root, { recursive: true, force: true });
     }
   }
 
@@ -561,21 +610,26 @@ export class RepositoryManager implements ModelRegistry {
  * (the config text differs, so it reloads).
  */
 function withConfig(model: RepositoryModel, json: string): RepositoryModel {
+  return { ...model, config: configFromJson(model.name, json), configText: `config parameter:\n${json}` };
+}
+
+/** A load request's JSON config for model `name` (which it must not rename). */
+function configFromJson(name: string, json: string): ModelConfig {
   let config: ModelConfig;
   try {
     config = parseModelConfigJson(json, "the load request's 'config' parameter");
   } catch (err) {
-    throw new StageError(Code.InvalidArgument, "", `failed to load '${model.name}': ${(err as Error).message}`);
+    throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${(err as Error).message}`);
   }
-  if (config.name && config.name !== model.name) {
+  if (config.name && config.name !== name) {
     throw new StageError(
       Code.InvalidArgument,
       "",
-      `failed to load '${model.name}': the 'config' parameter names model '${config.name}'`,
+      `failed to load '${name}': the 'config' parameter names model '${config.name}'`,
     );
   }
-  config.name = model.name;
-  return { ...model, config, configText: `config parameter:\n${json}` };
+  config.name = name;
+  return config;
 }
 
 /**

@@ -290,11 +290,13 @@ describe("explicit model control: versions and failed warmup", () => {
     expect((await loadWith({ config: { max_batch_size: 8 } })).json).toEqual({
       error: "load parameter 'config' must be a string (the model config as JSON)",
     });
-    const files = await loadWith({ config: scaled("3"), "file:1/model.onnx": "AAAA" });
-    expect(files).toEqual({
-      status: 501,
-      json: { error: "loading with file overrides (file:1/model.onnx) is not supported" },
-    });
+    expect((await infer("overridden")).json.outputs[0].data).toEqual([2, 4, 6, 8]);
+
+    // File overrides: the model's folder made of the request's files (see load-files.test.ts).
+    const notes = Buffer.from("loaded from the request").toString("base64");
+    expect((await loadWith({ config: scaled("3"), "file:1/notes.txt": notes })).status).toBe(200);
+    expect((await infer("overridden")).json.outputs[0].data).toEqual([3, 6, 9, 12]);
+    expect((await load("overridden")).status).toBe(200); // and back to the repository's
     expect((await infer("overridden")).json.outputs[0].data).toEqual([2, 4, 6, 8]);
   });
 

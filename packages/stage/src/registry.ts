@@ -18,6 +18,11 @@ export interface ModelIndexEntry {
 export interface ModelLoadOptions {
   /** A model config in Triton's JSON form to load with instead of the repository's config.pbtxt. */
   config?: string;
+  /**
+   * Triton's file overrides ("file:<path>" load parameters): the model's folder made of
+   * these files instead of the repository's, by path inside it ("1/model.onnx"). Needs `config`.
+   */
+  files?: Record<string, Uint8Array>;
 }
 
 export interface ModelRepositoryControl {

@@ -255,12 +255,16 @@ function settingToWire(v: LogSettingValue): MessageInitShape<typeof LogSettingsR
   return { parameterChoice: { case: "stringParam", value: v } };
 }
 
-/** A load request's parameters: "config" (a JSON model config) is honoured; Triton's file overrides are not. */
+/** A load request's parameters: "config" (a JSON model config) and "file:<path>" overrides (bytes), as Triton's. */
 function loadOptions(parameters: { [key: string]: ModelRepositoryParameter }): ModelLoadOptions {
   const options: ModelLoadOptions = {};
   for (const [key, value] of Object.entries(parameters)) {
     if (key.startsWith("file:")) {
-      throw new StageError(Code.Unimplemented, "", `loading with file overrides (${key}) is not supported`);
+      if (value.parameterChoice.case !== "bytesParam") {
+        throw new StageError(Code.InvalidArgument, "", `load parameter '${key}' must be bytes (the file's content)`);
+      }
+      options.files = { ...options.files, [key.slice("file:".length)]: value.parameterChoice.value };
+      continue;
     }
     if (key === "config") {
       if (value.parameterChoice.case !== "stringParam") {
