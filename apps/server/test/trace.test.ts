@@ -328,3 +328,36 @@ it("refuses to start with a --trace-config it cannot use, saying why in one line
     await removeDir(repo);
   }
 });
+
+it("takes tritonserver's deprecated --trace-* flags, as command lines written for older Tritons have them", async () => {
+  const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
+  const dir = await mkdtemp(join(tmpdir(), "trellis-trace-"));
+  const server = await startServerProcess([
+    "--model-repository",
+    repo,
+    "--trace-file",
+    join(dir, "old.json"),
+    "--trace-level",
+    "TIMESTAMPS",
+    "--trace-rate",
+    "3",
+    "--trace-count",
+    "5",
+    "--trace-log-frequency",
+    "2",
+  ]);
+  try {
+    expect(await jsonOf(await fetch(`${server.http}/v2/trace/setting`))).toEqual({
+      trace_file: join(dir, "old.json"),
+      trace_level: ["TIMESTAMPS"],
+      trace_rate: "3",
+      trace_count: "5",
+      log_frequency: "2",
+      trace_mode: "triton",
+    });
+  } finally {
+    expect(await server.stop()).toBe(0);
+    await removeDir(repo);
+    await removeDir(dir);
+  }
+});
