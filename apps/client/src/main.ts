@@ -1,0 +1,148 @@
+#!/usr/bin/env node
+/**
+ * trellis-client: the client tools, for Trellis or Triton over gRPC or HTTP.
+ *   classify <images...>   the seed ensemble's top-5 for each image
+ *   perf                   perf_analyzer's measurement over a concurrency range
+ * Flags follow tritonclient's and perf_analyzer's (-u, -i, -m, -b, --concurrency-range).
+ */
+import { readFile } from "node:fs/promises";
+import { resolve } from "node:path";
+import cliProgress from "cli-progress";
+import { Command, InvalidArgumentError, Option } from "commander";
+import { classify } from "./classify.js";
+import { connectEndpoint, DEFAULT_URLS, describeError, type Endpoint, type Protocol } from "./endpoint.js";
+import { imageInput, imageRequests, randomRequest } from "./inputs.js";
+import { concurrencyRange, formatResult, measure, type PerfResult } from "./perf.js";
+
+const positive = (v: string) => {
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError("a whole number, at least 1");
+  return n;
+};
+
+/** A parser for commander: its errors as commander's, so they print as one usage line. */
+const asOption =
+  <T>(parse: (v: string) => T) =>
+  (v: string): T => {
+    try {
+      return parse(v);
+    } catch (err) {
+      throw new InvalidArgumentError((err as Error).message);
+    }
+  };
+
+interface Common {
+  url?: string;
+  protocol: Protocol;
+  modelName: string;
+}
+
+const program = new Command("trellis-client")
+  .description("Client tools for a KServe v2 server (Trellis or Triton), over gRPC or HTTP/REST.")
+  .addOption(new Option("-i, --protocol <protocol>", "grpc or http").choices(["grpc", "http"]).default("grpc"))
+  .option("-u, --url <host:port>", "server address (default: localhost:8001 for grpc, localhost:8000 for http)")
+  .option("-m, --model-name <name>", "model to send to", "resnet50_ensemble");
+
+const endpointOf = (opts: Common): Endpoint => connectEndpoint(opts.url ?? DEFAULT_URLS[opts.protocol], opts.protocol);
+const readImages = (paths: string[]) =>
+  Promise.all(paths.map(async (p) => new Uint8Array(await readFile(resolve(process.env.INIT_CWD ?? ".", p)))));
+
+program
+  .command("classify")
+  .description("send each image (JPEG/PNG bytes) to the model's BYTES input and print its answer")
+  .argument("<images...>", "image files")
+  .option("-b, --batch-size <n>", "images per request", positive, 1)
+  .option("--classes <k>", "top-k for a numeric output (Triton's classification extension)", positive, 5)
+  .action(async (paths: string[], opts: { batchSize: number; classes: number }) => {
+    const common = program.opts<Common>();
+    const endpoint = endpointOf(common);
+    try {
+      const results = await classify(endpoint, common.modelName, await readImages(paths), {
+        batch: opts.batchSize,
+        classes: opts.classes,
+      });
+      for (const r of results) {
+        console.log(`${paths[r.image]}:`);
+        if (r.error) console.log(`  error: ${r.error}`);
+        for (const [name, strings] of Object.entries(r.outputs)) {
+          for (const s of strings) console.log(`  ${name}: ${s}`);
+        }
+      }
+      if (results.some((r) => r.error)) process.exitCode = 1;
+    } finally {
+      endpoint.close();
+    }
+  });
+
+program
+  .command("perf")
+  .description("measure throughput and latency at each concurrency, as perf_analyzer does")
+  .option("--concurrency-range <start:end:step>", "requests kept in flight", asOption(concurrencyRange), [1])
+  .option("--measurement-interval <ms>", "measurement window per concurrency", positive, 5000)
+  .option("--warmup-interval <ms>", "uncounted calls before each window", positive, 1000)
+  .option("-b, --batch-size <n>", "items per request", positive, 1)
+  .option(
+    "--input-data <images...>",
+    "images for the model's BYTES input (default: random data shaped by the model's metadata)",
+  )
+  .action(
+    async (opts: {
+      concurrencyRange: number[];
+      measurementInterval: number;
+      warmupInterval: number;
+      batchSize: number;
+      inputData?: string[];
+    }) => {
+      const common = program.opts<Common>();
+      const endpoint = endpointOf(common);
+      const model = common.modelName;
+      try {
+        const metadata = await endpoint.metadata(model);
+        const requests = opts.inputData
+          ? imageRequests(imageInput(model, metadata), await readImages(opts.inputData), opts.batchSize)
+          : [randomRequest(metadata, opts.batchSize)];
+        console.log("*** Measurement Settings ***");
+        console.log(`  Model: ${model} over ${common.protocol} (${common.url ?? DEFAULT_URLS[common.protocol]})`);
+        console.log(`  Batch size: ${opts.batchSize}`);
+        console.log(
+          `  Measurement window: ${opts.measurementInterval} msec (after ${opts.warmupInterval} msec uncounted)`,
+        );
+        console.log(`  Input: ${opts.inputData ? `${opts.inputData.length} images` : "random data"}\n`);
+        const results: PerfResult[] = [];
+        const bar = process.stderr.isTTY
+          ? new cliProgress.SingleBar(
+              { format: "  concurrency {c} [{bar}] {percentage}%" },
+              cliProgress.Presets.shades_classic,
+            )
+          : undefined;
+        for (const concurrency of opts.concurrencyRange) {
+          bar?.start(100, 0, { c: concurrency });
+          const r = await measure(endpoint, {
+            model,
+            requests,
+            batch: opts.batchSize,
+            concurrency,
+            windowMs: opts.measurementInterval,
+            warmupMs: opts.warmupInterval,
+            onProgress: (f) => bar?.update(Math.round(f * 100), { c: concurrency }),
+          });
+          bar?.stop();
+          results.push(r);
+          console.log(`${formatResult(r, common.protocol)}\n`);
+        }
+        console.log("Inferences/Second vs. Client p95 Latency");
+        for (const r of results) {
+          console.log(
+            `Concurrency: ${r.concurrency}, throughput: ${r.throughput.toFixed(2)} infer/sec, latency ${r.latencyUs.p95} usec`,
+          );
+        }
+      } finally {
+        endpoint.close();
+      }
+    },
+  );
+
+program.parseAsync().catch((err: unknown) => {
+  console.error(`trellis-client: ${describeError(err)}`);
+  process.exit(1);
+});

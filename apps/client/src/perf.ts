@@ -1,0 +1,183 @@
+/**
+ * perf_analyzer's measurement, for Trellis or Triton over gRPC or HTTP: at each
+ * concurrency, that many requests in flight for a measurement window, giving the
+ * client's throughput and latency percentiles, and the server's own account of
+ * the window (ModelStatistics before and after: requests, executions, and where
+ * the time went, for the model and every model it ran, an ensemble's steps).
+ */
+import type { ModelStatistics } from "@trellis/protocol";
+import type { InferRequest } from "@trellis/stage";
+import type { Endpoint } from "./endpoint.js";
+
+export interface PerfOptions {
+  model: string;
+  /** Requests to send, in turn. */
+  requests: InferRequest[];
+  /** Items per request (for inferences per second). */
+  batch: number;
+  concurrency: number;
+  /** The measurement window. */
+  windowMs: number;
+  /** Calls before the window, not counted (connections, caches and batching settle). */
+  warmupMs: number;
+  /** Called with the window's elapsed fraction (0..1) as it goes. */
+  onProgress?: (fraction: number) => void;
+}
+
+/** One model's account of the window: counts, and average microseconds per request. */
+export interface ServerSide {
+  model: string;
+  version: string;
+  requests: number;
+  inferences: number;
+  executions: number;
+  /** Average µs per successful request: the whole request, queue, compute input, infer and output. */
+  requestUs: number;
+  queueUs: number;
+  computeInputUs: number;
+  computeInferUs: number;
+  computeOutputUs: number;
+}
+
+export interface PerfResult {
+  concurrency: number;
+  /** Requests answered within the window. */
+  requests: number;
+  /** Inferences per second (requests × batch). */
+  throughput: number;
+  latencyUs: { avg: number; p50: number; p90: number; p95: number; p99: number };
+  /** The model first, then the other models that ran requests in the window. */
+  server: ServerSide[];
+}
+
+const percentile = (sorted: number[], p: number) =>
+  sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!;
+
+function serverSide(before: ModelStatistics[], after: ModelStatistics[], model: string): ServerSide[] {
+  const key = (s: ModelStatistics) => `${s.name}/${s.version}`;
+  const earlier = new Map(before.map((s) => [key(s), s]));
+  const rows: ServerSide[] = [];
+  for (const s of after) {
+    const b = earlier.get(key(s));
+    const delta = (f: (x: ModelStatistics) => bigint | undefined) => Number((f(s) ?? 0n) - (b ? (f(b) ?? 0n) : 0n));
+    const requests = delta((x) => x.inferenceStats?.success?.count);
+    if (requests <= 0) continue;
+    const us = (f: (x: ModelStatistics) => bigint | undefined) => delta(f) / requests / 1000;
+    rows.push({
+      model: s.name,
+      version: s.version,
+      requests,
+      inferences: delta((x) => x.inferenceCount),
+      executions: delta((x) => x.executionCount),
+      requestUs: us((x) => x.inferenceStats?.success?.ns),
+      queueUs: us((x) => x.inferenceStats?.queue?.ns),
+      computeInputUs: us((x) => x.inferenceStats?.computeInput?.ns),
+      computeInferUs: us((x) => x.inferenceStats?.computeInfer?.ns),
+      computeOutputUs: us((x) => x.inferenceStats?.computeOutput?.ns),
+    });
+  }
+  return rows.sort((a, b) => Number(b.model === model) - Number(a.model === model));
+}
+
+/**
+ * Measures one concurrency. The first failed request ends the measurement and is
+ * thrown (as perf_analyzer stops on an error): a run against the wrong model or
+ * input says so at once instead of timing errors.
+ */
+export async function measure(endpoint: Endpoint, options: PerfOptions): Promise<PerfResult> {
+  const { model, requests, concurrency, windowMs, warmupMs } = options;
+  let next = 0;
+  let failure: unknown;
+  // Open-ended through the warm-up; the window's end once it is set.
+  let stopAt = Number.POSITIVE_INFINITY;
+  let windowStart = 0;
+  let windowEnd = 0;
+  const latencies: number[] = [];
+  let measuring = false;
+
+  const worker = async () => {
+    while (failure === undefined && performance.now() < stopAt) {
+      const request = requests[next++ % requests.length]!;
+      const start = performance.now();
+      try {
+        await endpoint.infer(model, request);
+      } catch (err) {
+        failure ??= err;
+        return;
+      }
+      const end = performance.now();
+      if (measuring && start >= windowStart && end <= windowEnd) latencies.push(end - start);
+    }
+  };
+
+  // Warm-up, then the window: the same workers keep going, so the load never drops in between.
+  const workers = Array.from({ length: concurrency }, worker);
+  await new Promise((r) => setTimeout(r, warmupMs));
+  const windowBefore = await endpoint.statistics();
+  windowStart = performance.now();
+  windowEnd = windowStart + windowMs;
+  stopAt = windowEnd;
+  measuring = true;
+  const progress = options.onProgress
+    ? setInterval(() => options.onProgress?.(Math.min(1, (performance.now() - windowStart) / windowMs)), 100)
+    : undefined;
+  await Promise.all(workers);
+  clearInterval(progress);
+  options.onProgress?.(1);
+  if (failure !== undefined) throw failure;
+  const after = await endpoint.statistics();
+
+  const sorted = [...latencies].sort((a, b) => a - b);
+  const us = (ms: number) => Math.round(ms * 1000);
+  const avg = sorted.length ? sorted.reduce((a, b) => a + b, 0) / sorted.length : 0;
+  return {
+    concurrency,
+    requests: sorted.length,
+    throughput: (sorted.length * options.batch) / (windowMs / 1000),
+    latencyUs: {
+      avg: us(avg),
+      p50: us(percentile(sorted, 50)),
+      p90: us(percentile(sorted, 90)),
+      p95: us(percentile(sorted, 95)),
+      p99: us(percentile(sorted, 99)),
+    },
+    server: serverSide(windowBefore, after, model),
+  };
+}
+
+/** A result as perf_analyzer prints one concurrency. */
+export function formatResult(r: PerfResult, protocol: string): string {
+  const lines = [
+    `Request concurrency: ${r.concurrency}`,
+    "  Client:",
+    `    Request count: ${r.requests}`,
+    `    Throughput: ${r.throughput.toFixed(2)} infer/sec`,
+    `    Avg latency: ${r.latencyUs.avg} usec (${protocol})`,
+    `    p50 latency: ${r.latencyUs.p50} usec`,
+    `    p90 latency: ${r.latencyUs.p90} usec`,
+    `    p95 latency: ${r.latencyUs.p95} usec`,
+    `    p99 latency: ${r.latencyUs.p99} usec`,
+    "  Server:",
+  ];
+  for (const s of r.server) {
+    const overhead = Math.max(0, s.requestUs - s.queueUs - s.computeInputUs - s.computeInferUs - s.computeOutputUs);
+    lines.push(
+      `    ${s.model} (version ${s.version}): ${s.requests} requests, ${s.inferences} inferences, ${s.executions} executions`,
+      `      Avg request latency: ${Math.round(s.requestUs)} usec (overhead ${Math.round(overhead)} usec + queue ${Math.round(s.queueUs)} usec + compute input ${Math.round(s.computeInputUs)} usec + compute infer ${Math.round(s.computeInferUs)} usec + compute output ${Math.round(s.computeOutputUs)} usec)`,
+    );
+  }
+  return lines.join("\n");
+}
+
+/** perf_analyzer's --concurrency-range <start>:<end>:<step> (end and step optional). */
+export function concurrencyRange(v: string): number[] {
+  const parts = v.split(":");
+  const [start, end = start, step = "1"] = parts;
+  const [a, b, s] = [start, end, step].map(Number) as [number, number, number];
+  if (parts.length > 3 || ![a, b, s].every((n) => Number.isSafeInteger(n) && n >= 1) || b < a) {
+    throw new RangeError("<start>[:<end>[:<step>]], whole numbers ≥ 1, end ≥ start");
+  }
+  const out: number[] = [];
+  for (let c = a; c <= b; c += s) out.push(c);
+  return out;
+}

@@ -1,0 +1,207 @@
+/**
+ * The client tools against the real server process serving the seed ensemble
+ * (the shared MobileNetV2 as its inference model), over gRPC and HTTP: the
+ * library, and the trellis-client command as users run it.
+ */
+import { execFile } from "node:child_process";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import {
+  fixtureImagesDir,
+  makeSeedRepository,
+  readFixtureImage,
+  readReferenceTop5,
+  removeDir,
+  type ServerProcess,
+  startServerProcess,
+  TRUNCATED_PHOTO,
+} from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { classify, concurrencyRange, connectEndpoint, measure, randomRequest } from "../src/index.js";
+
+const run = promisify(execFile);
+const MAIN = join(import.meta.dirname, "..", "dist", "main.js");
+
+const references = readReferenceTop5();
+const photos = Object.keys(references).sort().slice(0, 3);
+const top1 = (photo: string) => references[photo]?.top5_labels[0] as string;
+
+/** trellis-client with `args`: its exit code and output (a failing run does not throw). */
+async function client(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  try {
+    const { stdout, stderr } = await run(process.execPath, [MAIN, ...args], { timeout: 60_000 });
+    return { code: 0, stdout, stderr };
+  } catch (err) {
+    const e = err as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+let repo: string;
+let server: ServerProcess;
+const url = (protocol: "grpc" | "http") =>
+  `127.0.0.1:${protocol === "grpc" ? server.grpcPort : new URL(server.http).port}`;
+
+beforeAll(async () => {
+  repo = await makeSeedRepository();
+  server = await startServerProcess(["--model-repository", repo]);
+});
+afterAll(async () => {
+  expect(await server?.stop()).toBe(0);
+  await removeDir(repo);
+});
+
+describe("classify", () => {
+  it("answers each photo with the reference top-1, the same over gRPC and HTTP, batched or not", async () => {
+    const images = photos.map(readFixtureImage);
+    const answers = [];
+    for (const [protocol, batch] of [
+      ["grpc", 1],
+      ["http", 1],
+      ["grpc", 2],
+    ] as const) {
+      const endpoint = connectEndpoint(url(protocol), protocol);
+      try {
+        answers.push(await classify(endpoint, "resnet50_ensemble", images, { batch }));
+      } finally {
+        endpoint.close();
+      }
+    }
+    const [first] = answers;
+    for (const [i, photo] of photos.entries()) {
+      const result = JSON.parse(first?.[i]?.outputs.OUTPUT_RESULTS?.[0] as string) as { top5_labels: string[] };
+      expect(result.top5_labels[0], photo).toBe(top1(photo));
+    }
+    expect(answers[1]).toEqual(first);
+    expect(answers[2]).toEqual(first);
+  });
+
+  it("from the command line: one answer per image, a bad image named with the server's error, exit code 1", async () => {
+    for (const protocol of ["grpc", "http"]) {
+      const paths = [...photos, TRUNCATED_PHOTO].map((p) => join(fixtureImagesDir, p));
+      const out = await client(["-i", protocol, "-u", url(protocol as "grpc"), "classify", ...paths]);
+      expect(out.code, out.stderr).toBe(1);
+      const blocks = out.stdout.split(/\n(?=\S)/);
+      for (const [i, photo] of photos.entries()) {
+        expect(blocks[i]).toContain(`${photo}:`);
+        expect(blocks[i]).toContain(`"top5_labels": ["${top1(photo)}"`);
+      }
+      expect(blocks[3]).toMatch(
+        /truncated\.jpg:\n {2}error: INVALID_ARGUMENT: resnet50_ensemble: step 0 resnet50_preprocess: .*input RAW_IMAGE element 0/,
+      );
+    }
+  });
+
+  it("says why when it cannot: an unknown model, a model without an image input, no server", async () => {
+    const photo = join(fixtureImagesDir, photos[0] as string);
+    expect(await client(["-u", url("grpc"), "-m", "nope", "classify", photo])).toMatchObject({
+      code: 1,
+      stderr: "trellis-client: NOT_FOUND: Request for unknown model: 'nope' is not found\n",
+    });
+    const tensorModel = await client(["-u", url("http"), "-i", "http", "-m", "resnet50_inference", "classify", photo]);
+    expect(tensorModel.code).toBe(1);
+    expect(tensorModel.stderr).toContain("images go into a model's one BYTES input");
+    expect(tensorModel.stderr).toContain("this model takes input (FP32)");
+    const down = await client(["-u", "127.0.0.1:1", "classify", photo]);
+    expect(down.code).toBe(1);
+    expect(down.stderr).toMatch(/^trellis-client: UNAVAILABLE: gRPC 127\.0\.0\.1:1: .*ECONNREFUSED/);
+  });
+});
+
+describe("perf", () => {
+  it("measures each concurrency; the server's own count of the window agrees with the client's", async () => {
+    const endpoint = connectEndpoint(url("grpc"), "grpc");
+    try {
+      const requests = photos.map((p) => ({
+        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES" as const, shape: [1, 1], data: [readFixtureImage(p)] }],
+      }));
+      const r = await measure(endpoint, {
+        model: "resnet50_ensemble",
+        requests,
+        batch: 1,
+        concurrency: 2,
+        windowMs: 1500,
+        warmupMs: 300,
+      });
+      expect(r.requests).toBeGreaterThan(0);
+      expect(r.throughput).toBeCloseTo(r.requests / 1.5, 5);
+      expect(r.latencyUs.p50).toBeGreaterThan(0);
+      expect(r.latencyUs.p99).toBeGreaterThanOrEqual(r.latencyUs.p50);
+      // The ensemble first, then the models it ran; the server also counts the calls that
+      // straddle the window's edges, which the client leaves out (at most one per caller per edge).
+      expect(r.server.map((s) => s.model)).toEqual([
+        "resnet50_ensemble",
+        ...["resnet50_inference", "resnet50_postprocess", "resnet50_preprocess"].filter((m) =>
+          r.server.some((s) => s.model === m),
+        ),
+      ]);
+      expect(r.server).toHaveLength(4);
+      const ensemble = r.server[0]!;
+      expect(ensemble.requests - r.requests).toBeGreaterThanOrEqual(0);
+      expect(ensemble.requests - r.requests).toBeLessThanOrEqual(2 * 2 + 2);
+      expect(ensemble.requestUs).toBeGreaterThanOrEqual(ensemble.computeInferUs);
+    } finally {
+      endpoint.close();
+    }
+  });
+
+  it("from the command line, over HTTP with random data shaped by the model's metadata", async () => {
+    const out = await client([
+      "-i",
+      "http",
+      "-u",
+      url("http"),
+      "-m",
+      "resnet50_inference",
+      "perf",
+      "--concurrency-range",
+      "1:2",
+      "--measurement-interval",
+      "1000",
+      "--warmup-interval",
+      "200",
+      "-b",
+      "2",
+    ]);
+    expect(out.code, out.stderr).toBe(0);
+    expect(out.stdout).toContain("Input: random data");
+    expect(out.stdout).toContain("Batch size: 2");
+    for (const c of [1, 2]) {
+      const block = out.stdout.split(`Request concurrency: ${c}\n`)[1] ?? "";
+      const requests = Number(/Request count: (\d+)/.exec(block)?.[1]);
+      expect(requests, `concurrency ${c}`).toBeGreaterThan(0);
+      // Batch 2: every request is two inferences, on the server too.
+      const server = /resnet50_inference \(version 1\): (\d+) requests, (\d+) inferences/.exec(block);
+      expect(Number(server?.[2])).toBe(2 * Number(server?.[1]));
+    }
+    expect(out.stdout).toMatch(/Concurrency: 2, throughput: [\d.]+ infer\/sec, latency \d+ usec/);
+  });
+
+  it("reads perf_analyzer's --concurrency-range", () => {
+    expect(concurrencyRange("1")).toEqual([1]);
+    expect(concurrencyRange("1:4")).toEqual([1, 2, 3, 4]);
+    expect(concurrencyRange("2:8:3")).toEqual([2, 5, 8]);
+    expect(() => concurrencyRange("4:1")).toThrow(/end ≥ start/);
+    expect(() => concurrencyRange("0:2")).toThrow(/whole numbers ≥ 1/);
+  });
+
+  it("random data fills every input at the batch size asked", () => {
+    const request = randomRequest(
+      {
+        name: "m",
+        versions: ["1"],
+        platform: "",
+        inputs: [
+          { name: "x", datatype: "FP32", shape: [-1, 3] },
+          { name: "s", datatype: "BYTES", shape: [-1, 1] },
+        ],
+        outputs: [],
+      },
+      4,
+    );
+    expect(request.inputs.map((t) => [t.name, t.shape, (t.data as ArrayLike<unknown>).length])).toEqual([
+      ["x", [4, 3], 12],
+      ["s", [4, 1], 4],
+    ]);
+  });
+});
