@@ -3,8 +3,9 @@
  * commander, and the settings read from them (certificates, cache, restrictions).
  * A bad flag or flag file is a UsageError: one line, no stack.
  */
-import { readFile } from "node:fs/promises";
-import { resolve } from "node:path";
+import { constants } from "node:fs";
+import { access, readFile } from "node:fs/promises";
+import { dirname, resolve } from "node:path";
 import {
   API_CATEGORIES,
   type ApiRestrictions,
@@ -341,7 +342,7 @@ const TRACE_CONFIG_TRITON: Record<string, string> = { file: "trace_file", "log-f
  * then --trace-config entries ("<setting>=<value>" or "triton,<setting>=<value>"),
  * later ones winning (levels add up, as repeated --trace-config level= do).
  */
-function traceValues(flags: Flags): TraceValues {
+async function traceValues(flags: Flags): Promise<TraceValues> {
   const given = new Map<string, string[]>();
   const put = (setting: string, value: string) =>
     given.set(setting, setting === "trace_level" ? [...(given.get(setting) ?? []), value] : [value]);
@@ -376,6 +377,14 @@ function traceValues(flags: Flags): TraceValues {
   }
   if (values.level.length > 0 && !values.file) {
     throw new UsageError("--trace-config level=TIMESTAMPS needs a trace file: --trace-config triton,file=<path>");
+  }
+  if (values.file) {
+    // Traces are written at exit (or every log-frequency traces): a folder that cannot take them must show now.
+    const folder = dirname(resolve(values.file));
+    await access(folder, constants.W_OK).catch((err: Error) => {
+      throw new UsageError(`--trace-config triton,file=${values.file}: cannot write in ${folder}: ${err.message}`);
+    });
+    values.file = resolve(values.file);
   }
   return values;
 }
@@ -428,6 +437,6 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
     grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
     metrics: metricsOptions(flags),
-    tracing: traceValues(flags),
+    tracing: await traceValues(flags),
   };
 }

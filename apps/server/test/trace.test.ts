@@ -324,6 +324,15 @@ it("refuses to start with a --trace-config it cannot use, saying why in one line
       "opentelemetry,url=localhost:4318",
     ]).catch((e: Error) => e);
     expect(String(otel)).toContain("OpenTelemetry tracing is not supported (trace mode triton is)");
+    const nowhere = await startServerProcess([
+      "--model-repository",
+      repo,
+      "--trace-config",
+      "triton,file=/no/such/folder/trace.json",
+    ]).catch((e: Error) => e);
+    expect(String(nowhere)).toContain(
+      "trellis-server: --trace-config triton,file=/no/such/folder/trace.json: cannot write in /no/such/folder: ENOENT",
+    );
   } finally {
     await removeDir(repo);
   }
