@@ -15,6 +15,7 @@ import {
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
+  nowNs,
   type ResponseCache,
   type Stage,
   StageError,
@@ -514,7 +515,7 @@ export class RepositoryManager implements ModelRegistry {
       const key = `${name}@${v}`;
       let remote = this.remoteSteps.get(key);
       if (!remote) {
-        remote = this.opts.loader.connectRemote(name, url, v);
+        remote = this.opts.loader.connectRemote(name, url, v).then(stampingRequests);
         this.remoteSteps.set(key, remote);
         remote.catch(() => this.remoteSteps.delete(key));
       }
@@ -653,6 +654,33 @@ async function sourceOf(model: RepositoryModel, versions: string[]): Promise<str
   const parts = [model.configText, model.versions.join(","), ...(await files(model.modelDir))];
   for (const v of versions) parts.push(`[${v}]`, ...(await files(join(model.modelDir, v))));
   return parts.join("\n");
+}
+
+/**
+ * A remote step whose requests are stamped on their trace (REQUEST_START / REQUEST_END)
+ * here, as ManagedStage stamps a local model's: the rest of its times are the remote server's.
+ */
+function stampingRequests(remote: Stage): Stage {
+  return {
+    name: remote.name,
+    get version() {
+      return remote.version;
+    },
+    config: remote.config,
+    isReady: () => remote.isReady(),
+    metadata: () => remote.metadata(),
+    statistics: () => remote.statistics(),
+    close: () => remote.close(),
+    async infer(request, options) {
+      const trace = options?.trace;
+      trace?.stamp("REQUEST_START", nowNs());
+      try {
+        return await remote.infer(request, options);
+      } finally {
+        trace?.stamp("REQUEST_END", nowNs());
+      }
+    },
+  };
 }
 
 /** Waits for a stage that loaded but is still warming up. */

@@ -3,7 +3,8 @@
  * documents it: a preprocess service, an inference service, and an
  * ensemble front reaching them as remote steps through --endpoints.
  */
-import { writeFile } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { frameBytes } from "@trellis/stage";
 import {
@@ -40,7 +41,18 @@ beforeAll(async () => {
   const [pre, inf] = servers as [ServerProcess, ServerProcess];
   const endpoints = join(repo, "endpoints.json");
   await writeFile(endpoints, JSON.stringify({ resnet50_preprocess: pre?.grpc, resnet50_inference: inf?.grpc }));
-  servers.push(await startServerProcess([...explicit("resnet50_ensemble"), "--endpoints", endpoints]));
+  servers.push(
+    await startServerProcess([
+      ...explicit("resnet50_ensemble"),
+      "--endpoints",
+      endpoints,
+      // Off until a test turns it on; each trace written as it completes.
+      "--trace-config",
+      `triton,file=${join(repo, "front-trace.json")}`,
+      "--trace-config",
+      "triton,log-frequency=1",
+    ]),
+  );
 });
 afterAll(async () => {
   // Front first: it holds connections to the other two. Stop every one before asserting, so none is left running.
@@ -77,5 +89,46 @@ describe("three-process split", () => {
       (await jsonOf(await fetch(`${s.http}/v2/models/${model}/stats`))).model_stats[0].inference_count;
     expect(await count(pre, "resnet50_preprocess")).toBe(2);
     expect(await count(inf, "resnet50_inference")).toBe(2);
+  });
+
+  it("traces a request through the remote steps: each a child trace, stamped as it is sent and answered", async () => {
+    const front = servers[2] as ServerProcess;
+    const on = await postJson(`${front.http}/v2/trace/setting`, { trace_level: ["TIMESTAMPS"], trace_rate: "1" });
+    expect(on.status).toBe(200);
+    const res = await postBinary(
+      `${front.http}/v2/models/resnet50_ensemble/infer`,
+      { inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }] },
+      [frameBytes([readFixtureImage("chelsea.jpg")])],
+    );
+    expect(res.status).toBe(200);
+    await postJson(`${front.http}/v2/trace/setting`, { trace_level: ["OFF"] });
+    const file = join(repo, "front-trace.json.0");
+    for (let i = 0; i < 100 && !existsSync(file); i++) await new Promise((r) => setTimeout(r, 50));
+    const entries = JSON.parse(await readFile(file, "utf8")) as {
+      id: number;
+      model_name?: string;
+      parent_id?: number;
+      timestamps?: { name: string }[];
+    }[];
+    const names = new Map(entries.filter((e) => e.model_name).map((e) => [e.id, e.model_name]));
+    const steps = entries
+      .filter((e) => e.timestamps && entries.some((h) => h.id === e.id && h.parent_id !== undefined))
+      .map((e) => [names.get(e.id), e.timestamps?.map((t) => t.name)]);
+    expect(steps).toEqual([
+      ["resnet50_preprocess", ["REQUEST_START", "REQUEST_END"]],
+      ["resnet50_inference", ["REQUEST_START", "REQUEST_END"]],
+      [
+        "resnet50_postprocess",
+        [
+          "REQUEST_START",
+          "QUEUE_START",
+          "COMPUTE_START",
+          "COMPUTE_INPUT_END",
+          "COMPUTE_OUTPUT_START",
+          "COMPUTE_END",
+          "REQUEST_END",
+        ],
+      ],
+    ]);
   });
 });
