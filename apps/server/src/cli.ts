@@ -4,7 +4,7 @@
  * A bad flag or flag file is a UsageError: one line, no stack.
  */
 import { constants } from "node:fs";
-import { access, readFile } from "node:fs/promises";
+import { access, open, readFile } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import {
   API_CATEGORIES,
@@ -163,6 +163,7 @@ export const program = new Command("trellis-server")
     seconds,
     30,
   )
+  .option("--log-file <path>", "write the logs (JSON lines) to this file instead of stdout")
   .option(
     "--log-verbose [level]",
     "verbose (debug) logging: level > 0 (1 when given without one); changeable at run time through /v2/logging",
@@ -207,6 +208,7 @@ export interface Flags {
   endpoints?: string;
   exitTimeoutSecs: number;
   logVerbose: boolean | string;
+  logFile?: string;
   cacheConfig: string[];
   httpRestrictedApi: string[];
   grpcRestrictedProtocol: string[];
@@ -389,6 +391,17 @@ async function traceValues(flags: Flags): Promise<TraceValues> {
   return values;
 }
 
+/** --log-file's path, opened for appending once so a file the server cannot write stops it at start. */
+async function writableLogFile(path: string): Promise<string> {
+  const file = resolve(path);
+  await open(file, "a")
+    .then((handle) => handle.close())
+    .catch((err: Error) => {
+      throw new UsageError(`--log-file ${path}: ${err.message}`);
+    });
+  return file;
+}
+
 /** TLS for https:// --endpoints from the flags (undefined: the system's CAs, no client certificate). */
 async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
   const { endpointsRootCert: ca, endpointsClientCert: cert, endpointsClientKey: key } = flags;
@@ -416,6 +429,8 @@ export interface Settings {
   grpcTls?: GrpcServerTlsOptions;
   httpRestrictions?: ApiRestrictions;
   grpcRestrictions?: ApiRestrictions;
+  /** --log-file, resolved and checked writable (undefined: stdout). */
+  logFile?: string;
   /** Latency metrics (--metrics-config). */
   metrics: MetricsOptions;
   /** Tracing at start (--trace-config); changeable at run time through the trace extension. */
@@ -436,6 +451,7 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     grpcTls: await grpcTls(flags),
     httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
     grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
+    logFile: flags.logFile === undefined ? undefined : await writableLogFile(flags.logFile),
     metrics: metricsOptions(flags),
     tracing: await traceValues(flags),
   };

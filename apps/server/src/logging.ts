@@ -1,8 +1,9 @@
 /**
  * The logging extension over our pino logger: Triton's settings mapped onto
  * pino's one threshold (verbose -> debug, else the most detailed of info,
- * warning, error that is on; all off -> silent). Logs are JSON lines on
- * stdout, so log_file stays "" and log_format "default".
+ * warning, error that is on; all off -> silent). Logs are JSON lines, on
+ * stdout or in --log-file's file (log_file: set only at start, as in Triton
+ * since 24.05), so log_format stays "default".
  */
 import { Code, type LogSettings, type LogSettingsControl, StageError } from "@trellis/stage";
 import type { Logger as Pino } from "pino";
@@ -20,9 +21,9 @@ type Setting = keyof typeof KINDS;
 
 const invalid = (message: string) => new StageError(Code.InvalidArgument, "", message);
 
-export function pinoLogSettings(logger: Pick<Pino, "level">, verboseLevel: number): LogSettingsControl {
+export function pinoLogSettings(logger: Pick<Pino, "level">, verboseLevel: number, logFile = ""): LogSettingsControl {
   const current = {
-    log_file: "",
+    log_file: logFile,
     log_info: true,
     log_warning: true,
     log_error: true,
@@ -56,11 +57,11 @@ export function pinoLogSettings(logger: Pick<Pino, "level">, verboseLevel: numbe
           throw invalid(
             `log setting '${key}' must be ${kind === "uint32" ? "an unsigned integer" : `a ${kind}`}, got ${JSON.stringify(value)}`,
           );
-        if (key === "log_file" && value !== "") {
+        if (key === "log_file" && value !== current.log_file) {
           throw new StageError(
             Code.Unimplemented,
             "",
-            "log_file is not supported: the server logs JSON lines to stdout",
+            "log_file can only be set when the server starts (--log-file <path>), not through the logging API",
           );
         }
         if (key === "log_format" && value !== "default") {

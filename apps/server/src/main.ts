@@ -24,8 +24,11 @@ v8.setFlagsFromString("--heap-growing-percent=300");
 async function main(): Promise<void> {
   const settings = await readCommandLine();
   const { flags, repositories } = settings;
-  const logger = pino({ base: { pid: process.pid } });
-  const logSettings = pinoLogSettings(logger, settings.verboseLevel);
+  // Synchronous writes to a log file: nothing is lost when the process exits after shutdown.
+  const logger = settings.logFile
+    ? pino({ base: { pid: process.pid } }, pino.destination({ dest: settings.logFile, sync: true }))
+    : pino({ base: { pid: process.pid } });
+  const logSettings = pinoLogSettings(logger, settings.verboseLevel, settings.logFile);
 
   if (flags.fetchModels) await ensureSeedModels(repositories, logger);
   const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;

@@ -488,7 +488,9 @@ describe("gRPC", () => {
     );
     expect(await postJson(`${server.http}/v2/logging`, { log_file: "/tmp/trellis.log" })).toEqual({
       status: 501,
-      json: { error: "log_file is not supported: the server logs JSON lines to stdout" },
+      json: {
+        error: "log_file can only be set when the server starts (--log-file <path>), not through the logging API",
+      },
     });
     const grpcBad = await client
       .logSettings({ settings: { log_format: { parameterChoice: { case: "stringParam", value: "ISO8601" } } } })

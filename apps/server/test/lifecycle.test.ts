@@ -3,7 +3,7 @@
  * HTTP and gRPC, unload with requests in flight, SIGTERM with requests in
  * flight, and a model that fails to load on request.
  */
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { mkdir, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
@@ -599,5 +599,49 @@ export function createStage({ config, version }) {
     } finally {
       expect(await server.stop()).toBe(0);
     }
+  });
+});
+
+describe("--log-file", () => {
+  it("writes the logs there instead of stdout, reports it as log_file, and refuses a file it cannot write", async () => {
+    const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
+    const logFile = join(repo, "server.log");
+    const server = await startServerProcess(["--model-repository", repo, "--log-file", logFile], { logFile });
+    let stdout = "";
+    server.proc.stdout?.on("data", (d) => {
+      stdout += String(d);
+    });
+    try {
+      expect(server.logs.filter((l) => l.msg === "listening").map((l) => l.protocol)).toEqual([
+        "grpc",
+        "http",
+        "metrics",
+      ]);
+      const settings = (await (await fetch(`${server.http}/v2/logging`)).json()) as { log_file: string };
+      expect(settings.log_file).toBe(logFile);
+      expect(await postJson(`${server.http}/v2/logging`, { log_file: join(repo, "elsewhere.log") })).toEqual({
+        status: 501,
+        json: {
+          error: "log_file can only be set when the server starts (--log-file <path>), not through the logging API",
+        },
+      });
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+    // Everything up to the last line of the shutdown is in the file; nothing went to stdout.
+    const lines = readFileSync(logFile, "utf8")
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as { msg: string });
+    expect(lines.at(-1)?.msg).toBe("stopped");
+    expect(stdout).toBe("");
+    const refused = await startServerProcess([
+      "--model-repository",
+      repo,
+      "--log-file",
+      join(repo, "no", "x.log"),
+    ]).catch((e: Error) => e);
+    expect(String(refused)).toContain(`trellis-server: --log-file ${join(repo, "no", "x.log")}: ENOENT`);
+    await removeDir(repo);
   });
 });

@@ -1,5 +1,6 @@
 /** The real Trellis server process (node apps/server/dist/main.js) on ephemeral loopback ports. */
 import { type ChildProcess, spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { repoRoot } from "./paths.js";
@@ -27,6 +28,8 @@ export interface ServerProcessOptions {
   cwd?: string;
   /** How long to wait for "server started" before killing the process (default 120 s). */
   startTimeoutMs?: number;
+  /** Where the server logs when started with --log-file: its lines are read from there instead of stdout. */
+  logFile?: string;
 }
 
 /**
@@ -65,8 +68,7 @@ export async function startServerProcess(args: string[], options: ServerProcessO
       () => reject(new Error(`server (pid ${proc.pid}) did not start within ${startTimeoutMs} ms:\n${stderr}`)),
       startTimeoutMs,
     );
-    const lines = createInterface({ input: proc.stdout as NodeJS.ReadableStream });
-    lines.on("line", (line) => {
+    const onLine = (line: string) => {
       let entry: Record<string, unknown>;
       try {
         entry = JSON.parse(line);
@@ -79,7 +81,9 @@ export async function startServerProcess(args: string[], options: ServerProcessO
         if (entry.protocol === "grpc") grpcTls = entry.tls === true;
       }
       if (entry.msg === "server started") resolve();
-    });
+    };
+    if (options.logFile) followFile(options.logFile, onLine, exited);
+    else createInterface({ input: proc.stdout as NodeJS.ReadableStream }).on("line", onLine);
     exited.then((code) => reject(new Error(`server exited with ${code} before starting:\n${stderr}`)));
   });
   try {
@@ -107,4 +111,28 @@ export async function startServerProcess(args: string[], options: ServerProcessO
       return exited;
     },
   };
+}
+
+/** Calls `onLine` for each line appended to `path` (which may not exist yet) until `done` settles. */
+function followFile(path: string, onLine: (line: string) => void, done: Promise<unknown>): void {
+  let offset = 0;
+  let partial = "";
+  const read = () => {
+    let text: string;
+    try {
+      const buf = readFileSync(path);
+      text = buf.subarray(offset).toString("utf8");
+      offset = buf.byteLength;
+    } catch {
+      return; // not written yet
+    }
+    const lines = (partial + text).split("\n");
+    partial = lines.pop() ?? "";
+    for (const line of lines) onLine(line);
+  };
+  const timer = setInterval(read, 25);
+  void done.then(() => {
+    read();
+    clearInterval(timer);
+  });
 }
