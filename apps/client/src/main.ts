@@ -77,7 +77,11 @@ program
 program
   .command("perf")
   .description("measure throughput and latency at each concurrency, as perf_analyzer does")
-  .option("--concurrency-range <start:end:step>", "requests kept in flight", asOption(concurrencyRange), [1])
+  .addOption(
+    new Option("--concurrency-range <start:end:step>", "requests kept in flight")
+      .argParser(asOption(concurrencyRange))
+      .default([1], "1"),
+  )
   .option("--measurement-interval <ms>", "measurement window per concurrency", positive, 5000)
   .option("--warmup-interval <ms>", "uncounted calls before each window", positive, 1000)
   .option("-b, --batch-size <n>", "items per request", positive, 1)
