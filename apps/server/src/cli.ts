@@ -18,6 +18,7 @@ import {
 import { Command, InvalidArgumentError, Option } from "commander";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import type { MetricsOptions } from "./metrics.js";
+import { DEFAULT_OTEL_SETTINGS, type OtelSettings } from "./otel.js";
 import type { ControlMode } from "./repository.js";
 import { SERVER_VERSION } from "./server.js";
 import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "./tracing.js";
@@ -177,7 +178,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--trace-config <setting>",
-    "request tracing, as tritonserver's: level=TIMESTAMPS (or OFF), rate=<n> (every n-th request; default 1000), count=<n> (-1: no limit), triton,file=<path> (needed to trace), triton,log-frequency=<n> (write every n traces to <path>.<i>; 0: all to <path> at exit); repeatable; changeable at run time through /v2/trace/setting",
+    "request tracing, as tritonserver's: level=TIMESTAMPS (or OFF), rate=<n> (every n-th request; default 1000), count=<n> (-1: no limit), mode=triton|opentelemetry; triton,file=<path> (needed to trace in mode triton), triton,log-frequency=<n> (write every n traces to <path>.<i>; 0: all to <path> at exit); opentelemetry,url=<OTLP/HTTP traces URL> (default http://localhost:4318/v1/traces), opentelemetry,resource=<key>=<value>, opentelemetry,bsp_max_queue_size|bsp_schedule_delay|bsp_max_export_batch_size=<n>; repeatable; mode triton's settings are changeable at run time through /v2/trace/setting",
     collect,
     [],
   )
@@ -344,7 +345,7 @@ const TRACE_CONFIG_TRITON: Record<string, string> = { file: "trace_file", "log-f
  * then --trace-config entries ("<setting>=<value>" or "triton,<setting>=<value>"),
  * later ones winning (levels add up, as repeated --trace-config level= do).
  */
-async function traceValues(flags: Flags): Promise<TraceValues> {
+async function traceValues(flags: Flags): Promise<{ tracing: TraceValues; otel?: OtelSettings }> {
   const given = new Map<string, string[]>();
   const put = (setting: string, value: string) =>
     given.set(setting, setting === "trace_level" ? [...(given.get(setting) ?? []), value] : [value]);
@@ -353,18 +354,20 @@ async function traceValues(flags: Flags): Promise<TraceValues> {
   if (flags.traceRate !== undefined) put("trace_rate", flags.traceRate);
   if (flags.traceCount !== undefined) put("trace_count", flags.traceCount);
   if (flags.traceLogFrequency !== undefined) put("log_frequency", flags.traceLogFrequency);
+  const otelGiven: [string, string][] = [];
   for (const entry of flags.traceConfig) {
     const comma = entry.indexOf(",");
     const mode = comma < 0 ? undefined : entry.slice(0, comma);
     const [key = "", value] = entry.slice(comma + 1).split(/=(.*)/s, 2);
-    if (mode === "opentelemetry") {
-      throw new UsageError(`--trace-config ${entry}: OpenTelemetry tracing is not supported (trace mode triton is)`);
+    if (mode === "opentelemetry" && value !== undefined) {
+      otelGiven.push([key, value]);
+      continue;
     }
     const names = mode === undefined ? TRACE_CONFIG_GLOBAL : mode === "triton" ? TRACE_CONFIG_TRITON : undefined;
     const setting = names?.[key];
     if (!setting || value === undefined) {
       throw new UsageError(
-        `--trace-config ${entry}: expected level=, rate=, count=, mode=, triton,file= or triton,log-frequency=<value>`,
+        `--trace-config ${entry}: expected level=, rate=, count=, mode=, triton,file=, triton,log-frequency= or opentelemetry,<setting>=<value>`,
       );
     }
     put(setting, value);
@@ -377,6 +380,10 @@ async function traceValues(flags: Flags): Promise<TraceValues> {
       throw new UsageError(`--trace-config ${(err as Error).message}`);
     }
   }
+  if (values.mode === "opentelemetry") return { tracing: values, otel: otelSettings(otelGiven) };
+  if (otelGiven.length > 0) {
+    throw new UsageError("--trace-config opentelemetry,<setting>=... needs --trace-config mode=opentelemetry");
+  }
   if (values.level.length > 0 && !values.file) {
     throw new UsageError("--trace-config level=TIMESTAMPS needs a trace file: --trace-config triton,file=<path>");
   }
@@ -388,7 +395,46 @@ async function traceValues(flags: Flags): Promise<TraceValues> {
     });
     values.file = resolve(values.file);
   }
-  return values;
+  return { tracing: values };
+}
+
+/** Trace mode opentelemetry's settings (--trace-config opentelemetry,<setting>=<value>), as tritonserver's. */
+function otelSettings(given: [string, string][]): OtelSettings {
+  const settings: OtelSettings = { ...DEFAULT_OTEL_SETTINGS, resource: { ...DEFAULT_OTEL_SETTINGS.resource } };
+  const count = (key: string, value: string) => {
+    const n = Number(value);
+    if (!Number.isSafeInteger(n) || n < 1) {
+      throw new UsageError(`--trace-config opentelemetry,${key}=${value}: expected a whole number ≥ 1`);
+    }
+    return n;
+  };
+  for (const [key, value] of given) {
+    if (key === "url") {
+      if (!/^https?:\/\/[^/]/.test(value)) {
+        throw new UsageError(`--trace-config opentelemetry,url=${value}: expected an http:// or https:// URL`);
+      }
+      settings.url = value;
+    } else if (key === "resource") {
+      const [name, attribute] = value.split(/=(.*)/s, 2);
+      if (!name || attribute === undefined) {
+        throw new UsageError(`--trace-config opentelemetry,resource=${value}: expected resource=<key>=<value>`);
+      }
+      settings.resource[name] = attribute;
+    } else if (key === "bsp_max_queue_size") settings.bspMaxQueueSize = count(key, value);
+    else if (key === "bsp_schedule_delay") settings.bspScheduleDelayMs = count(key, value);
+    else if (key === "bsp_max_export_batch_size") settings.bspMaxExportBatchSize = count(key, value);
+    else {
+      throw new UsageError(
+        `--trace-config opentelemetry,${key}=${value}: expected url, resource, bsp_max_queue_size, bsp_schedule_delay or bsp_max_export_batch_size`,
+      );
+    }
+  }
+  if (settings.bspMaxExportBatchSize > settings.bspMaxQueueSize) {
+    throw new UsageError(
+      "--trace-config opentelemetry,bsp_max_export_batch_size must not exceed opentelemetry,bsp_max_queue_size",
+    );
+  }
+  return settings;
 }
 
 /** --log-file's path, opened for appending once so a file the server cannot write stops it at start. */
@@ -435,6 +481,8 @@ export interface Settings {
   metrics: MetricsOptions;
   /** Tracing at start (--trace-config); changeable at run time through the trace extension. */
   tracing: TraceValues;
+  /** Where traces go in trace mode opentelemetry. */
+  otel?: OtelSettings;
 }
 
 export async function readCommandLine(argv: string[] = process.argv): Promise<Settings> {
@@ -453,6 +501,6 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
     logFile: flags.logFile === undefined ? undefined : await writableLogFile(flags.logFile),
     metrics: metricsOptions(flags),
-    tracing: await traceValues(flags),
+    ...(await traceValues(flags)),
   };
 }

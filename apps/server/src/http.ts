@@ -535,7 +535,7 @@ export function restHandler(ctx: RestContext) {
     // The model may have been unloaded or reloaded while the body arrived: use what is loaded now.
     const stage = resolve();
     if (!stage) return;
-    const trace = ctx.tracing?.begin(stage.name, stage.version, request.id);
+    const trace = ctx.tracing?.begin(stage.name, stage.version, request.id, (h) => headerOf(req, h));
     if (trace) {
       trace.stamp("HTTP_RECV_START", recvStartNs);
       trace.stamp("HTTP_RECV_END", recvEndNs);

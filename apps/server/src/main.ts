@@ -10,6 +10,7 @@ import { ensureSeedModels } from "./bootstrap.js";
 import { readCommandLine, UsageError } from "./cli.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
 import { pinoLogSettings } from "./logging.js";
+import { OtelExport } from "./otel.js";
 import { RepositoryManager } from "./repository.js";
 import { startServer } from "./server.js";
 import { Tracer } from "./tracing.js";
@@ -59,7 +60,7 @@ async function main(): Promise<void> {
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
-    tracing: new Tracer(settings.tracing, logger),
+    tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel)),
     metrics: settings.metrics,
   });
 

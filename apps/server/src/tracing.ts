@@ -1,9 +1,10 @@
 /**
- * Triton's request tracing (trace mode "triton", level TIMESTAMPS): the settings
- * from --trace-config and the trace extension (global, and per model), the
- * sampling (every trace_rate-th request, trace_count in all), and the JSON trace
- * file Triton's tools read: per trace a header object then its timestamps, an
- * ensemble's steps as traces of their own whose parent_id is the ensemble's.
+ * Triton's request tracing (level TIMESTAMPS): the settings from --trace-config
+ * and the trace extension (global, and per model), the sampling (every
+ * trace_rate-th request, trace_count in all), and where traces go: in trace mode
+ * "triton", the JSON trace file Triton's tools read (per trace a header object
+ * then its timestamps, an ensemble's steps as traces of their own whose
+ * parent_id is the ensemble's); in mode "opentelemetry", spans over OTLP (otel.ts).
  */
 import { writeFile } from "node:fs/promises";
 import {
@@ -16,11 +17,15 @@ import {
   type TraceControl,
   type TraceSettings,
 } from "@trellis/stage";
+import type { FinishedTrace, OtelExport } from "./otel.js";
+
+export type TraceMode = "triton" | "opentelemetry";
 
 export interface TraceValues {
+  mode: TraceMode;
   /** TIMESTAMPS when tracing; empty is OFF. */
   level: "TIMESTAMPS"[];
-  /** Every rate-th request is traced. */
+  /** Every rate-th request is traced; 0: none (but, in opentelemetry mode, those carrying a traceparent). */
   rate: number;
   /** Traces still to collect; -1 never stops. */
   count: number;
@@ -31,6 +36,7 @@ export interface TraceValues {
 
 /** Triton's defaults: off, every 1000th request, no limit, written at shutdown. */
 export const DEFAULT_TRACE_VALUES: Readonly<TraceValues> = {
+  mode: "triton",
   level: [],
   rate: 1000,
   count: -1,
@@ -44,7 +50,7 @@ const KEYS = {
   trace_count: "count",
   log_frequency: "logFrequency",
   trace_file: "file",
-  trace_mode: undefined,
+  trace_mode: "mode",
 } as const satisfies Record<string, keyof TraceValues | undefined>;
 type SettingName = keyof typeof KEYS;
 const SETTING_NAMES = Object.keys(KEYS) as SettingName[];
@@ -57,7 +63,7 @@ export function traceSettingsOf(v: TraceValues): TraceSettings {
     trace_rate: String(v.rate),
     trace_count: String(v.count),
     log_frequency: String(v.logFrequency),
-    trace_mode: "triton",
+    trace_mode: v.mode,
   };
 }
 
@@ -95,7 +101,7 @@ export function parseTraceSetting(setting: string, values: string[]): Partial<Tr
       return { level: values.includes("TIMESTAMPS") ? ["TIMESTAMPS"] : [] };
     }
     case "trace_rate":
-      return { rate: wholeNumber(setting, values, 1) };
+      return { rate: wholeNumber(setting, values, 0) };
     case "trace_count":
       return { count: wholeNumber(setting, values, -1) };
     case "log_frequency":
@@ -104,15 +110,10 @@ export function parseTraceSetting(setting: string, values: string[]): Partial<Tr
       if (values.length !== 1) throw invalid(`trace_file: expected one value, got ${values.length}`);
       return { file: values[0]! };
     case "trace_mode":
-      if (values.length === 1 && values[0] === "triton") return {};
-      if (values.includes("opentelemetry")) {
-        throw new StageError(
-          Code.Unimplemented,
-          "",
-          "trace_mode opentelemetry is not supported by this server (triton is)",
-        );
+      if (values.length === 1 && (values[0] === "triton" || values[0] === "opentelemetry")) {
+        return { mode: values[0] };
       }
-      throw invalid(`trace_mode: expected triton, got "${values.join(",")}"`);
+      throw invalid(`trace_mode: expected triton or opentelemetry, got "${values.join(",")}"`);
     default:
       throw invalid(`unknown trace setting "${setting}"; the settings are ${SETTING_NAMES.join(", ")}`);
   }
@@ -164,6 +165,19 @@ class Trace implements RequestTrace {
     if (this.ended || !this.onEnd) return;
     this.ended = true;
     this.onEnd(this);
+  }
+
+  /** The trace as the OpenTelemetry export takes it (the last stamp of each name). */
+  finished(): FinishedTrace {
+    return {
+      id: this.id,
+      model: this.model,
+      version: this.version,
+      requestId: this.requestId,
+      parentId: this.parentId,
+      timestamps: new Map(this.timestamps.map((t) => [t.name, t.ns])),
+      children: this.children.map((c) => c.finished()),
+    };
   }
 
   /** Triton's JSON objects for this trace and its children's. */
@@ -243,12 +257,17 @@ export class Tracer implements TraceControl {
   private lastId = 0;
   private readonly newId = () => ++this.lastId;
 
-  /** @param startup the settings from the command line: a cleared global setting goes back to its value here. */
+  /**
+   * @param startup the settings from the command line: a cleared global setting goes back to its value here.
+   * @param otel where traces go in opentelemetry mode (required in that mode).
+   */
   constructor(
     private readonly startup: TraceValues,
     private readonly log?: StageLogger,
+    private readonly otel?: OtelExport,
   ) {
-    if (startup.level.length > 0 && !startup.file) throw invalid(noFile);
+    if (startup.mode === "triton" && startup.level.length > 0 && !startup.file) throw invalid(noFile);
+    if (startup.mode === "opentelemetry" && !otel) throw new Error("trace mode opentelemetry needs an OtelExport");
     this.global = { ...startup, level: [...startup.level] };
     this.globalSampler = { seen: 0, remaining: startup.count };
   }
@@ -265,6 +284,13 @@ export class Tracer implements TraceControl {
   }
 
   update(model: string | undefined, changes: Record<string, string[]>): TraceSettings {
+    if (this.global.mode === "opentelemetry") {
+      throw new StageError(
+        Code.Unimplemented,
+        "",
+        "trace settings cannot be changed at run time in trace mode opentelemetry (as in Triton): restart with other --trace-config",
+      );
+    }
     // Everything is checked before anything changes.
     const set: Partial<TraceValues> = {};
     const cleared: (keyof TraceValues)[] = [];
@@ -285,7 +311,11 @@ export class Tracer implements TraceControl {
       );
     }
     delete set.file;
-    const clearedFields = cleared.filter((f) => f !== "file");
+    if (set.mode !== undefined && set.mode !== current.mode) {
+      throw invalid("trace_mode can only be set when the server starts (--trace-config mode=<mode>)");
+    }
+    delete set.mode;
+    const clearedFields = cleared.filter((f) => f !== "file" && f !== "mode");
 
     let next: TraceValues;
     let overrides: Partial<TraceValues> | undefined;
@@ -321,18 +351,32 @@ export class Tracer implements TraceControl {
     return this.settings(model);
   }
 
-  begin(model: string, version: string, requestId?: string): RequestTrace | undefined {
+  begin(
+    model: string,
+    version: string,
+    requestId?: string,
+    header?: (name: string) => string | undefined,
+  ): RequestTrace | undefined {
     const values = this.effective(model);
     if (values.level.length === 0) return undefined;
+    const trace = (onEnd: (t: Trace) => void) =>
+      new Trace(this.newId, this.newId(), model, version, requestId, undefined, onEnd);
+    const otel = this.otel;
+    if (values.mode === "opentelemetry" && otel) {
+      // As Triton: a request that carries the caller's context is traced whatever the rate and count.
+      const caller = header ? otel.contextFrom(header) : undefined;
+      if (caller) return trace((t) => otel.export(t.finished(), caller));
+    }
     const sampler: Sampler = this.models.get(model) ?? this.globalSampler;
-    if (sampler.remaining === 0) return undefined;
+    if (sampler.remaining === 0 || values.rate === 0) return undefined;
     sampler.seen++;
     if (sampler.seen % values.rate !== 0) return undefined;
     if (sampler.remaining > 0) sampler.remaining--;
+    if (values.mode === "opentelemetry" && otel) return trace((t) => otel.export(t.finished()));
     const last = sampler.remaining === 0;
     const file = this.fileFor(values.file);
-    return new Trace(this.newId, this.newId(), model, version, requestId, undefined, (trace) => {
-      file.collect(trace, values.logFrequency);
+    return trace((t) => {
+      file.collect(t, values.logFrequency);
       // The count is spent: what was collected is written now, not only at shutdown.
       if (last) void file.flush();
     });
@@ -347,8 +391,11 @@ export class Tracer implements TraceControl {
     return file;
   }
 
-  /** Writes every trace collected and not yet written (at shutdown). */
+  /** Writes every trace collected and not yet written, and exports the spans still queued (at shutdown). */
   async flush(): Promise<void> {
     await Promise.all([...this.files.values()].map((f) => f.flush()));
+    await this.otel
+      ?.shutdown()
+      .catch((err: Error) => this.log?.error({ err: err.message }, "could not export the last OpenTelemetry spans"));
   }
 }

@@ -284,10 +284,10 @@ describe("trace settings, global and per model, over HTTP and gRPC", () => {
     const before = await settings();
     const cases: [unknown, number, RegExp][] = [
       [{ trace_file: join(dir, "elsewhere.json") }, 400, /^trace_file can only be set when the server starts/],
-      [{ trace_rate: "0" }, 400, /^trace_rate: expected a whole number ≥ 1, got "0"$/],
+      [{ trace_rate: "-1" }, 400, /^trace_rate: expected a whole number ≥ 0, got "-1"$/],
       [{ trace_rate: "10", trace_count: "-2" }, 400, /^trace_count: expected a whole number ≥ -1, got "-2"$/],
       [{ trace_level: ["TENSORS"] }, 501, /^trace_level TENSORS is not supported/],
-      [{ trace_mode: "opentelemetry" }, 501, /^trace_mode opentelemetry is not supported/],
+      [{ trace_mode: "opentelemetry" }, 400, /^trace_mode can only be set when the server starts/],
       [{ trace_colour: "red" }, 400, /^unknown trace setting "trace_colour"/],
     ];
     for (const [body, status, error] of cases) {
@@ -304,7 +304,7 @@ describe("trace settings, global and per model, over HTTP and gRPC", () => {
       .traceSetting({ settings: { trace_rate: { value: ["zero"] } } })
       .catch((e: ConnectError) => e);
     expect((refused as ConnectError).code).toBe(Code.InvalidArgument);
-    expect((refused as ConnectError).rawMessage).toBe('trace_rate: expected a whole number ≥ 1, got "zero"');
+    expect((refused as ConnectError).rawMessage).toBe('trace_rate: expected a whole number ≥ 0, got "zero"');
   });
 });
 
@@ -323,7 +323,9 @@ it("refuses to start with a --trace-config it cannot use, saying why in one line
       "--trace-config",
       "opentelemetry,url=localhost:4318",
     ]).catch((e: Error) => e);
-    expect(String(otel)).toContain("OpenTelemetry tracing is not supported (trace mode triton is)");
+    expect(String(otel)).toContain(
+      "trellis-server: --trace-config opentelemetry,<setting>=... needs --trace-config mode=opentelemetry",
+    );
     const nowhere = await startServerProcess([
       "--model-repository",
       repo,

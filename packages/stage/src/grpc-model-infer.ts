@@ -70,6 +70,8 @@ export interface GrpcCallTimes {
   readEndNs: number;
   /** Set by the infer function when it traces the request: the handler stamps the send and ends it. */
   trace?: RequestTrace;
+  /** The call's headers (gRPC metadata), by lower-case name. */
+  header(name: string): string | undefined;
 }
 
 /** Runs one decoded ModelInfer; `signal` aborts on deadline or client cancel. */
@@ -142,7 +144,14 @@ export function grpcModelInferHandler(
 ): FastPath {
   return (req, res) => {
     if (!servedHere(req)) return false;
-    const call: GrpcCallTimes = { readStartNs: nowNs(), readEndNs: 0 };
+    const call: GrpcCallTimes = {
+      readStartNs: nowNs(),
+      readEndNs: 0,
+      header: (name) => {
+        const v = req.headers[name];
+        return Array.isArray(v) ? v[0] : v;
+      },
+    };
     const controller = new AbortController();
     let answered = false;
     let timer: NodeJS.Timeout | undefined;

@@ -78,6 +78,7 @@ export {
   type ListeningServer,
   type ListenOptions,
   listenStage,
+  type ModelInferTracing,
   SERVER_COMPRESSION,
   type ServeOptions,
   serveStage,

@@ -83,22 +83,29 @@ function inferOptions(msg: ModelInferRequest, signal: AbortSignal): InferOptions
   return opts;
 }
 
+/** How a ModelInfer is traced: by whom, and what the call itself can tell. */
+export interface ModelInferTracing {
+  tracing?: TraceControl;
+  /** The direct gRPC path's call: its read times go on the trace, which the path finishes once the answer is sent. */
+  call?: GrpcCallTimes;
+  /** The call's headers (a W3C traceparent continues the caller's trace). */
+  header?: (name: string) => string | undefined;
+}
+
 /**
  * Runs one ModelInfer against the registry; `signal` is the call's. Errors come back as ConnectErrors.
- * With `tracing`, a sampled request is traced; with `call` (the direct gRPC path), the call's own
- * read times go on the trace and the trace is left for the caller to finish once the answer is sent.
+ * With `tracing`, a sampled request is traced (see ModelInferTracing).
  */
 export async function handleModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
-  tracing?: TraceControl,
-  call?: GrpcCallTimes,
+  { tracing, call, header }: ModelInferTracing = {},
 ): Promise<ModelInferResponse> {
   const stage = registry.resolve(msg.modelName, msg.modelVersion);
   const request = inferRequestFromWire(msg, stage.name);
   const options = inferOptions(msg, signal);
-  const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined);
+  const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined, header ?? call?.header);
   if (trace) {
     options.trace = trace;
     if (call) {
@@ -141,7 +148,11 @@ export function inferenceService(
       }),
     modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
     modelConfig: (req) => create(ModelConfigResponseSchema, { config: registry.resolve(req.name, req.version).config }),
-    modelInfer: (msg, ctx) => handleModelInfer(registry, msg, ctx.signal, options.tracing),
+    modelInfer: (msg, ctx) =>
+      handleModelInfer(registry, msg, ctx.signal, {
+        tracing: options.tracing,
+        header: (name) => ctx.requestHeader.get(name) ?? undefined,
+      }),
     // As Triton does: every request on the stream runs as soon as it arrives (so they can
     // batch together), and each is answered as it completes, in completion order; a failed
     // one is answered with its error (and its id) and the stream goes on.
@@ -160,7 +171,10 @@ export function inferenceService(
         try {
           for await (const msg of requests) {
             running++;
-            handleModelInfer(registry, msg, ctx.signal, options.tracing).then(
+            handleModelInfer(registry, msg, ctx.signal, {
+              tracing: options.tracing,
+              header: (name) => ctx.requestHeader.get(name) ?? undefined,
+            }).then(
               (inferResponse) => answer(create(ModelStreamInferResponseSchema, { inferResponse })),
               (err) =>
                 answer(
@@ -408,7 +422,7 @@ export function createGrpcServer(
     ...SERVER_COMPRESSION,
   });
   const modelInfer = grpcModelInferHandler(
-    (msg, signal, call) => handleModelInfer(registry, msg, signal, options.tracing, call),
+    (msg, signal, call) => handleModelInfer(registry, msg, signal, { tracing: options.tracing, call }),
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
   );

@@ -48,8 +48,17 @@ export interface TraceControl {
    * first bad one. Returns the settings in force afterwards.
    */
   update(model: string | undefined, changes: Record<string, string[]>): TraceSettings;
-  /** A trace for one request to `model`, when the settings sample it; undefined otherwise. */
-  begin(model: string, version: string, requestId?: string): RequestTrace | undefined;
+  /**
+   * A trace for one request to `model`, when the settings sample it; undefined otherwise.
+   * `header` reads the request's headers (gRPC metadata included): a W3C traceparent
+   * there continues the caller's trace, in OpenTelemetry mode.
+   */
+  begin(
+    model: string,
+    version: string,
+    requestId?: string,
+    header?: (name: string) => string | undefined,
+  ): RequestTrace | undefined;
 }
 
 /**
