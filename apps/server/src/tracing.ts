@@ -68,6 +68,8 @@ export function traceSettingsOf(v: TraceValues): TraceSettings {
 }
 
 const invalid = (msg: string) => new StageError(Code.InvalidArgument, "", msg);
+/** How long shutdown waits for the last spans to reach the OpenTelemetry collector. */
+const OTEL_SHUTDOWN_WAIT_MS = 2000;
 const noFile = "tracing needs a trace file: start the server with --trace-config triton,file=<path>";
 
 function wholeNumber(setting: string, values: string[], min: number): number {
@@ -394,8 +396,28 @@ export class Tracer implements TraceControl {
   /** Writes every trace collected and not yet written, and exports the spans still queued (at shutdown). */
   async flush(): Promise<void> {
     await Promise.all([...this.files.values()].map((f) => f.flush()));
-    await this.otel
-      ?.shutdown()
-      .catch((err: Error) => this.log?.error({ err: err.message }, "could not export the last OpenTelemetry spans"));
+    if (!this.otel) return;
+    // A collector that is down must not hold the exit up (the exporter retries for seconds).
+    let timer: NodeJS.Timeout | undefined;
+    const waited = new Promise<"timeout">((resolve) => {
+      timer = setTimeout(() => resolve("timeout"), OTEL_SHUTDOWN_WAIT_MS);
+    });
+    const outcome = await Promise.race([
+      this.otel.shutdown().then(
+        () => "exported" as const,
+        (err: Error) => {
+          this.log?.error({ err: err.message }, "could not export the last OpenTelemetry spans");
+          return "failed" as const;
+        },
+      ),
+      waited,
+    ]);
+    clearTimeout(timer);
+    if (outcome === "timeout") {
+      this.log?.warn(
+        { waitedMs: OTEL_SHUTDOWN_WAIT_MS },
+        "the OpenTelemetry collector did not take the last spans in time: dropped",
+      );
+    }
   }
 }
