@@ -60,7 +60,7 @@ async function main(): Promise<void> {
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
-    tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel)),
+    tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel, logger)),
     metrics: settings.metrics,
   });
 

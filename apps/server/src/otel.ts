@@ -7,7 +7,15 @@
  * request_id and parent_id as attributes. A request carrying a W3C
  * traceparent continues the caller's trace.
  */
-import { type Attributes, type Context, type HrTime, ROOT_CONTEXT, trace } from "@opentelemetry/api";
+import {
+  type Attributes,
+  type Context,
+  DiagLogLevel,
+  diag,
+  type HrTime,
+  ROOT_CONTEXT,
+  trace,
+} from "@opentelemetry/api";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
@@ -53,13 +61,36 @@ const COMPUTE = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "
 
 const propagator = new W3CTraceContextPropagator();
 
+/** The SDK reports an export error as its JSON: said as "<name>: <message> (<code>) <response>". */
+function readable(message: string): string {
+  try {
+    const e = JSON.parse(message) as { name?: string; message?: string; code?: string; data?: string };
+    if (e && typeof e === "object" && typeof e.message === "string") {
+      return `${e.name ?? "error"}: ${e.message}${e.code ? ` (${e.code})` : ""}${e.data ? ` ${e.data}` : ""}`;
+    }
+  } catch {
+    // Not JSON: as it is.
+  }
+  return message;
+}
+
 export class OtelExport {
   private readonly provider: BasicTracerProvider;
   private readonly tracer;
   /** Wall-clock ns at monotonic 0: trace timestamps are monotonic, spans want the wall clock. */
   private readonly epochOffsetNs: bigint;
 
-  constructor(settings: OtelSettings) {
+  /** @param log where the OpenTelemetry SDK's own warnings go (a collector that refuses spans, say). */
+  constructor(settings: OtelSettings, log?: { warn(obj: object, msg?: string): void }) {
+    if (log) {
+      const warn = (message: string, ...args: unknown[]) =>
+        log.warn(
+          { detail: args.map((a) => (a instanceof Error ? a.message : String(a))) },
+          `opentelemetry: ${readable(message)}`,
+        );
+      const quiet = () => undefined;
+      diag.setLogger({ error: warn, warn, info: quiet, debug: quiet, verbose: quiet }, DiagLogLevel.WARN);
+    }
     this.provider = new BasicTracerProvider({
       resource: resourceFromAttributes(settings.resource),
       spanProcessors: [

@@ -184,6 +184,52 @@ describe("--trace-config mode=opentelemetry", () => {
   });
 });
 
+it("logs what the collector refuses, and goes on serving", async () => {
+  const repo = await makeSeedRepository();
+  const refusing = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(400, { "content-type": "application/json" });
+      res.end('{"message":"malformed"}');
+    });
+  });
+  await new Promise<void>((resolve) => refusing.listen(0, "127.0.0.1", resolve));
+  const server = await startServerProcess([
+    "--model-repository",
+    repo,
+    "--model-control-mode",
+    "explicit",
+    "--load-model",
+    "resnet50_postprocess",
+    "--trace-config",
+    "mode=opentelemetry",
+    "--trace-config",
+    "level=TIMESTAMPS",
+    "--trace-config",
+    "rate=1",
+    "--trace-config",
+    `opentelemetry,url=http://127.0.0.1:${(refusing.address() as AddressInfo).port}/v1/traces`,
+    "--trace-config",
+    "opentelemetry,bsp_schedule_delay=50",
+  ]);
+  try {
+    const infer = () =>
+      postJson(`${server.http}/v2/models/resnet50_postprocess/infer`, {
+        inputs: [{ name: "LOGITS", datatype: "FP32", shape: [1, 1000], data: new Array(1000).fill(0.5) }],
+      });
+    expect((await infer()).status).toBe(200);
+    const warned = () => server.logs.find((l) => String(l.msg).startsWith("opentelemetry: "));
+    for (let i = 0; i < 100 && !warned(); i++) await new Promise((r) => setTimeout(r, 50));
+    expect(warned()?.msg).toBe('opentelemetry: OTLPExporterError: Bad Request (400) {"message":"malformed"}');
+    expect(warned()?.level).toBe(40); // pino's warn
+    expect((await infer()).status).toBe(200);
+  } finally {
+    expect(await server.stop()).toBe(0);
+    await new Promise<void>((resolve) => refusing.close(() => resolve()));
+    await removeDir(repo);
+  }
+});
+
 it("refuses trace mode opentelemetry settings it cannot use, in one line", async () => {
   const repo = await makeSeedRepository();
   try {
