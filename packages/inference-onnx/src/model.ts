@@ -76,7 +76,6 @@ export function checkConfigAgainstModel(config: ModelConfig, model: ModelIO): vo
   const fail = (msg: string) => new StageError(Code.InvalidArgument, stage, `model does not match its config: ${msg}`);
   const check = (side: Side, list: ModelConfig["input"] | ModelConfig["output"], modelList: ModelTensorInfo[]) => {
     for (const c of list) {
-      if (c.reshape) throw fail(`${side} ${c.name}: reshape is not supported by the onnxruntime stage`);
       const m = modelList.find((x) => x.name === c.name);
       if (!m) {
         throw fail(
@@ -87,8 +86,22 @@ export function checkConfigAgainstModel(config: ModelConfig, model: ModelIO): vo
       const got = modelDatatype(stage, side, m);
       if (expected !== got) throw fail(`${side} ${c.name}: config datatype ${expected}, model datatype ${got}`);
       const dims = c.dims.map(Number);
-      const configShape = batching ? [-1, ...dims] : dims;
-      const shapeMsg = `config dims ${formatShape(dims)}${batching ? ` with max_batch_size ${config.maxBatchSize} (full shape ${formatShape(configShape)})` : ""}, model shape ${formatShape(m.shape)}`;
+      // With reshape, the model sees the reshaped dims; clients keep seeing dims.
+      const modelDims = c.reshape ? c.reshape.shape.map(Number) : dims;
+      if (c.reshape) {
+        const what = `dims ${formatShape(dims)}, reshape ${formatShape(modelDims)}`;
+        if ([...dims, ...modelDims].some((d) => d < 0)) {
+          throw fail(`${side} ${c.name}: reshape with variable dimensions is not supported (${what})`);
+        }
+        const count = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
+        if (count(dims) !== count(modelDims)) {
+          throw fail(
+            `${side} ${c.name}: reshape must hold as many elements as dims (${what}: ${count(modelDims)} vs ${count(dims)})`,
+          );
+        }
+      }
+      const configShape = batching ? [-1, ...modelDims] : modelDims;
+      const shapeMsg = `config ${c.reshape ? `reshape ${formatShape(modelDims)}` : `dims ${formatShape(dims)}`}${batching ? ` with max_batch_size ${config.maxBatchSize} (full shape ${formatShape(configShape)})` : ""}, model shape ${formatShape(m.shape)}`;
       if (m.shape.length !== configShape.length) throw fail(`${side} ${c.name}: rank differs: ${shapeMsg}`);
       if (batching && m.shape[0] !== -1) {
         throw fail(

@@ -171,6 +171,35 @@ function fromWire(stage: string, w: WireTensor): Tensor {
   return { name: w.name, datatype, shape: w.dims, data } as Tensor;
 }
 
+/**
+ * Triton's `reshape`: the shape a tensor has for the model, from the shape it has for
+ * clients (config dims), and back, for each tensor the config reshapes.
+ */
+function reshaper(config: ModelConfig) {
+  const batching = config.maxBatchSize > 0;
+  const table = (list: ModelConfig["input"] | ModelConfig["output"]) =>
+    new Map(
+      list.flatMap((c) =>
+        c.reshape ? [[c.name, { dims: c.dims.map(Number), model: c.reshape.shape.map(Number) }]] : [],
+      ),
+    );
+  const inputs = table(config.input);
+  const outputs = table(config.output);
+  const lead = (shape: readonly number[]) => (batching ? shape.slice(0, 1) : []);
+  return {
+    /** A feed's dims as the model takes them. */
+    toModel: (name: string, shape: number[]): number[] => {
+      const r = inputs.get(name);
+      return r ? [...lead(shape), ...r.model] : shape;
+    },
+    /** An output's shape as clients see it. */
+    fromModel: (name: string, shape: number[]): number[] => {
+      const r = outputs.get(name);
+      return r ? [...lead(shape), ...r.dims] : shape;
+    },
+  };
+}
+
 /** One warmup sample's feeds (fresh buffers each call: they are transferred). */
 async function warmupFeeds(config: ModelConfig, index: number, versionDir: string): Promise<WireTensor[]> {
   const w = config.modelWarmup[index]!;
@@ -281,6 +310,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   }
 
   const outputNames = config.output.map((o) => o.name);
+  const reshape = reshaper(config);
   const recorder = new StatisticsRecorder(name, version);
   const gate = processCpuGate();
   const dynamicBatching =
@@ -298,10 +328,13 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     execute: async (batch, ctx) => {
       const worker = workers[ctx.instance]!;
       const t0 = nowNs();
-      const feeds = batch.inputs.map((t) => toWire(t, ctx.ownsInputs, worker));
+      const feeds = batch.inputs.map((t) => {
+        const feed = toWire(t, ctx.ownsInputs, worker);
+        return { ...feed, dims: reshape.toModel(feed.name, feed.dims) };
+      });
       const fetches = batch.outputs?.length ? batch.outputs.map((o) => o.name) : outputNames;
       const r = await worker.run(feeds, fetches);
-      const outputs = r.outputs.map((w) => fromWire(name, w));
+      const outputs = r.outputs.map((w) => fromWire(name, { ...w, dims: reshape.fromModel(w.name, w.dims) }));
       const t1 = nowNs();
       return {
         outputs,
@@ -316,7 +349,11 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
       const w = config.modelWarmup[i]!;
       for (const worker of workers) {
         for (let n = 0; n < Math.max(1, w.count); n++) {
-          await worker.run(await warmupFeeds(config, i, versionDir), outputNames);
+          const feeds = await warmupFeeds(config, i, versionDir);
+          await worker.run(
+            feeds.map((f) => ({ ...f, dims: reshape.toModel(f.name, f.dims) })),
+            outputNames,
+          );
         }
       }
     }

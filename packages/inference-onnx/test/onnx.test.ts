@@ -590,3 +590,70 @@ describe("hand-built ONNX models", () => {
     }
   });
 });
+
+describe("Triton's reshape", () => {
+  it("feeds the model reshaped tensors and answers in the config's dims, batched requests merged and split", async () => {
+    // The model takes and gives [N, 12]; clients send and get [N, 3, 4].
+    const flat = identityModel([{ name: "a", type: "float32", shape: ["N", 12] }]);
+    const stage = await load(
+      "reshaped",
+      flat,
+      `max_batch_size: 8
+       dynamic_batching { max_queue_delay_microseconds: 2000000 preferred_batch_size: [3] }
+       parameters { key: "dynamic_batching_strategy" value: { string_value: "delay" } }
+       input [{ name: "a" data_type: TYPE_FP32 dims: [3, 4] reshape: { shape: [12] } }]
+       output [{ name: "a_out" data_type: TYPE_FP32 dims: [3, 4] reshape: { shape: [12] } }]
+       model_warmup [{ name: "w" batch_size: 2 inputs { key: "a" value: { data_type: TYPE_FP32 dims: [3, 4] random_data: true } } }]`,
+    );
+    const values = (n: number, base: number) => Float32Array.from({ length: n * 12 }, (_, i) => base + i);
+    const [one, two] = await Promise.all([
+      stage.infer({ inputs: [tensor("a", "FP32", [1, 3, 4], values(1, 100))] }),
+      stage.infer({ inputs: [tensor("a", "FP32", [2, 3, 4], values(2, 200))] }),
+    ]);
+    expect(one.outputs[0]?.shape).toEqual([1, 3, 4]);
+    expect(Array.from(one.outputs[0]?.data as Float32Array)).toEqual(Array.from(values(1, 100)));
+    expect(two.outputs[0]?.shape).toEqual([2, 3, 4]);
+    expect(Array.from(two.outputs[0]?.data as Float32Array)).toEqual(Array.from(values(2, 200)));
+    // One execution of batch 3: the two requests ran together.
+    expect(Number((await stage.statistics()).executionCount)).toBe(1);
+    // Clients are held to dims, not to the model's shape.
+    const flatRequest = await stage.infer({ inputs: [tensor("a", "FP32", [1, 12], values(1, 0))] }).catch((e) => e);
+    expect((flatRequest as StageError).rawMessage).toMatch(/input a: expected shape \[-1,3,4\], got \[1,12\]/);
+  });
+
+  it("gives an unbatched model its leading 1 (dims [4], reshape [1, 4]), as Triton configs commonly do", async () => {
+    const fixed = identityModel([{ name: "a", type: "float32", shape: [1, 4] }]);
+    const stage = await load(
+      "reshaped_fixed",
+      fixed,
+      `max_batch_size: 0
+       input [{ name: "a" data_type: TYPE_FP32 dims: [4] reshape: { shape: [1, 4] } }]
+       output [{ name: "a_out" data_type: TYPE_FP32 dims: [4] reshape: { shape: [1, 4] } }]`,
+    );
+    const res = await stage.infer({ inputs: [tensor("a", "FP32", [4], Float32Array.of(1, 2, 3, 4))] });
+    expect(res.outputs[0]?.shape).toEqual([4]);
+    expect(Array.from(res.outputs[0]?.data as Float32Array)).toEqual([1, 2, 3, 4]);
+  });
+
+  it("refuses a reshape that does not hold the same elements, or has variable dimensions, naming it", async () => {
+    const flat = identityModel([{ name: "a", type: "float32", shape: ["N", 12] }]);
+    const wrong = await loadError(
+      "reshaped_wrong",
+      flat,
+      `max_batch_size: 8
+       input [{ name: "a" data_type: TYPE_FP32 dims: [3, 5] reshape: { shape: [12] } }]
+       output [{ name: "a_out" data_type: TYPE_FP32 dims: [12] }]`,
+    );
+    expect(wrong.rawMessage).toMatch(
+      /input a: reshape must hold as many elements as dims \(dims \[3,5\], reshape \[12\]: 12 vs 15\)/,
+    );
+    const variable = await loadError(
+      "reshaped_variable",
+      flat,
+      `max_batch_size: 8
+       input [{ name: "a" data_type: TYPE_FP32 dims: [-1, 4] reshape: { shape: [12] } }]
+       output [{ name: "a_out" data_type: TYPE_FP32 dims: [12] }]`,
+    );
+    expect(variable.rawMessage).toMatch(/input a: reshape with variable dimensions is not supported/);
+  });
+});
