@@ -118,6 +118,12 @@ export const program = new Command("trellis-server")
     false,
   )
   .option(
+    "--backend-config <[backend,]setting=value>",
+    "backend settings, as tritonserver's: default-max-batch-size=<n> (or onnxruntime,default-max-batch-size=<n>): the max_batch_size auto-complete gives a batchable model whose config sets none (default 4); repeatable",
+    collect,
+    [],
+  )
+  .option(
     "--endpoints <file>",
     'JSON file mapping model names to KServe v2 gRPC URLs ({"resnet50_preprocess": "http://host:8001"}); ensemble steps listed there are called remotely instead of loaded',
   )
@@ -207,6 +213,7 @@ export interface Flags {
   repositoryPollSecs: number;
   strictModelConfig: boolean;
   endpoints?: string;
+  backendConfig: string[];
   exitTimeoutSecs: number;
   logVerbose: boolean | string;
   logFile?: string;
@@ -437,6 +444,30 @@ function otelSettings(given: [string, string][]): OtelSettings {
   return settings;
 }
 
+/**
+ * --backend-config ("[<backend>,]<setting>=<value>", as tritonserver's): default-max-batch-size,
+ * globally or for onnxruntime (the one backend whose models auto-complete). Others are refused by name.
+ */
+function defaultMaxBatchSize(entries: string[]): number | undefined {
+  let value: number | undefined;
+  for (const entry of entries) {
+    const comma = entry.indexOf(",");
+    const backend = comma < 0 ? undefined : entry.slice(0, comma);
+    const [key = "", v] = entry.slice(comma + 1).split(/=(.*)/s, 2);
+    if ((backend !== undefined && backend !== "onnxruntime") || key !== "default-max-batch-size" || v === undefined) {
+      throw new UsageError(
+        `--backend-config ${entry}: the supported setting is default-max-batch-size=<n> (globally or onnxruntime,default-max-batch-size=<n>)`,
+      );
+    }
+    const n = Number(v);
+    if (!Number.isSafeInteger(n) || n < 0) {
+      throw new UsageError(`--backend-config ${entry}: expected a whole number ≥ 0`);
+    }
+    value = n;
+  }
+  return value;
+}
+
 /** --log-file's path, opened for appending once so a file the server cannot write stops it at start. */
 async function writableLogFile(path: string): Promise<string> {
   const file = resolve(path);
@@ -475,6 +506,8 @@ export interface Settings {
   grpcTls?: GrpcServerTlsOptions;
   httpRestrictions?: ApiRestrictions;
   grpcRestrictions?: ApiRestrictions;
+  /** --backend-config default-max-batch-size (undefined: Triton's 4). */
+  defaultMaxBatchSize?: number;
   /** --log-file, resolved and checked writable (undefined: stdout). */
   logFile?: string;
   /** Latency metrics (--metrics-config). */
@@ -499,6 +532,7 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     grpcTls: await grpcTls(flags),
     httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
     grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
+    defaultMaxBatchSize: defaultMaxBatchSize(flags.backendConfig),
     logFile: flags.logFile === undefined ? undefined : await writableLogFile(flags.logFile),
     metrics: metricsOptions(flags),
     ...(await traceValues(flags)),

@@ -40,6 +40,7 @@ async function main(): Promise<void> {
     mode: flags.modelControlMode,
     loadModels: flags.loadModel,
     strictModelConfig: flags.strictModelConfig,
+    defaultMaxBatchSize: settings.defaultMaxBatchSize,
     endpoints,
     responseCache: settings.responseCache,
     strictReadiness: flags.strictReadiness,

@@ -41,6 +41,8 @@ export interface RepositoryManagerOptions {
   /** Models to load at start in explicit mode ("*" = all). */
   loadModels?: string[];
   strictModelConfig?: boolean;
+  /** max_batch_size auto-complete gives a batchable model whose config has none (--backend-config default-max-batch-size). */
+  defaultMaxBatchSize?: number;
   /** Remote steps: model name -> KServe v2 gRPC URL. */
   endpoints?: Record<string, string>;
   /** The server's response cache (--cache-config); models whose config enables `response_cache` use it. */
@@ -99,9 +101,12 @@ export function selectVersions(config: ModelConfig, available: string[]): string
 
 export class RepositoryManager implements ModelRegistry {
   private readonly models = new Map<string, ModelEntry>();
-  private readonly opts: Required<Omit<RepositoryManagerOptions, "endpoints" | "responseCache">> & {
+  private readonly opts: Required<
+    Omit<RepositoryManagerOptions, "endpoints" | "responseCache" | "defaultMaxBatchSize">
+  > & {
     endpoints: Record<string, string>;
     responseCache?: ResponseCache;
+    defaultMaxBatchSize?: number;
   };
   /** Counts loads, so each load's cache entries are its own (a reload never answers from the old one's). */
   private loads = 0;
@@ -434,6 +439,9 @@ export class RepositoryManager implements ModelRegistry {
             repositories: this.opts.repositories,
             endpoints: this.opts.endpoints,
             strictModelConfig: this.opts.strictModelConfig,
+            ...(this.opts.defaultMaxBatchSize !== undefined
+              ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize }
+              : {}),
             logger: this.opts.logger,
           });
           if (!(await stage.isReady())) await waitReady(stage);

@@ -34,6 +34,8 @@ export interface LoadStageOptions {
   remoteTls?: GrpcTlsOptions;
   /** Default true; false lets the ONNX stage complete the config from the model. */
   strictModelConfig?: boolean;
+  /** max_batch_size that auto-complete gives a batchable ONNX model whose config has none (Triton's default-max-batch-size, 4). */
+  defaultMaxBatchSize?: number;
   logger?: StageLogger;
 }
 
@@ -149,7 +151,11 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   const backend = config.backend;
   if (backend === "onnxruntime" || config.platform === "onnxruntime_onnx") {
     const mod = await importModule(ONNX_PACKAGE, model.name);
-    const onnxOptions = { ...factoryOptions, strictModelConfig: options.strictModelConfig ?? true };
+    const onnxOptions = {
+      ...factoryOptions,
+      strictModelConfig: options.strictModelConfig ?? true,
+      ...(options.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: options.defaultMaxBatchSize } : {}),
+    };
     return factoryOf(mod, ONNX_PACKAGE, model.name)(onnxOptions);
   }
   if (backend === "typescript") return (await typescriptFactory(model, versionDir))(factoryOptions);

@@ -402,6 +402,8 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
 }
 
 /** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/inference-onnx). */
-export function createStage(options: StageFactoryOptions & { strictModelConfig?: boolean }): Promise<OnnxStage> {
+export function createStage(
+  options: StageFactoryOptions & { strictModelConfig?: boolean; defaultMaxBatchSize?: number },
+): Promise<OnnxStage> {
   return createOnnxStage(options);
 }
