@@ -145,6 +145,12 @@ export const program = new Command("trellis-server")
     collect,
     [],
   )
+  .option(
+    "--allow-client-shm [bool]",
+    "let clients register system shared memory regions (/dev/shm) and name them for inputs and outputs, as tritonserver's",
+    flag,
+    false,
+  )
   .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
@@ -220,6 +226,7 @@ export interface Flags {
   cacheConfig: string[];
   httpRestrictedApi: string[];
   grpcRestrictedProtocol: string[];
+  allowClientShm: boolean;
   allowHttp: boolean;
   allowGrpc: boolean;
   allowMetrics: boolean;

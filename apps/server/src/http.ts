@@ -25,11 +25,15 @@ import {
   type RequestedOutput,
   refuseSharedMemoryRegister,
   restrictionError,
+  type SharedMemoryRef,
   StageError,
+  type SystemSharedMemory,
+  sharedMemoryRef,
   sharedMemoryStatus,
   stampTrace,
   type TraceControl,
   toConnectError,
+  withoutSharedMemory,
 } from "@trellis/stage";
 import {
   type JsonInferRequest,
@@ -55,6 +59,8 @@ export interface RestContext {
   restrictions?: ApiRestrictions;
   /** The trace extension (/v2[/models/m]/trace/setting) and request tracing; without it tracing stays OFF. */
   tracing?: TraceControl;
+  /** System shared memory regions clients may register (--allow-client-shm); without it, none can be. */
+  sharedMemory?: SystemSharedMemory;
 }
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -275,6 +281,13 @@ function fileOverrides(parameters: Record<string, unknown>): Record<string, Uint
   return files;
 }
 
+const noSharedMemory = () =>
+  new StageError(
+    Code.InvalidArgument,
+    "",
+    "the request names shared memory regions, but this server takes none: send the tensors in the request",
+  );
+
 /** A request handler for the REST API; answers 404 for paths it does not know. */
 export function restHandler(ctx: RestContext) {
   const { registry } = ctx;
@@ -317,15 +330,35 @@ export function restHandler(ctx: RestContext) {
     if (shm) {
       const [, which, region = "", action] = shm;
       const kind = which === "system" ? "system" : "CUDA";
+      const regions = kind === "system" ? ctx.sharedMemory : undefined;
       if (action === "status") {
         requireMethod(req, "GET");
-        return sendJson(res, 200, sharedMemoryStatus(kind, region));
+        if (!regions) return sendJson(res, 200, sharedMemoryStatus(kind, region));
+        return sendJson(
+          res,
+          200,
+          regions.status(region).map((r) => ({ name: r.name, key: r.key, offset: r.offset, byte_size: r.byteSize })),
+        );
       }
       requireMethod(req, "POST");
       if (action === "register") {
         if (!region) throw new HttpError(404, "Not Found");
-        refuseSharedMemoryRegister(kind);
+        if (!regions) refuseSharedMemoryRegister(kind);
+        const body = parseJson(await readBody(req, maxInputBytes), "register request") as Record<string, unknown>;
+        const count = (field: string, fallback?: number) => {
+          const v = body?.[field] ?? fallback;
+          if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
+            throw new StageError(Code.InvalidArgument, "", `register request: '${field}' must be a byte count`);
+          }
+          return v;
+        };
+        if (typeof body?.key !== "string") {
+          throw new StageError(Code.InvalidArgument, "", "register request: 'key' must be a string");
+        }
+        regions.register(region, body.key, count("offset", 0), count("byte_size"));
+        return sendEmpty(res, 200);
       }
+      regions?.unregister(region);
       return sendEmpty(res, 200);
     }
     const traceMatch = TRACE_ROUTE.exec(path);
@@ -480,6 +513,14 @@ export function restHandler(ctx: RestContext) {
 
     let offset = 0;
     const inputs = parsed.inputs.map((t) => {
+      const shm = sharedMemoryRef(t?.parameters as Parameters | undefined, `input '${t?.name}'`);
+      if (shm) {
+        if (!ctx.sharedMemory) throw noSharedMemory();
+        if (t.data !== undefined) {
+          throw new StageError(Code.InvalidArgument, "", `input '${t.name}': data and shared memory are both given`);
+        }
+        return tensorFromBinary(t, ctx.sharedMemory.read(shm, `input '${t.name}'`));
+      }
       const size = t?.parameters?.binary_data_size;
       if (size === undefined) return tensorFromJson(t);
       if (!Number.isInteger(size) || (size as number) < 0) {
@@ -512,11 +553,17 @@ export function restHandler(ctx: RestContext) {
     if (typeof timeout === "number") options.timeoutMicroseconds = timeout;
 
     const binaryOutputs = new Map<string, boolean>();
+    const shmOutputs = new Map<string, SharedMemoryRef>();
     const outputs: RequestedOutput[] | undefined = parsed.outputs?.map((o) => {
       if (typeof o?.name !== "string")
         throw new StageError(Code.InvalidArgument, "", "every output needs a string 'name'");
       const p = parametersFromJson(o.parameters, `output '${o.name}'`) ?? {};
-      const { binary_data: bin, ...rest } = p;
+      const shm = sharedMemoryRef(p, `output '${o.name}'`);
+      if (shm) {
+        if (!ctx.sharedMemory) throw noSharedMemory();
+        shmOutputs.set(o.name, shm);
+      }
+      const { binary_data: bin, ...rest } = withoutSharedMemory(p) ?? {};
       if (bin !== undefined) binaryOutputs.set(o.name, bin === true);
       return Object.keys(rest).length > 0 ? { name: o.name, parameters: rest as Parameters } : { name: o.name };
     });
@@ -548,6 +595,17 @@ export function restHandler(ctx: RestContext) {
 
     const chunks: Uint8Array[] = [];
     const outJson = response.outputs.map((t) => {
+      const shm = shmOutputs.get(t.name);
+      if (shm && ctx.sharedMemory) {
+        const raw = tensorToRaw(t);
+        ctx.sharedMemory.write(shm, raw, `output '${t.name}'`);
+        const parameters = {
+          shared_memory_region: shm.region,
+          shared_memory_byte_size: raw.byteLength,
+          ...(shm.offset ? { shared_memory_offset: shm.offset } : {}),
+        };
+        return { name: t.name, datatype: t.datatype, shape: t.shape, parameters };
+      }
       const asBinary = binaryOutputs.get(t.name) ?? binaryDefault === true;
       if (asBinary) {
         const raw = tensorToRaw(t);

@@ -5,6 +5,7 @@
  */
 import { resolve } from "node:path";
 import v8 from "node:v8";
+import { SystemSharedMemory } from "@trellis/stage";
 import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
 import { readCommandLine, UsageError } from "./cli.js";
@@ -63,6 +64,7 @@ async function main(): Promise<void> {
     grpcRestrictions: settings.grpcRestrictions,
     tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel, logger)),
     metrics: settings.metrics,
+    sharedMemory: flags.allowClientShm ? new SystemSharedMemory() : undefined,
   });
 
   let shuttingDown = false;

@@ -15,6 +15,7 @@ import {
   type LogSettingsControl,
   restrictionInterceptor,
   SERVER_COMPRESSION,
+  type SystemSharedMemory,
   serveStage,
   type TraceControl,
 } from "@trellis/stage";
@@ -57,6 +58,8 @@ export interface ServerOptions {
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
+  /** System shared memory regions clients may register (tritonserver's --allow-client-shm); without it, none. */
+  sharedMemory?: SystemSharedMemory;
   /** Which latency metrics to publish (tritonserver's --metrics-config). */
   metrics?: MetricsOptions;
   /** Request tracing (the trace extension, --trace-config); without it tracing stays OFF. */
@@ -104,12 +107,14 @@ function listen(server: http.Server | http2.Http2Server, port: number, host: str
 
 export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
   const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
+  const extensions = options.sharedMemory ? [...EXTENSIONS, "system_shared_memory"] : EXTENSIONS;
   const serveOptions = {
     serverName: SERVER_NAME,
     serverVersion: SERVER_VERSION,
-    extensions: EXTENSIONS,
+    extensions,
     logSettings: options.logSettings,
     tracing: options.tracing,
+    sharedMemory: options.sharedMemory,
   };
   const routes = serveStage(manager, serveOptions);
   let active = 0;
@@ -142,11 +147,12 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     registry: manager,
     serverName: SERVER_NAME,
     serverVersion: SERVER_VERSION,
-    extensions: EXTENSIONS,
+    extensions,
     logger,
     maxInputBytes: options.httpMaxInputBytes,
     logSettings: options.logSettings,
     tracing: options.tracing,
+    sharedMemory: options.sharedMemory,
     restrictions: options.httpRestrictions,
   });
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
@@ -238,6 +244,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       await manager.close();
       await options.tracing?.flush();
       metrics.close();
+      options.sharedMemory?.close();
       await close(metricsServer);
       return { timedOut };
     },

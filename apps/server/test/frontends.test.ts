@@ -512,7 +512,7 @@ describe("gRPC", () => {
       const register = await postJson(`${base}/region/input0/register`, { key: "/input0", offset: 0, byte_size: 64 });
       expect(register.status).toBe(501);
       expect(register.json.error).toMatch(
-        /shared memory is not supported by this server: send tensors in the request$/,
+        /^(system shared memory is not enabled on|CUDA shared memory is not supported by) this server: send tensors in the request$/,
       );
     }
     // Tracing: Triton's defaults, and no trace file (none was given at start), so it cannot be turned on.

@@ -78,12 +78,19 @@ export {
   type ListeningServer,
   type ListenOptions,
   listenStage,
-  type ModelInferTracing,
+  type ModelInferContext,
   SERVER_COMPRESSION,
   type ServeOptions,
   serveStage,
   widenSessionWindow,
 } from "./serve.js";
+export {
+  type SharedMemoryRef,
+  type SharedMemoryRegion,
+  SystemSharedMemory,
+  sharedMemoryRef,
+  withoutSharedMemory,
+} from "./shared-memory.js";
 export type {
   InferOptions,
   InferRequest,

@@ -18,6 +18,7 @@ import {
   LogSettingsResponseSchema,
   ModelConfigResponseSchema,
   type ModelInferRequest,
+  ModelInferRequestSchema,
   type ModelInferResponse,
   type ModelRepositoryParameter,
   type ModelStatistics,
@@ -31,16 +32,29 @@ import {
   SystemSharedMemoryStatusResponseSchema,
   TraceSettingResponseSchema,
 } from "@trellis/protocol";
+import { tensorToRaw } from "./codec.js";
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
 import { type GrpcCallTimes, grpcModelInferHandler, withReadableGrpcMessage } from "./grpc-model-infer.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
+import {
+  type SharedMemoryRef,
+  type SystemSharedMemory,
+  sharedMemoryRef,
+  withoutSharedMemory,
+} from "./shared-memory.js";
 import type { InferOptions, Stage } from "./stage.js";
 import { answerTraceSettings, type TraceControl } from "./trace.js";
 import { refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
-import { inferRequestFromWire, inferResponseToWire, metadataToWire } from "./wire.js";
+import {
+  inferRequestFromWire,
+  inferResponseToWire,
+  metadataToWire,
+  parametersFromWire,
+  parametersToWire,
+} from "./wire.js";
 
 export interface ServeOptions {
   serverName?: string;
@@ -50,6 +64,8 @@ export interface ServeOptions {
   logSettings?: LogSettingsControl;
   /** The trace extension: samples requests and keeps the settings; without it tracing stays OFF. */
   tracing?: TraceControl;
+  /** System shared memory regions clients may register and name in requests; without it, none can be. */
+  sharedMemory?: SystemSharedMemory;
 }
 
 const DEFAULT_EXTENSIONS = [
@@ -83,9 +99,11 @@ function inferOptions(msg: ModelInferRequest, signal: AbortSignal): InferOptions
   return opts;
 }
 
-/** How a ModelInfer is traced: by whom, and what the call itself can tell. */
-export interface ModelInferTracing {
+/** What a ModelInfer call has besides its message: tracing, what the call can tell, shared memory. */
+export interface ModelInferContext {
   tracing?: TraceControl;
+  /** Regions the request may name for its inputs and outputs. */
+  sharedMemory?: SystemSharedMemory;
   /** The direct gRPC path's call: its read times go on the trace, which the path finishes once the answer is sent. */
   call?: GrpcCallTimes;
   /** The call's headers (a W3C traceparent continues the caller's trace). */
@@ -100,10 +118,11 @@ export async function handleModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
-  { tracing, call, header }: ModelInferTracing = {},
+  { tracing, call, header, sharedMemory }: ModelInferContext = {},
 ): Promise<ModelInferResponse> {
   const stage = registry.resolve(msg.modelName, msg.modelVersion);
-  const request = inferRequestFromWire(msg, stage.name);
+  const shm = withSharedMemoryInputs(msg, sharedMemory);
+  const request = inferRequestFromWire(shm.msg, stage.name);
   const options = inferOptions(msg, signal);
   const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined, header ?? call?.header);
   if (trace) {
@@ -115,10 +134,97 @@ export async function handleModelInfer(
     }
   }
   try {
-    return inferResponseToWire(await stage.infer(request, options));
+    const response = inferResponseToWire(await stage.infer(request, options));
+    if (sharedMemory && shm.outputs.size > 0) writeSharedMemoryOutputs(response, shm.outputs, sharedMemory);
+    return response;
   } finally {
     if (!call) trace?.end();
   }
+}
+
+/**
+ * The request with every input's bytes in raw_input_contents (those naming a shared memory
+ * region read from it), and requested outputs without their shared_memory_* parameters, which
+ * come back separately by output name. raw_input_contents may list only the inputs not in
+ * shared memory (as tritonclient sends it) or one entry per input.
+ */
+function withSharedMemoryInputs(
+  msg: ModelInferRequest,
+  sharedMemory: SystemSharedMemory | undefined,
+): { msg: ModelInferRequest; outputs: Map<string, SharedMemoryRef> } {
+  const outputs = new Map<string, SharedMemoryRef>();
+  const inputRefs = msg.inputs.map((i) => sharedMemoryRef(parametersFromWire(i.parameters), `input ${i.name}`));
+  for (const o of msg.outputs) {
+    const ref = sharedMemoryRef(parametersFromWire(o.parameters), `output ${o.name}`);
+    if (ref) outputs.set(o.name, ref);
+  }
+  if (!inputRefs.some(Boolean) && outputs.size === 0) return { msg, outputs };
+  if (!sharedMemory) {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      "the request names shared memory regions, but this server takes none: send the tensors in the request",
+    );
+  }
+  const raw = msg.rawInputContents;
+  const inShm = inputRefs.filter(Boolean).length;
+  const byIndex = raw.length === msg.inputs.length;
+  if (raw.length > 0 && !byIndex && raw.length !== msg.inputs.length - inShm) {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      `raw_input_contents has ${raw.length} entries for ${msg.inputs.length} inputs, ${inShm} of them in shared memory`,
+    );
+  }
+  let next = 0;
+  const contents = msg.inputs.map((input, i) => {
+    const ref = inputRefs[i];
+    if (ref) {
+      if (byIndex) next++;
+      return sharedMemory.read(ref, `input ${input.name}`);
+    }
+    const bytes = raw.length > 0 ? raw[byIndex ? i : next++] : undefined;
+    // An input sent as typed contents, among others in shared memory: its bytes too.
+    return bytes ?? tensorToRaw(inferRequestFromWire(create(ModelInferRequestSchema, { inputs: [input] })).inputs[0]!);
+  });
+  const requested = msg.outputs.map((o) =>
+    outputs.has(o.name)
+      ? { ...o, parameters: parametersToWire(withoutSharedMemory(parametersFromWire(o.parameters))) }
+      : o,
+  );
+  return {
+    msg: create(ModelInferRequestSchema, {
+      ...msg,
+      inputs: msg.inputs.map((i) => ({ ...i, contents: undefined })),
+      outputs: requested,
+      rawInputContents: contents,
+    }),
+    outputs,
+  };
+}
+
+/** Writes each output the request placed in shared memory there; its answer says where, and carries no bytes. */
+function writeSharedMemoryOutputs(
+  response: ModelInferResponse,
+  refs: Map<string, SharedMemoryRef>,
+  sharedMemory: SystemSharedMemory,
+): void {
+  response.outputs.forEach((output, i) => {
+    const ref = refs.get(output.name);
+    if (!ref) return;
+    const bytes = response.rawOutputContents[i] ?? new Uint8Array(0);
+    sharedMemory.write(ref, bytes, `output ${output.name}`);
+    output.parameters = {
+      ...output.parameters,
+      ...parametersToWire({
+        shared_memory_region: ref.region,
+        shared_memory_byte_size: bytes.byteLength,
+        ...(ref.offset ? { shared_memory_offset: ref.offset } : {}),
+      }),
+    };
+    // Kept in place (empty), so raw_output_contents stays one entry per output.
+    response.rawOutputContents[i] = new Uint8Array(0);
+  });
 }
 
 export function inferenceService(
@@ -151,6 +257,7 @@ export function inferenceService(
     modelInfer: (msg, ctx) =>
       handleModelInfer(registry, msg, ctx.signal, {
         tracing: options.tracing,
+        sharedMemory: options.sharedMemory,
         header: (name) => ctx.requestHeader.get(name) ?? undefined,
       }),
     // As Triton does: every request on the stream runs as soon as it arrives (so they can
@@ -173,6 +280,7 @@ export function inferenceService(
             running++;
             handleModelInfer(registry, msg, ctx.signal, {
               tracing: options.tracing,
+              sharedMemory: options.sharedMemory,
               header: (name) => ctx.requestHeader.get(name) ?? undefined,
             }).then(
               (inferResponse) => answer(create(ModelStreamInferResponseSchema, { inferResponse })),
@@ -224,15 +332,33 @@ export function inferenceService(
       return {};
     },
     systemSharedMemoryStatus: (req) => {
-      sharedMemoryStatus("system", req.name);
-      return create(SystemSharedMemoryStatusResponseSchema);
+      if (!options.sharedMemory) {
+        sharedMemoryStatus("system", req.name);
+        return create(SystemSharedMemoryStatusResponseSchema);
+      }
+      const regions = options.sharedMemory.status(req.name);
+      return create(SystemSharedMemoryStatusResponseSchema, {
+        regions: Object.fromEntries(
+          regions.map((r) => [
+            r.name,
+            { name: r.name, key: r.key, offset: BigInt(r.offset), byteSize: BigInt(r.byteSize) },
+          ]),
+        ),
+      });
     },
     cudaSharedMemoryStatus: (req) => {
       sharedMemoryStatus("CUDA", req.name);
       return create(CudaSharedMemoryStatusResponseSchema);
     },
-    systemSharedMemoryRegister: () => refuseSharedMemoryRegister("system"),
-    systemSharedMemoryUnregister: () => ({}),
+    systemSharedMemoryRegister: (req) => {
+      if (!options.sharedMemory) refuseSharedMemoryRegister("system");
+      options.sharedMemory.register(req.name, req.key, Number(req.offset), Number(req.byteSize));
+      return {};
+    },
+    systemSharedMemoryUnregister: (req) => {
+      options.sharedMemory?.unregister(req.name);
+      return {};
+    },
     cudaSharedMemoryRegister: () => refuseSharedMemoryRegister("CUDA"),
     cudaSharedMemoryUnregister: () => ({}),
     traceSetting: (req) => {
@@ -422,7 +548,8 @@ export function createGrpcServer(
     ...SERVER_COMPRESSION,
   });
   const modelInfer = grpcModelInferHandler(
-    (msg, signal, call) => handleModelInfer(registry, msg, signal, { tracing: options.tracing, call }),
+    (msg, signal, call) =>
+      handleModelInfer(registry, msg, signal, { tracing: options.tracing, sharedMemory: options.sharedMemory, call }),
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
   );

@@ -18,6 +18,8 @@ export function refuseSharedMemoryRegister(kind: SharedMemoryKind): never {
   throw new StageError(
     Code.Unimplemented,
     "",
-    `${kind} shared memory is not supported by this server: send tensors in the request`,
+    kind === "system"
+      ? "system shared memory is not enabled on this server: send tensors in the request"
+      : "CUDA shared memory is not supported by this server: send tensors in the request",
   );
 }
