@@ -4,7 +4,7 @@
  * clients (default 4), alternating gRPC and HTTP binary, batches of 1 and 3, every 7th
  * with a truncated JPEG that must fail. Prints the server's resident memory and JS heap
  * (from its own /metrics) every tenth of the way: both should level off, not climb.
- * Run: pnpm --filter @trellis/server soak (after pnpm build).
+ * Run: pnpm --filter @trellis/server soak (after pnpm build). SOAK_SERVER_ARGS adds server flags.
  */
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
@@ -17,7 +17,9 @@ const TOTAL = Number(process.env.SOAK_REQUESTS ?? 10_000);
 const CONCURRENCY = Number(process.env.SOAK_CONCURRENCY ?? 4);
 
 const repo = await makeSeedRepository();
-const server = await startServerProcess(["--model-repository", repo]);
+// SOAK_SERVER_ARGS: more server flags, space-separated (e.g. tracing every request).
+const extraArgs = process.env.SOAK_SERVER_ARGS?.split(" ").filter(Boolean) ?? [];
+const server = await startServerProcess(["--model-repository", repo, ...extraArgs]);
 const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
 const good = readFixtureImage("chelsea.jpg");
 const bad = readFixtureImage(TRUNCATED_PHOTO);
