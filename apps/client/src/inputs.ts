@@ -5,10 +5,9 @@
  */
 import { randomBytes } from "node:crypto";
 import {
-  allocate,
-  bytesOf,
   Code,
   type InferRequest,
+  randomData,
   StageError,
   type StageMetadata,
   type Tensor,
@@ -53,17 +52,7 @@ export function randomRequest(metadata: StageMetadata, batch: number): InferRequ
     if (input.datatype === "BYTES") {
       return { name: input.name, datatype: "BYTES", shape, data: Array.from({ length: count }, () => randomBytes(16)) };
     }
-    const data = allocate(input.datatype, count);
-    if (data instanceof Float32Array || data instanceof Float64Array) {
-      for (let i = 0; i < count; i++) data[i] = Math.random();
-    } else if (input.datatype === "BOOL") {
-      for (let i = 0; i < count; i++) (data as Uint8Array)[i] = Math.random() < 0.5 ? 1 : 0;
-    } else if (input.datatype === "FP16" || input.datatype === "BF16") {
-      (data as Uint16Array).fill(0x3c00); // 1.0 in FP16: any bit pattern would do, but not NaNs
-    } else {
-      bytesOf(data).set(randomBytes(bytesOf(data).byteLength));
-    }
-    return { name: input.name, datatype: input.datatype, shape, data } as Tensor;
+    return { name: input.name, datatype: input.datatype, shape, data: randomData(input.datatype, count) } as Tensor;
   });
   return { inputs };
 }

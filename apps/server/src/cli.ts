@@ -276,17 +276,33 @@ async function grpcTls(flags: Flags): Promise<GrpcServerTlsOptions | undefined> 
 }
 
 /**
+ * One "[<scope>,]<key>=<value>" entry of tritonserver's --*-config flags ("local,size=1024",
+ * "triton,file=/tmp/t.json", "rate=100"): the scope is what precedes a comma ahead of the first "=".
+ */
+function splitSetting(entry: string): { scope?: string; key: string; value?: string } {
+  const eq = entry.indexOf("=");
+  const comma = entry.indexOf(",");
+  const scoped = comma >= 0 && (eq < 0 || comma < eq);
+  const rest = scoped ? entry.slice(comma + 1) : entry;
+  const at = rest.indexOf("=");
+  return {
+    ...(scoped ? { scope: entry.slice(0, comma) } : {}),
+    key: at < 0 ? rest : rest.slice(0, at),
+    ...(at < 0 ? {} : { value: rest.slice(at + 1) }),
+  };
+}
+
+/**
  * The response cache from --cache-config (tritonserver's syntax: "<cache>,<key>=<value>",
  * repeatable): only the local (in-process) cache, whose one setting is size in bytes.
  */
 function responseCache(flags: Flags): ResponseCache | undefined {
   let size: number | undefined;
   for (const entry of flags.cacheConfig) {
-    const [cache, setting = ""] = entry.split(",", 2);
-    if (cache !== "local") {
+    const { scope, key, value } = splitSetting(entry);
+    if ((scope ?? key) !== "local") {
       throw new UsageError(`--cache-config ${entry}: only the local cache is supported ("local,size=<bytes>")`);
     }
-    const [key, value] = setting.split("=", 2);
     const n = Number(value);
     if (key !== "size" || !Number.isSafeInteger(n) || n < 1) {
       throw new UsageError(`--cache-config ${entry}: expected local,size=<bytes> with a whole number of bytes`);
@@ -317,7 +333,9 @@ function restrictions(option: string, specs: string[]): ApiRestrictions | undefi
 function metricsOptions(flags: Flags): MetricsOptions {
   const options: MetricsOptions = {};
   for (const entry of flags.metricsConfig) {
-    const [key = "", value = ""] = entry.split(/=(.*)/s, 2);
+    const { scope, key: name, value = "" } = splitSetting(entry);
+    // These settings take no scope: a scoped one is unknown.
+    const key = scope === undefined ? name : "";
     const bool = () => {
       if (value === "true" || value === "false") return value === "true";
       throw new UsageError(`--metrics-config ${entry}: expected true or false`);
@@ -370,9 +388,7 @@ async function traceValues(flags: Flags): Promise<{ tracing: TraceValues; otel?:
   if (flags.traceLogFrequency !== undefined) put("log_frequency", flags.traceLogFrequency);
   const otelGiven: [string, string][] = [];
   for (const entry of flags.traceConfig) {
-    const comma = entry.indexOf(",");
-    const mode = comma < 0 ? undefined : entry.slice(0, comma);
-    const [key = "", value] = entry.slice(comma + 1).split(/=(.*)/s, 2);
+    const { scope: mode, key, value } = splitSetting(entry);
     if (mode === "opentelemetry" && value !== undefined) {
       otelGiven.push([key, value]);
       continue;
@@ -429,8 +445,8 @@ function otelSettings(given: [string, string][]): OtelSettings {
       }
       settings.url = value;
     } else if (key === "resource") {
-      const [name, attribute] = value.split(/=(.*)/s, 2);
-      if (!name || attribute === undefined) {
+      const { scope, key: name, value: attribute } = splitSetting(value);
+      if (scope !== undefined || !name || attribute === undefined) {
         throw new UsageError(`--trace-config opentelemetry,resource=${value}: expected resource=<key>=<value>`);
       }
       settings.resource[name] = attribute;
@@ -458,9 +474,7 @@ function otelSettings(given: [string, string][]): OtelSettings {
 function defaultMaxBatchSize(entries: string[]): number | undefined {
   let value: number | undefined;
   for (const entry of entries) {
-    const comma = entry.indexOf(",");
-    const backend = comma < 0 ? undefined : entry.slice(0, comma);
-    const [key = "", v] = entry.slice(comma + 1).split(/=(.*)/s, 2);
+    const { scope: backend, key, value: v } = splitSetting(entry);
     if ((backend !== undefined && backend !== "onnxruntime") || key !== "default-max-batch-size" || v === undefined) {
       throw new UsageError(
         `--backend-config ${entry}: the supported setting is default-max-batch-size=<n> (globally or onnxruntime,default-max-batch-size=<n>)`,

@@ -28,6 +28,8 @@ import {
   type SharedMemoryRef,
   StageError,
   type SystemSharedMemory,
+  sharedMemoryNotTaken,
+  sharedMemoryOutputParameters,
   sharedMemoryRef,
   sharedMemoryStatus,
   stampTrace,
@@ -281,13 +283,6 @@ function fileOverrides(parameters: Record<string, unknown>): Record<string, Uint
   return files;
 }
 
-const noSharedMemory = () =>
-  new StageError(
-    Code.InvalidArgument,
-    "",
-    "the request names shared memory regions, but this server takes none: send the tensors in the request",
-  );
-
 /** A request handler for the REST API; answers 404 for paths it does not know. */
 export function restHandler(ctx: RestContext) {
   const { registry } = ctx;
@@ -364,8 +359,6 @@ export function restHandler(ctx: RestContext) {
     const traceMatch = TRACE_ROUTE.exec(path);
     if (traceMatch) {
       const model = traceMatch[1];
-      // A model's settings: only for a model being served (a typo would otherwise be kept, and trace nothing).
-      if (model) registry.resolve(model, "");
       // A value may be a string, a list of strings, or null (clear back to the global setting).
       let changes: Record<string, string[]> = Object.fromEntries(
         Object.entries(await settingChanges(req, "trace settings")).map(([k, v]) => [
@@ -377,7 +370,7 @@ export function restHandler(ctx: RestContext) {
       if (model && req.method === "POST" && Object.keys(changes).length === 0 && ctx.tracing) {
         changes = Object.fromEntries(Object.keys(ctx.tracing.settings(model)).map((k) => [k, []]));
       }
-      return sendJson(res, 200, answerTraceSettings(ctx.tracing, model, changes));
+      return sendJson(res, 200, answerTraceSettings(ctx.tracing, model, changes, registry));
     }
     if (path === "/v2/models/stats") {
       requireMethod(req, "GET");
@@ -515,7 +508,7 @@ export function restHandler(ctx: RestContext) {
     const inputs = parsed.inputs.map((t) => {
       const shm = sharedMemoryRef(t?.parameters as Parameters | undefined, `input '${t?.name}'`);
       if (shm) {
-        if (!ctx.sharedMemory) throw noSharedMemory();
+        if (!ctx.sharedMemory) throw sharedMemoryNotTaken();
         if (t.data !== undefined) {
           throw new StageError(Code.InvalidArgument, "", `input '${t.name}': data and shared memory are both given`);
         }
@@ -560,7 +553,7 @@ export function restHandler(ctx: RestContext) {
       const p = parametersFromJson(o.parameters, `output '${o.name}'`) ?? {};
       const shm = sharedMemoryRef(p, `output '${o.name}'`);
       if (shm) {
-        if (!ctx.sharedMemory) throw noSharedMemory();
+        if (!ctx.sharedMemory) throw sharedMemoryNotTaken();
         shmOutputs.set(o.name, shm);
       }
       const { binary_data: bin, ...rest } = withoutSharedMemory(p) ?? {};
@@ -599,11 +592,7 @@ export function restHandler(ctx: RestContext) {
       if (shm && ctx.sharedMemory) {
         const raw = tensorToRaw(t);
         ctx.sharedMemory.write(shm, raw, `output '${t.name}'`);
-        const parameters = {
-          shared_memory_region: shm.region,
-          shared_memory_byte_size: raw.byteLength,
-          ...(shm.offset ? { shared_memory_offset: shm.offset } : {}),
-        };
+        const parameters = sharedMemoryOutputParameters(shm, raw.byteLength);
         return { name: t.name, datatype: t.datatype, shape: t.shape, parameters };
       }
       const asBinary = binaryOutputs.get(t.name) ?? binaryDefault === true;

@@ -161,12 +161,12 @@ describe("--allow-client-shm true", () => {
     expect((await infer({ shared_memory_region: "output_data" })).json.error).toBe(
       "output 'output': shared_memory_region and shared_memory_byte_size go together",
     );
-    const escape = await postJson(`${server.http}/v2/systemsharedmemory/region/evil/register`, {
+    const outside = await postJson(`${server.http}/v2/systemsharedmemory/region/evil/register`, {
       key: "/../../etc/passwd",
       byte_size: 10,
     });
-    expect(escape.status).toBe(400);
-    expect(escape.json.error).toMatch(/key '\/\.\.\/\.\.\/etc\/passwd' is not a shared memory object name/);
+    expect(outside.status).toBe(400);
+    expect(outside.json.error).toMatch(/key '\/\.\.\/\.\.\/etc\/passwd' is not a shared memory object name/);
     const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
     const twice = await client
       .systemSharedMemoryRegister({ name: "input_data", key: key("in"), byteSize: 10n })

@@ -4,7 +4,6 @@
  * validated against the config, then batched (or run alone) by the stage
  * runtime's dynamic batcher.
  */
-import { randomFillSync } from "node:crypto";
 import { existsSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
@@ -23,6 +22,7 @@ import {
   metadataFromConfig,
   nowNs,
   processCpuGate,
+  randomData,
   type Stage,
   StageError,
   type StageFactoryOptions,
@@ -216,17 +216,11 @@ async function warmupFeeds(config: ModelConfig, index: number, versionDir: strin
       feeds.push({ name, type: "string", dims: shape, data: new Array<string>(count).fill(s) });
       continue;
     }
-    const data = allocate(datatype, count) as Exclude<TensorData, Uint8Array[]>;
-    if (choice.case === "randomData") {
-      if (data instanceof Float32Array || data instanceof Float64Array) {
-        for (let i = 0; i < data.length; i++) data[i] = Math.random() * 2 - 1;
-      } else if (datatype === "BOOL") {
-        for (let i = 0; i < data.length; i++) (data as Uint8Array)[i] = Math.random() < 0.5 ? 1 : 0;
-      } else if (datatype === "FP16" || datatype === "BF16") {
-        // Small finite values whatever the bit pattern means: 0x3c00 is 1.0 in FP16.
-        (data as Uint16Array).fill(0x3c00);
-      } else randomFillSync(bytesOf(data));
-    } else if (choice.case === "inputDataFile") {
+    const data = (choice.case === "randomData" ? randomData(datatype, count) : allocate(datatype, count)) as Exclude<
+      TensorData,
+      Uint8Array[]
+    >;
+    if (choice.case === "inputDataFile") {
       // Triton reads <version>/warmup/<file> as one item's bytes, repeated for each batch item.
       const file = await readFile(join(versionDir, "warmup", choice.value));
       const itemBytes = elementCount(item) * elementSize(datatype);

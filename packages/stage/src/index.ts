@@ -85,9 +85,12 @@ export {
   widenSessionWindow,
 } from "./serve.js";
 export {
+  namesSharedMemory,
   type SharedMemoryRef,
   type SharedMemoryRegion,
   SystemSharedMemory,
+  sharedMemoryNotTaken,
+  sharedMemoryOutputParameters,
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";

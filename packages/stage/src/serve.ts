@@ -32,7 +32,7 @@ import {
   SystemSharedMemoryStatusResponseSchema,
   TraceSettingResponseSchema,
 } from "@trellis/protocol";
-import { tensorToRaw } from "./codec.js";
+import { tensorFromContents, tensorToRaw } from "./codec.js";
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
 import { type GrpcCallTimes, grpcModelInferHandler, withReadableGrpcMessage } from "./grpc-model-infer.js";
@@ -40,8 +40,11 @@ import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
 import {
+  namesSharedMemory,
   type SharedMemoryRef,
   type SystemSharedMemory,
+  sharedMemoryNotTaken,
+  sharedMemoryOutputParameters,
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";
@@ -112,7 +115,7 @@ export interface ModelInferContext {
 
 /**
  * Runs one ModelInfer against the registry; `signal` is the call's. Errors come back as ConnectErrors.
- * With `tracing`, a sampled request is traced (see ModelInferTracing).
+ * With `tracing`, a sampled request is traced; with `sharedMemory`, it may name regions (see ModelInferContext).
  */
 export async function handleModelInfer(
   registry: ModelRegistry,
@@ -153,18 +156,18 @@ function withSharedMemoryInputs(
   sharedMemory: SystemSharedMemory | undefined,
 ): { msg: ModelInferRequest; outputs: Map<string, SharedMemoryRef> } {
   const outputs = new Map<string, SharedMemoryRef>();
+  // The common case, no region named, costs two key lookups per tensor.
+  if (
+    !msg.inputs.some((i) => namesSharedMemory(i.parameters)) &&
+    !msg.outputs.some((o) => namesSharedMemory(o.parameters))
+  ) {
+    return { msg, outputs };
+  }
+  if (!sharedMemory) throw sharedMemoryNotTaken();
   const inputRefs = msg.inputs.map((i) => sharedMemoryRef(parametersFromWire(i.parameters), `input ${i.name}`));
   for (const o of msg.outputs) {
     const ref = sharedMemoryRef(parametersFromWire(o.parameters), `output ${o.name}`);
     if (ref) outputs.set(o.name, ref);
-  }
-  if (!inputRefs.some(Boolean) && outputs.size === 0) return { msg, outputs };
-  if (!sharedMemory) {
-    throw new StageError(
-      Code.InvalidArgument,
-      "",
-      "the request names shared memory regions, but this server takes none: send the tensors in the request",
-    );
   }
   const raw = msg.rawInputContents;
   const inShm = inputRefs.filter(Boolean).length;
@@ -184,8 +187,16 @@ function withSharedMemoryInputs(
       return sharedMemory.read(ref, `input ${input.name}`);
     }
     const bytes = raw.length > 0 ? raw[byIndex ? i : next++] : undefined;
+    if (bytes) return bytes;
     // An input sent as typed contents, among others in shared memory: its bytes too.
-    return bytes ?? tensorToRaw(inferRequestFromWire(create(ModelInferRequestSchema, { inputs: [input] })).inputs[0]!);
+    if (!input.contents) {
+      throw new StageError(
+        Code.InvalidArgument,
+        "",
+        `input ${input.name}: no data (neither contents nor raw_input_contents)`,
+      );
+    }
+    return tensorToRaw(tensorFromContents("input", input, input.contents));
   });
   const requested = msg.outputs.map((o) =>
     outputs.has(o.name)
@@ -216,11 +227,7 @@ function writeSharedMemoryOutputs(
     sharedMemory.write(ref, bytes, `output ${output.name}`);
     output.parameters = {
       ...output.parameters,
-      ...parametersToWire({
-        shared_memory_region: ref.region,
-        shared_memory_byte_size: bytes.byteLength,
-        ...(ref.offset ? { shared_memory_offset: ref.offset } : {}),
-      }),
+      ...parametersToWire(sharedMemoryOutputParameters(ref, bytes.byteLength)),
     };
     // Kept in place (empty), so raw_output_contents stays one entry per output.
     response.rawOutputContents[i] = new Uint8Array(0);
@@ -362,12 +369,11 @@ export function inferenceService(
     cudaSharedMemoryRegister: () => refuseSharedMemoryRegister("CUDA"),
     cudaSharedMemoryUnregister: () => ({}),
     traceSetting: (req) => {
-      // A model's settings: only for a model being served (a typo would otherwise be kept, and trace nothing).
-      if (req.modelName) registry.resolve(req.modelName, "");
       const settings = answerTraceSettings(
         options.tracing,
         req.modelName || undefined,
         Object.fromEntries(Object.entries(req.settings).map(([k, v]) => [k, v.value])),
+        registry,
       );
       return create(TraceSettingResponseSchema, {
         settings: Object.fromEntries(

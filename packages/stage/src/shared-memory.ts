@@ -44,6 +44,27 @@ export function sharedMemoryRef(parameters: Parameters | undefined, tensor: stri
   return { region, offset, byteSize };
 }
 
+/** Whether a tensor's parameters (wire or JSON) name a region: a look at two keys, before any converting. */
+export function namesSharedMemory(parameters: object | undefined): boolean {
+  return parameters !== undefined && ("shared_memory_region" in parameters || "shared_memory_byte_size" in parameters);
+}
+
+/** A request that names a region, on a server that takes none. */
+export function sharedMemoryNotTaken(): StageError {
+  return invalid(
+    "the request names shared memory regions, but this server takes none: send the tensors in the request",
+  );
+}
+
+/** What an answer's output written to `ref` carries instead of its bytes. */
+export function sharedMemoryOutputParameters(ref: SharedMemoryRef, byteLength: number): Parameters {
+  return {
+    shared_memory_region: ref.region,
+    shared_memory_byte_size: byteLength,
+    ...(ref.offset ? { shared_memory_offset: ref.offset } : {}),
+  };
+}
+
 /** `parameters` without the shared_memory_* ones (what the model should see), or undefined if none are left. */
 export function withoutSharedMemory(parameters: Parameters | undefined): Parameters | undefined {
   if (!parameters) return undefined;

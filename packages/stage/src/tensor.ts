@@ -4,6 +4,7 @@
  * off the wire is usually a view, not a copy. BYTES elements are separate
  * byte strings.
  */
+import { randomFillSync } from "node:crypto";
 
 export const DATATYPES = [
   "BOOL",
@@ -115,6 +116,25 @@ export function viewAs<D extends NumericType>(datatype: D, bytes: Uint8Array): T
 /** A zero-filled typed array of `length` elements of `datatype`. */
 export function allocate<D extends NumericType>(datatype: D, length: number): TensorDataMap[D] {
   return new CTORS[datatype](length) as unknown as TensorDataMap[D];
+}
+
+/**
+ * `count` random values of a numeric datatype, as Triton's random_data warmup and
+ * perf_analyzer's random inputs: floats in [-1, 1), BOOL 0 or 1, FP16/BF16 all 0x3c00
+ * (finite whatever the bits mean: 1.0 in FP16), integers random bytes.
+ */
+export function randomData<D extends NumericType>(datatype: D, count: number): TensorDataMap[D] {
+  const data = allocate(datatype, count);
+  if (data instanceof Float32Array || data instanceof Float64Array) {
+    for (let i = 0; i < count; i++) data[i] = Math.random() * 2 - 1;
+  } else if (datatype === "BOOL") {
+    for (let i = 0; i < count; i++) (data as Uint8Array)[i] = Math.random() < 0.5 ? 1 : 0;
+  } else if (datatype === "FP16" || datatype === "BF16") {
+    (data as Uint16Array).fill(0x3c00);
+  } else {
+    randomFillSync(bytesOf(data as Exclude<TensorData, Uint8Array[]>));
+  }
+  return data;
 }
 
 /** The bytes under a numeric tensor's data, without copying. */

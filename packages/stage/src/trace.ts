@@ -5,6 +5,7 @@
  * part through `traceExecution`, from the times its statistics already take.
  */
 import { Code, StageError } from "./errors.js";
+import type { ModelRegistry } from "./registry.js";
 import type { ExecutionTimes } from "./statistics.js";
 import { nowNs } from "./statistics.js";
 
@@ -86,12 +87,18 @@ export function stampTrace(trace: RequestTrace | undefined, activity: TraceActiv
   trace?.stamp(activity, ns ?? nowNs());
 }
 
-/** A TraceSetting call: a read when `changes` is empty, else an update; without a control only OFF is answered. */
+/**
+ * A TraceSetting call: a read when `changes` is empty, else an update; without a control only OFF
+ * is answered. A model's settings are for a model `registry` serves (NOT_FOUND otherwise: a typo
+ * would be kept, and trace nothing).
+ */
 export function answerTraceSettings(
   control: TraceControl | undefined,
   model: string | undefined,
   changes: Record<string, string[]>,
+  registry?: Pick<ModelRegistry, "resolve">,
 ): TraceSettings {
+  if (model) registry?.resolve(model, "");
   if (control) return Object.keys(changes).length === 0 ? control.settings(model) : control.update(model, changes);
   for (const [key, value] of Object.entries(changes)) {
     const off = key === "trace_level" && value.every((v) => v === "OFF");
