@@ -32,7 +32,6 @@ import {
   sharedMemoryOutputParameters,
   sharedMemoryRef,
   sharedMemoryStatus,
-  stampTrace,
   type TraceControl,
   toConnectError,
   withoutSharedMemory,
@@ -584,7 +583,7 @@ export function restHandler(ctx: RestContext) {
       res.once("close", () => trace.end());
     }
     const response = await stage.infer(request, options);
-    stampTrace(trace, "HTTP_SEND_START");
+    trace?.stamp("HTTP_SEND_START");
 
     const chunks: Uint8Array[] = [];
     const outJson = response.outputs.map((t) => {

@@ -15,7 +15,6 @@ import {
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
-  nowNs,
   type ResponseCache,
   type Stage,
   StageError,
@@ -523,7 +522,8 @@ export class RepositoryManager implements ModelRegistry {
       const key = `${name}@${v}`;
       let remote = this.remoteSteps.get(key);
       if (!remote) {
-        remote = this.opts.loader.connectRemote(name, url, v).then(stampingRequests);
+        // Wrapped as every loaded model is, so its requests are stamped on their traces alike.
+        remote = this.opts.loader.connectRemote(name, url, v).then((stage) => new ManagedStage(stage));
         this.remoteSteps.set(key, remote);
         remote.catch(() => this.remoteSteps.delete(key));
       }
@@ -662,33 +662,6 @@ async function sourceOf(model: RepositoryModel, versions: string[]): Promise<str
   const parts = [model.configText, model.versions.join(","), ...(await files(model.modelDir))];
   for (const v of versions) parts.push(`[${v}]`, ...(await files(join(model.modelDir, v))));
   return parts.join("\n");
-}
-
-/**
- * A remote step whose requests are stamped on their trace (REQUEST_START / REQUEST_END)
- * here, as ManagedStage stamps a local model's: the rest of its times are the remote server's.
- */
-function stampingRequests(remote: Stage): Stage {
-  return {
-    name: remote.name,
-    get version() {
-      return remote.version;
-    },
-    config: remote.config,
-    isReady: () => remote.isReady(),
-    metadata: () => remote.metadata(),
-    statistics: () => remote.statistics(),
-    close: () => remote.close(),
-    async infer(request, options) {
-      const trace = options?.trace;
-      trace?.stamp("REQUEST_START", nowNs());
-      try {
-        return await remote.infer(request, options);
-      } finally {
-        trace?.stamp("REQUEST_END", nowNs());
-      }
-    },
-  };
 }
 
 /** Waits for a stage that loaded but is still warming up. */

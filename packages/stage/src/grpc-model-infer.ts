@@ -32,7 +32,7 @@ import {
 import { toConnectError } from "./errors.js";
 import { nowNs } from "./statistics.js";
 import { deadlineTimer } from "./timer.js";
-import { type RequestTrace, stampTrace } from "./trace.js";
+import type { RequestTrace } from "./trace.js";
 
 /**
  * grpc-message as the gRPC spec writes it: printable ASCII as is, everything else (and '%')
@@ -168,7 +168,7 @@ export function grpcModelInferHandler(
     const fail = (err: unknown) => {
       if (answered) return;
       finish();
-      stampTrace(call.trace, "GRPC_SEND_START");
+      call.trace?.stamp("GRPC_SEND_START");
       const error = toConnectError(err);
       controller.abort(error);
       const trailers: Record<string, string> = {};
@@ -181,7 +181,7 @@ export function grpcModelInferHandler(
     };
     const answer = (response: ModelInferResponse) => {
       if (answered) return;
-      stampTrace(call.trace, "GRPC_SEND_START");
+      call.trace?.stamp("GRPC_SEND_START");
       // Serialized before the call counts as answered, so a failure here still reaches the client.
       const frame = encodeEnvelope(0, toBinary(ModelInferResponseSchema, response));
       finish();

@@ -121,7 +121,6 @@ export * from "./tensor.js";
 export {
   answerTraceSettings,
   type RequestTrace,
-  stampTrace,
   type TraceActivity,
   type TraceControl,
   type TraceSettings,

@@ -7,7 +7,6 @@
 import { Code, StageError } from "./errors.js";
 import type { ModelRegistry } from "./registry.js";
 import type { ExecutionTimes } from "./statistics.js";
-import { nowNs } from "./statistics.js";
 
 /** Triton's timestamp names, in the order a request meets them. */
 export type TraceActivity =
@@ -29,6 +28,7 @@ export type TraceActivity =
 
 /** One sampled request's trace. Timestamps are on nowNs's clock (monotonic ns, as Triton's steady clock). */
 export interface RequestTrace {
+  /** Records `activity` at `ns` (default: now). */
   stamp(activity: TraceActivity, ns?: number): void;
   /** The trace of a request this one makes to another model (an ensemble step), linked by parent_id. */
   child(model: string, version: string): RequestTrace;
@@ -80,11 +80,6 @@ export function traceExecution(
   trace.stamp("COMPUTE_INPUT_END", computeStartNs + times.computeInputNs);
   trace.stamp("COMPUTE_OUTPUT_START", endNs - times.computeOutputNs);
   trace.stamp("COMPUTE_END", endNs);
-}
-
-/** Stamps `activity` now (or at `ns`) on a trace that may be absent: the common case, untraced. */
-export function stampTrace(trace: RequestTrace | undefined, activity: TraceActivity, ns?: number): void {
-  trace?.stamp(activity, ns ?? nowNs());
 }
 
 /**
