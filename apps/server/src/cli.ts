@@ -22,6 +22,7 @@ import { DEFAULT_OTEL_SETTINGS, type OtelSettings } from "./otel.js";
 import type { ControlMode } from "./repository.js";
 import { SERVER_VERSION } from "./server.js";
 import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "./tracing.js";
+import { addCompatFlags, compatWarnings } from "./triton-flags.js";
 
 const port = (v: string) => {
   const n = Number(v);
@@ -52,15 +53,42 @@ const bytes = (v: string) => {
   return n;
 };
 const collect = (v: string, prev: string[] = []) => [...prev, v];
+const count = (v: string) => {
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n < 0) throw new InvalidArgumentError("a whole number, 0 or more");
+  return n;
+};
+const positiveCount = (v: string) => {
+  const n = count(v);
+  if (n === 0) throw new InvalidArgumentError("a whole number, 1 or more");
+  return n;
+};
+const milliseconds = (v: string) => {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError("a number of milliseconds greater than 0");
+  return n;
+};
+/** --log-verbose's level: a whole number, or true (1) / false (0) as tritonserver takes it. */
+const verboseLevel = (v: string) => {
+  const value = v.toLowerCase();
+  if (value === "true") return 1;
+  if (value === "false") return 0;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0 || n >= 2 ** 32) throw new InvalidArgumentError("a level 0 or more, or true/false");
+  return n;
+};
 
 export const program = new Command("trellis-server")
   .description("Serve a Triton-layout model repository over KServe v2 gRPC and HTTP/REST, with Prometheus metrics.")
   .version(SERVER_VERSION)
-  .requiredOption(
+  .option(
     "--model-repository <path>",
-    "model repository directory (config.pbtxt + version folders per model); repeat for several",
+    "model repository directory (config.pbtxt + version folders per model); repeat for several (required)",
     collect,
+    [],
   )
+  .option("--model-store <path>", "the same as --model-repository, as tritonserver's", collect, [])
+  .option("--id <name>", "the server's name, in server metadata (GET /v2, gRPC ServerMetadata)", "trellis")
   .option("--http-port <port>", "HTTP/REST (KServe v2 + Triton extensions) port; 0 picks a free port", port, 8000)
   .option(
     "--grpc-port <port>",
@@ -117,6 +145,19 @@ export const program = new Command("trellis-server")
     flag,
     false,
   )
+  .option("--disable-auto-complete-config", "the same as --strict-model-config true: config.pbtxt must be complete")
+  .option(
+    "--model-load-thread-count <n>",
+    "how many models (or versions) load at once, at start and when polled; ensembles wait for their steps",
+    positiveCount,
+    4,
+  )
+  .option(
+    "--model-load-retry-count <n>",
+    "how many more times a model that fails to load is tried before it is reported UNAVAILABLE",
+    count,
+    0,
+  )
   .option(
     "--backend-config <[backend,]setting=value>",
     "backend settings, as tritonserver's: default-max-batch-size=<n> (or onnxruntime,default-max-batch-size=<n>): the max_batch_size auto-complete gives a batchable model whose config sets none (default 4); repeatable",
@@ -133,6 +174,7 @@ export const program = new Command("trellis-server")
     collect,
     [],
   )
+  .option("--response-cache-byte-size <bytes>", "deprecated in tritonserver: --cache-config local,size=<bytes>")
   .option(
     "--http-restricted-api <categories:header=value>",
     `HTTP endpoint groups (${API_CATEGORIES.join(", ")}) that answer 403 unless the request has this header and value, e.g. model-repository,logging:admin-key=secret; repeatable`,
@@ -154,6 +196,24 @@ export const program = new Command("trellis-server")
   .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
+  .option(
+    "--allow-cpu-metrics [bool]",
+    "publish the host's CPU utilization and memory (nv_cpu_*) on the metrics port",
+    flag,
+    true,
+  )
+  .option(
+    "--allow-gpu-metrics [bool]",
+    "accepted as tritonserver's; this server uses no GPU, so there are no GPU metrics either way",
+    flag,
+    true,
+  )
+  .option(
+    "--metrics-interval-ms <ms>",
+    "how often the per-interval metrics (nv_cpu_utilization, over the last interval) are sampled",
+    milliseconds,
+    2000,
+  )
   .option("--grpc-use-ssl [bool]", "serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)", flag, false)
   .option(
     "--grpc-use-ssl-mutual [bool]",
@@ -164,6 +224,34 @@ export const program = new Command("trellis-server")
   .option("--grpc-server-cert <path>", "PEM certificate (chain) the gRPC port presents")
   .option("--grpc-server-key <path>", "PEM private key of --grpc-server-cert")
   .option("--grpc-root-cert <path>", "PEM CA certificate(s) client certificates must chain to (mutual TLS)")
+  .option(
+    "--grpc-keepalive-time <ms>",
+    "how long a gRPC connection may go without a frame from its client before the server pings it",
+    milliseconds,
+    7_200_000,
+  )
+  .option(
+    "--grpc-keepalive-timeout <ms>",
+    "how long the server waits for a ping's acknowledgement before closing the connection",
+    milliseconds,
+    20_000,
+  )
+  .option(
+    "--grpc-keepalive-permit-without-calls [bool]",
+    "ping connections with no call in flight too (default: only those with calls in flight)",
+    flag,
+    false,
+  )
+  .option(
+    "--grpc-max-connection-age <ms>",
+    "close each gRPC connection this long after it opened (GOAWAY: calls in flight finish, new ones go to a new connection)",
+    milliseconds,
+  )
+  .option(
+    "--grpc-max-connection-age-grace <ms>",
+    "after --grpc-max-connection-age, how long calls in flight may take before the connection is cut",
+    milliseconds,
+  )
   .option(
     "--endpoints-root-cert <path>",
     "PEM CA certificate(s) to trust for https:// --endpoints (default: the system's)",
@@ -177,10 +265,25 @@ export const program = new Command("trellis-server")
     30,
   )
   .option("--log-file <path>", "write the logs (JSON lines) to this file instead of stdout")
-  .option(
-    "--log-verbose [level]",
-    "verbose (debug) logging: level > 0 (1 when given without one); changeable at run time through /v2/logging",
-    false,
+  .addOption(
+    new Option(
+      "--log-verbose [level]",
+      "verbose (debug) logging: level > 0 (1 when given without one, or true); changeable at run time through /v2/logging",
+    )
+      .argParser(verboseLevel)
+      .preset("1")
+      .default(0),
+  )
+  .option("--log-info [bool]", "info-level logging; changeable at run time through /v2/logging", flag, true)
+  .option("--log-warning [bool]", "warning-level logging; changeable at run time through /v2/logging", flag, true)
+  .option("--log-error [bool]", "error-level logging; changeable at run time through /v2/logging", flag, true)
+  .addOption(
+    new Option(
+      "--log-format <format>",
+      'each log line\'s "time": default (milliseconds since the epoch) or ISO8601; changeable at run time through /v2/logging',
+    )
+      .choices(["default", "ISO8601"])
+      .default("default"),
   )
   .option(
     "--metrics-config <setting>",
@@ -200,9 +303,28 @@ export const program = new Command("trellis-server")
   .option("--trace-count <n>", "deprecated in tritonserver: --trace-config count=<n>")
   .option("--trace-log-frequency <n>", "deprecated in tritonserver: --trace-config triton,log-frequency=<n>")
   .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start");
+addCompatFlags(program);
 
 export interface Flags {
   modelRepository: string[];
+  modelStore: string[];
+  id: string;
+  disableAutoCompleteConfig?: boolean;
+  modelLoadThreadCount: number;
+  modelLoadRetryCount: number;
+  responseCacheByteSize?: string;
+  allowCpuMetrics: boolean;
+  allowGpuMetrics: boolean;
+  metricsIntervalMs: number;
+  grpcKeepaliveTime: number;
+  grpcKeepaliveTimeout: number;
+  grpcKeepalivePermitWithoutCalls: boolean;
+  grpcMaxConnectionAge?: number;
+  grpcMaxConnectionAgeGrace?: number;
+  logInfo: boolean;
+  logWarning: boolean;
+  logError: boolean;
+  logFormat: "default" | "ISO8601";
   httpPort: number;
   grpcPort: number;
   metricsPort: number;
@@ -221,7 +343,7 @@ export interface Flags {
   endpoints?: string;
   backendConfig: string[];
   exitTimeoutSecs: number;
-  logVerbose: boolean | string;
+  logVerbose: number;
   logFile?: string;
   cacheConfig: string[];
   httpRestrictedApi: string[];
@@ -295,9 +417,20 @@ function splitSetting(entry: string): { scope?: string; key: string; value?: str
 /**
  * The response cache from --cache-config (tritonserver's syntax: "<cache>,<key>=<value>",
  * repeatable): only the local (in-process) cache, whose one setting is size in bytes.
+ * tritonserver's older --response-cache-byte-size <n> is local,size=<n> (0: no cache);
+ * --cache-config wins over it.
  */
 function responseCache(flags: Flags): ResponseCache | undefined {
   let size: number | undefined;
+  if (flags.responseCacheByteSize !== undefined) {
+    const n = Number(flags.responseCacheByteSize);
+    if (!Number.isSafeInteger(n) || n < 0) {
+      throw new UsageError(
+        `--response-cache-byte-size ${flags.responseCacheByteSize}: expected a whole number of bytes (0: no cache)`,
+      );
+    }
+    if (n > 0) size = n;
+  }
   for (const entry of flags.cacheConfig) {
     const { scope, key, value } = splitSetting(entry);
     if ((scope ?? key) !== "local") {
@@ -519,9 +652,12 @@ async function endpointsTls(flags: Flags): Promise<GrpcTlsOptions | undefined> {
 /** Everything the command line says, with the files it names read. */
 export interface Settings {
   flags: Flags;
-  /** --log-verbose as a level: alone it is 1, as tritonserver's; 0 is off. */
-  verboseLevel: number;
+  /** --model-repository and --model-store, resolved. */
   repositories: string[];
+  /** --strict-model-config or --disable-auto-complete-config. */
+  strictModelConfig: boolean;
+  /** A warning for each tritonserver flag given that has no effect here (see triton-flags.ts). */
+  warnings: string[];
   endpointsTls?: GrpcTlsOptions;
   responseCache?: ResponseCache;
   grpcTls?: GrpcServerTlsOptions;
@@ -541,13 +677,19 @@ export interface Settings {
 
 export async function readCommandLine(argv: string[] = process.argv): Promise<Settings> {
   const flags = program.parse(argv).opts<Flags>();
+  const repositories = [...flags.modelRepository, ...flags.modelStore].map((r) => resolve(r));
+  if (repositories.length === 0) throw new UsageError("--model-repository <path> is required");
   if (!flags.allowHttp && !flags.allowGrpc) {
     throw new UsageError("nothing to serve: --allow-http and --allow-grpc are both false");
   }
+  if (flags.grpcMaxConnectionAgeGrace !== undefined && flags.grpcMaxConnectionAge === undefined) {
+    throw new UsageError("--grpc-max-connection-age-grace needs --grpc-max-connection-age");
+  }
   return {
     flags,
-    verboseLevel: flags.logVerbose === true ? 1 : Number(flags.logVerbose) || 0,
-    repositories: flags.modelRepository.map((r) => resolve(r)),
+    repositories,
+    strictModelConfig: flags.strictModelConfig || flags.disableAutoCompleteConfig === true,
+    warnings: compatWarnings(flags as unknown as Record<string, unknown>, (message) => new UsageError(message)),
     endpointsTls: await endpointsTls(flags),
     responseCache: responseCache(flags),
     grpcTls: await grpcTls(flags),

@@ -1,12 +1,13 @@
 /**
- * The logging extension over our pino logger: Triton's settings mapped onto
- * pino's one threshold (verbose -> debug, else the most detailed of info,
- * warning, error that is on; all off -> silent). Logs are JSON lines, on
- * stdout or in --log-file's file (log_file: set only at start, as in Triton
- * since 24.05), so log_format stays "default".
+ * The server's pino logger, under Triton's log settings: verbose (debug lines
+ * when its level is above 0), info, warning and error each on or off on its own
+ * (--log-info / --log-warning / --log-error, and the logging extension), and
+ * log_format choosing how each JSON line's "time" is written: "default", pino's
+ * milliseconds since the epoch, or "ISO8601". Logs go to stdout or to --log-file's
+ * file (log_file: set only at start, as in Triton since 24.05).
  */
 import { Code, type LogSettings, type LogSettingsControl, StageError } from "@trellis/stage";
-import type { Logger as Pino } from "pino";
+import { type Logger, pino } from "pino";
 
 const KINDS = {
   log_file: "string",
@@ -19,17 +20,55 @@ const KINDS = {
 
 type Setting = keyof typeof KINDS;
 
+export const LOG_FORMATS = ["default", "ISO8601"] as const;
+export type LogFormat = (typeof LOG_FORMATS)[number];
+
+/** The settings the server starts with (its flags). */
+export interface InitialLogSettings {
+  /** --log-file (undefined: stdout). */
+  file?: string;
+  verboseLevel: number;
+  info: boolean;
+  warning: boolean;
+  error: boolean;
+  format: LogFormat;
+}
+
 const invalid = (message: string) => new StageError(Code.InvalidArgument, "", message);
 
-export function pinoLogSettings(logger: Pick<Pino, "level">, verboseLevel: number, logFile = ""): LogSettingsControl {
+/** pino's level numbers, and which of Triton's settings turns each on. */
+const SWITCHES: Record<number, "log_info" | "log_warning" | "log_error"> = {
+  30: "log_info",
+  40: "log_warning",
+  50: "log_error",
+  60: "log_error",
+};
+
+export function createServerLogger(initial: InitialLogSettings): { logger: Logger; settings: LogSettingsControl } {
   const current = {
-    log_file: logFile,
-    log_info: true,
-    log_warning: true,
-    log_error: true,
-    log_verbose_level: verboseLevel,
-    log_format: "default",
+    log_file: initial.file ?? "",
+    log_info: initial.info,
+    log_warning: initial.warning,
+    log_error: initial.error,
+    log_verbose_level: initial.verboseLevel,
+    log_format: initial.format as string,
   };
+  const options = {
+    base: { pid: process.pid },
+    // Read at each line, so a change through the logging extension applies at once.
+    timestamp: () =>
+      current.log_format === "ISO8601" ? `,"time":"${new Date().toISOString()}"` : `,"time":${Date.now()}`,
+    hooks: {
+      // pino has one threshold; this drops the levels switched off below it (info off, warnings on).
+      logMethod(this: Logger, args: Parameters<Logger["info"]>, method: (...a: unknown[]) => void, level: number) {
+        const setting = SWITCHES[level];
+        if (setting && !current[setting]) return;
+        method.apply(this, args);
+      },
+    },
+  };
+  // Synchronous writes to a log file: nothing is lost when the process exits after shutdown.
+  const logger = initial.file ? pino(options, pino.destination({ dest: initial.file, sync: true })) : pino(options);
   const apply = () => {
     logger.level =
       current.log_verbose_level > 0
@@ -43,7 +82,7 @@ export function pinoLogSettings(logger: Pick<Pino, "level">, verboseLevel: numbe
               : "silent";
   };
   apply();
-  return {
+  const settings: LogSettingsControl = {
     get: () => ({ ...current }),
     update(changes: LogSettings) {
       for (const [key, value] of Object.entries(changes)) {
@@ -64,8 +103,8 @@ export function pinoLogSettings(logger: Pick<Pino, "level">, verboseLevel: numbe
             "log_file can only be set when the server starts (--log-file <path>), not through the logging API",
           );
         }
-        if (key === "log_format" && value !== "default") {
-          throw invalid(`log_format '${value}' is not supported (the server logs JSON lines: 'default')`);
+        if (key === "log_format" && !(LOG_FORMATS as readonly unknown[]).includes(value)) {
+          throw invalid(`log_format '${value}' is not supported (formats: ${LOG_FORMATS.join(", ")})`);
         }
       }
       Object.assign(current, changes);
@@ -73,4 +112,5 @@ export function pinoLogSettings(logger: Pick<Pino, "level">, verboseLevel: numbe
       return { ...current };
     },
   };
+  return { logger, settings };
 }

@@ -6,11 +6,10 @@
 import { resolve } from "node:path";
 import v8 from "node:v8";
 import { SystemSharedMemory } from "@trellis/stage";
-import { pino } from "pino";
 import { ensureSeedModels } from "./bootstrap.js";
 import { readCommandLine, UsageError } from "./cli.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
-import { pinoLogSettings } from "./logging.js";
+import { createServerLogger } from "./logging.js";
 import { OtelExport } from "./otel.js";
 import { RepositoryManager } from "./repository.js";
 import { startServer } from "./server.js";
@@ -26,11 +25,15 @@ v8.setFlagsFromString("--heap-growing-percent=300");
 async function main(): Promise<void> {
   const settings = await readCommandLine();
   const { flags, repositories } = settings;
-  // Synchronous writes to a log file: nothing is lost when the process exits after shutdown.
-  const logger = settings.logFile
-    ? pino({ base: { pid: process.pid } }, pino.destination({ dest: settings.logFile, sync: true }))
-    : pino({ base: { pid: process.pid } });
-  const logSettings = pinoLogSettings(logger, settings.verboseLevel, settings.logFile);
+  const { logger, settings: logSettings } = createServerLogger({
+    file: settings.logFile,
+    verboseLevel: flags.logVerbose,
+    info: flags.logInfo,
+    warning: flags.logWarning,
+    error: flags.logError,
+    format: flags.logFormat,
+  });
+  for (const warning of settings.warnings) logger.warn(warning);
 
   if (flags.fetchModels) await ensureSeedModels(repositories, logger);
   const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;
@@ -40,7 +43,9 @@ async function main(): Promise<void> {
     loader: modelLoader(settings.endpointsTls),
     mode: flags.modelControlMode,
     loadModels: flags.loadModel,
-    strictModelConfig: flags.strictModelConfig,
+    strictModelConfig: settings.strictModelConfig,
+    loadConcurrency: flags.modelLoadThreadCount,
+    loadRetries: flags.modelLoadRetryCount,
     defaultMaxBatchSize: settings.defaultMaxBatchSize,
     endpoints,
     responseCache: settings.responseCache,
@@ -49,6 +54,7 @@ async function main(): Promise<void> {
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });
   const server = await startServer(manager, {
+    serverName: flags.id,
     host: flags.host,
     addresses: { http: flags.httpAddress, grpc: flags.grpcAddress, metrics: flags.metricsAddress },
     httpPort: flags.httpPort,
@@ -63,7 +69,14 @@ async function main(): Promise<void> {
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
     tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel, logger)),
-    metrics: settings.metrics,
+    metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
+    grpcConnections: {
+      keepaliveTimeMs: flags.grpcKeepaliveTime,
+      keepaliveTimeoutMs: flags.grpcKeepaliveTimeout,
+      keepaliveWithoutCalls: flags.grpcKeepalivePermitWithoutCalls,
+      maxAgeMs: flags.grpcMaxConnectionAge,
+      maxAgeGraceMs: flags.grpcMaxConnectionAgeGrace,
+    },
     sharedMemory: flags.allowClientShm ? new SystemSharedMemory() : undefined,
   });
 

@@ -33,6 +33,10 @@ export interface MetricsOptions {
   summaryLatencies?: boolean;
   /** summary_quantiles: the quantiles the summaries give (default Triton's). */
   summaryQuantiles?: number[];
+  /** The host's CPU utilization and memory, nv_cpu_* (default true; tritonserver's --allow-cpu-metrics). */
+  cpuMetrics?: boolean;
+  /** How often per-interval metrics are sampled, in ms (default 2000; tritonserver's --metrics-interval-ms). */
+  intervalMs?: number;
 }
 
 /** Triton's default summary quantiles. */
@@ -143,10 +147,13 @@ export function createMetrics(
       for (const r of await rows()) this.set(r.labels, r.pending);
     },
   });
-  hostMetrics(register);
+  const stopHost = (options.cpuMetrics ?? true) ? hostMetrics(register, options.intervalMs ?? 2000) : () => undefined;
   return {
     register,
-    close: stopSummaries,
+    close() {
+      stopSummaries();
+      stopHost();
+    },
     scrape: async () => {
       scrape = undefined;
       try {
@@ -223,21 +230,24 @@ function cpuTimes(): { busy: number; total: number } {
 
 /**
  * Triton's host metrics, so dashboards built for Triton read them: the machine's CPU
- * utilization (0..1, over the time since the previous scrape) and memory.
+ * utilization (0..1) and memory. Utilization is a per-interval metric, as Triton's:
+ * sampled every `intervalMs`, a scrape reads the last whole interval (so scrapers
+ * at any rate, or several, read the same thing). Returns the stop.
  */
-function hostMetrics(register: Registry): void {
+function hostMetrics(register: Registry, intervalMs: number): () => void {
   let previous = cpuTimes();
-  new Gauge({
+  const utilization = new Gauge({
     name: "nv_cpu_utilization",
     help: "CPU utilization rate [0.0 - 1.0]",
     registers: [register],
-    collect() {
-      const now = cpuTimes();
-      const total = now.total - previous.total;
-      if (total > 0) this.set((now.busy - previous.busy) / total);
-      previous = now;
-    },
   });
+  const sample = setInterval(() => {
+    const now = cpuTimes();
+    const total = now.total - previous.total;
+    if (total > 0) utilization.set((now.busy - previous.busy) / total);
+    previous = now;
+  }, intervalMs);
+  sample.unref();
   new Gauge({
     name: "nv_cpu_memory_total_bytes",
     help: "CPU total memory (RAM), in bytes",
@@ -254,4 +264,5 @@ function hostMetrics(register: Registry): void {
       this.set(totalmem() - freemem());
     },
   });
+  return () => clearInterval(sample);
 }

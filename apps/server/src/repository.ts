@@ -20,6 +20,7 @@ import {
   StageError,
   type StageLogger,
 } from "@trellis/stage";
+import pLimit, { type LimitFunction } from "p-limit";
 import { ManagedStage, type ModelCache } from "./managed.js";
 
 /** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
@@ -53,6 +54,10 @@ export interface RepositoryManagerOptions {
   strictReadiness?: boolean;
   logger: StageLogger & { debug?(obj: object | string, msg?: string): void };
   pollIntervalMs?: number;
+  /** How many models (or versions) load at once (tritonserver's --model-load-thread-count; default 4). Ensembles, which only wire their steps, are not counted. */
+  loadConcurrency?: number;
+  /** How many more times a failing load is tried (tritonserver's --model-load-retry-count; default 0). */
+  loadRetries?: number;
 }
 
 interface VersionEntry {
@@ -101,7 +106,7 @@ export function selectVersions(config: ModelConfig, available: string[]): string
 export class RepositoryManager implements ModelRegistry {
   private readonly models = new Map<string, ModelEntry>();
   private readonly opts: Required<
-    Omit<RepositoryManagerOptions, "endpoints" | "responseCache" | "defaultMaxBatchSize">
+    Omit<RepositoryManagerOptions, "endpoints" | "responseCache" | "defaultMaxBatchSize" | "loadConcurrency">
   > & {
     endpoints: Record<string, string>;
     responseCache?: ResponseCache;
@@ -116,6 +121,8 @@ export class RepositoryManager implements ModelRegistry {
   private pollTimer?: NodeJS.Timeout;
   /** Remote ensemble steps by "name@version", shared by every ensemble (and reload) that uses them. */
   private readonly remoteSteps = new Map<string, Promise<Stage>>();
+  /** Bounds the model loads under way (--model-load-thread-count). */
+  private readonly loadSlots: LimitFunction;
   readonly repository: ModelRepositoryControl;
 
   constructor(options: RepositoryManagerOptions) {
@@ -125,9 +132,11 @@ export class RepositoryManager implements ModelRegistry {
       strictModelConfig: false,
       strictReadiness: true,
       pollIntervalMs: 15_000,
+      loadRetries: 0,
       ...options,
       endpoints: options.endpoints ?? {},
     };
+    this.loadSlots = pLimit(options.loadConcurrency ?? 4);
     this.repository = {
       index: (readyOnly) => this.index(readyOnly),
       load: (name, options) => this.requestControl(() => this.load(name, true, options)),
@@ -432,18 +441,7 @@ export class RepositoryManager implements ModelRegistry {
         if (!serving) e.versions.set(version, entry);
         let stage: Stage | undefined;
         try {
-          stage = await this.opts.loader.loadStage(model, {
-            version,
-            resolveStep: (step, stepVersion) => this.stepStage(step, stepVersion),
-            repositories: this.opts.repositories,
-            endpoints: this.opts.endpoints,
-            strictModelConfig: this.opts.strictModelConfig,
-            ...(this.opts.defaultMaxBatchSize !== undefined
-              ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize }
-              : {}),
-            logger: this.opts.logger,
-          });
-          if (!(await stage.isReady())) await waitReady(stage);
+          stage = await this.loadReadyStage(model, version);
           labels ??= readLabels(model);
           entry.stage = new ManagedStage(
             stage,
@@ -474,7 +472,7 @@ export class RepositoryManager implements ModelRegistry {
               "model failed to load",
             );
           }
-          // Loaded but never ready (warmup failed): release its sessions and workers.
+          // Loaded and ready, but failed after (its labels): release its sessions and workers.
           await stage
             ?.close()
             .catch((closeErr: unknown) =>
@@ -486,6 +484,56 @@ export class RepositoryManager implements ModelRegistry {
     // A failed reload is retried by the next load or poll; a failed first load too.
     e.loadedFrom = failures.length === 0 ? source : undefined;
     return failures;
+  }
+
+  /**
+   * One version's stage, loaded and ready (warmed up). Loads take a slot of --model-load-thread-count
+   * (an ensemble does not: it only wires steps already loaded). A failed try is retried
+   * --model-load-retry-count times, each try starting afresh; the last failure is the one reported.
+   */
+  private async loadReadyStage(model: RepositoryModel, version: string): Promise<Stage> {
+    const once = async () => {
+      const stage = await this.opts.loader.loadStage(model, {
+        version,
+        resolveStep: (step, stepVersion) => this.stepStage(step, stepVersion),
+        repositories: this.opts.repositories,
+        endpoints: this.opts.endpoints,
+        strictModelConfig: this.opts.strictModelConfig,
+        ...(this.opts.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize } : {}),
+        logger: this.opts.logger,
+      });
+      try {
+        if (!(await stage.isReady())) await waitReady(stage);
+        return stage;
+      } catch (err) {
+        // Loaded but never ready (warmup failed): release its sessions and workers.
+        await stage
+          .close()
+          .catch((closeErr: unknown) =>
+            this.opts.logger.warn({ model: model.name, version, err: String(closeErr) }, "error closing model"),
+          );
+        throw err;
+      }
+    };
+    const tries = async () => {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          return await once();
+        } catch (err) {
+          if (attempt >= this.opts.loadRetries) throw err;
+          this.opts.logger.warn(
+            {
+              model: model.name,
+              version,
+              attempt: attempt + 1,
+              reason: err instanceof Error ? err.message : String(err),
+            },
+            "model failed to load: trying again",
+          );
+        }
+      }
+    };
+    return isEnsemble(model.config) ? tries() : this.loadSlots(tries);
   }
 
   /** A replaced stage: it already takes no new requests; it closes once its in-flight ones finish. */

@@ -19,6 +19,7 @@ import {
   serveStage,
   type TraceControl,
 } from "@trellis/stage";
+import { type GrpcConnectionOptions, manageGrpcConnection } from "./grpc-connections.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics, type MetricsOptions } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
@@ -73,6 +74,10 @@ export interface ServerOptions {
   addresses?: { http?: string; grpc?: string; metrics?: string };
   /** Which listeners to open (tritonserver's --allow-http / --allow-grpc / --allow-metrics); each default true. */
   allow?: { http?: boolean; grpc?: boolean; metrics?: boolean };
+  /** The server's name in server metadata (tritonserver's --id); default "trellis". */
+  serverName?: string;
+  /** Keepalive pings and maximum connection age on the gRPC port (tritonserver's --grpc-keepalive-* and --grpc-max-connection-age*). */
+  grpcConnections?: GrpcConnectionOptions;
 }
 
 export interface RunningServer {
@@ -108,8 +113,9 @@ function listen(server: http.Server | http2.Http2Server, port: number, host: str
 export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
   const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
   const extensions = options.sharedMemory ? [...EXTENSIONS, "system_shared_memory"] : EXTENSIONS;
+  const serverName = options.serverName ?? SERVER_NAME;
   const serveOptions = {
-    serverName: SERVER_NAME,
+    serverName,
     serverVersion: SERVER_VERSION,
     extensions,
     logSettings: options.logSettings,
@@ -135,6 +141,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   grpc.on("session", (s) => {
     // A session opened while stopping gets GOAWAY straight away.
     if (stopping) s.close();
+    else manageGrpcConnection(s, options.grpcConnections ?? {}, logger);
   });
   grpc.on("stream", (stream, headers) => {
     if (headers[":path"] === HEALTH_WATCH) return;
@@ -145,7 +152,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   // HTTP/1.1: REST, with the Connect routes mounted too (gRPC-Web / Connect over HTTP/1.1).
   const rest = restHandler({
     registry: manager,
-    serverName: SERVER_NAME,
+    serverName,
     serverVersion: SERVER_VERSION,
     extensions,
     logger,

@@ -493,7 +493,7 @@ describe("gRPC", () => {
       },
     });
     const grpcBad = await client
-      .logSettings({ settings: { log_format: { parameterChoice: { case: "stringParam", value: "ISO8601" } } } })
+      .logSettings({ settings: { log_format: { parameterChoice: { case: "stringParam", value: "json" } } } })
       .catch((e: ConnectError) => e);
     expect((grpcBad as ConnectError).code).toBe(Code.InvalidArgument);
     expect(await jsonOf(await fetch(`${server.http}/v2/logging`))).toEqual(defaults);

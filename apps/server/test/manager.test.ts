@@ -39,7 +39,7 @@ afterAll(() => removeDir(repo));
 describe("remote ensemble steps", () => {
   it("share one connection across ensemble reloads", async () => {
     // "echo" lives in another server only; the chain reaches it through the endpoint map.
-    const echo = createEchoStage({ config: parseModelConfig(echoConfig("echo")), version: "1" });
+    const echo = await createEchoStage({ config: parseModelConfig(echoConfig("echo")), version: "1" });
     const remote = await listenStage(echo);
     const loader = modelLoader();
     let connects = 0;
@@ -209,7 +209,7 @@ describe("HTTP inference", () => {
 
 describe("metrics", () => {
   it("still answers when one model's statistics cannot be read, leaving only that model out", async () => {
-    const echo = createEchoStage({ config: parseModelConfig(echoConfig("echo")), version: "1" });
+    const echo = await createEchoStage({ config: parseModelConfig(echoConfig("echo")), version: "1" });
     const down: Stage = {
       ...echo,
       name: "remote_down",

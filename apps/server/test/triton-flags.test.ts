@@ -1,0 +1,441 @@
+/**
+ * tritonserver's command line, black-box: a pasted Triton command line starts,
+ * the flags that mean something here do it (--id, --model-store,
+ * --disable-auto-complete-config, --response-cache-byte-size, CPU metrics,
+ * log switches and format, load threads and retries, gRPC keepalive and
+ * connection age), the ones that mean nothing are named in warnings, and values
+ * asking for what the server lacks stop it at start.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { copyFile, mkdir, readFile, writeFile } from "node:fs/promises";
+import http2 from "node:http2";
+import net from "node:net";
+import { join } from "node:path";
+import { create, toBinary } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { addModel, echoConfig, makeRepository, postJson, scrape } from "./helpers.js";
+
+const SERVER_MAIN = join(import.meta.dirname, "..", "dist", "main.js");
+
+async function until(check: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error("condition not met in time");
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+const warnings = (server: ServerProcess) => server.logs.filter((l) => l.level === 40).map((l) => String(l.msg));
+
+/** A gRPC ModelInfer of the echo model as raw HTTP/2 frames, held `delayMs` by the model. */
+function echoCall(session: http2.ClientHttp2Session, delayMs: number): Promise<{ grpcStatus?: string; error?: Error }> {
+  const message = toBinary(
+    ModelInferRequestSchema,
+    create(ModelInferRequestSchema, {
+      modelName: "echo",
+      parameters: { delay_ms: { parameterChoice: { case: "stringParam", value: String(delayMs) } } },
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+      rawInputContents: [new Uint8Array(16)],
+    }),
+  );
+  const frame = Buffer.alloc(5 + message.byteLength);
+  frame.writeUInt32BE(message.byteLength, 1);
+  frame.set(message, 5);
+  const stream = session.request({
+    ":method": "POST",
+    ":path": "/inference.GRPCInferenceService/ModelInfer",
+    "content-type": "application/grpc",
+    te: "trailers",
+  });
+  stream.end(frame);
+  stream.resume();
+  return new Promise((resolve) => {
+    let grpcStatus: string | undefined;
+    stream.on("trailers", (trailers) => {
+      grpcStatus = String(trailers["grpc-status"]);
+    });
+    stream.on("error", (error) => resolve({ error }));
+    stream.on("close", () => resolve({ grpcStatus }));
+  });
+}
+
+let repo: string;
+beforeAll(async () => {
+  repo = await makeRepository({
+    echo: { config: echoConfig("echo", { extra: "response_cache { enable: true }" }) },
+  });
+  // The shared MobileNetV2 with a config naming only its platform: it loads only if auto-complete may fill it in.
+  await mkdir(join(repo, "mobilenet", "1"), { recursive: true });
+  await writeFile(join(repo, "mobilenet", "config.pbtxt"), 'platform: "onnxruntime_onnx"\n');
+  await copyFile(MOBILENET_PATH, join(repo, "mobilenet", "1", "model.onnx"));
+});
+afterAll(() => removeDir(repo));
+
+describe("a pasted tritonserver command line", () => {
+  let server: ServerProcess;
+  beforeAll(async () => {
+    // Flags as real Triton deployment scripts pass them (values spelt as they do).
+    server = await startServerProcess([
+      `--model-store=${repo}`,
+      "--id=FasterTransformer-T5",
+      "--disable-auto-complete-config",
+      "--log-info",
+      "True",
+      "--log-warning=true",
+      "--log-error=true",
+      "--metrics-interval-ms",
+      "100",
+      "--allow-cpu-metrics=true",
+      "--allow-gpu-metrics=false",
+      "--http-thread-count",
+      "10",
+      "--buffer-manager-thread-count",
+      "8",
+      "--pinned-memory-pool-byte-size",
+      "2000000000",
+      "--cuda-memory-pool-byte-size",
+      "0:536870912",
+      "--response-cache-byte-size",
+      "1048576",
+      "--rate-limit",
+      "execution_count",
+      "--backend-directory",
+      "/opt/tritonserver/backends",
+      "--grpc-infer-allocation-pool-size",
+      "20",
+      "--exit-timeout-secs",
+      "60",
+    ]);
+  });
+  afterAll(async () => {
+    expect(await server.stop()).toBe(0);
+  });
+
+  it("names the server with --id over HTTP and gRPC", async () => {
+    expect(((await (await fetch(`${server.http}/v2`)).json()) as { name: string }).name).toBe("FasterTransformer-T5");
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    expect((await client.serverMetadata({})).name).toBe("FasterTransformer-T5");
+  });
+
+  it("warns once for each flag that has no effect here, naming it and why", () => {
+    const noEffect = warnings(server).filter((m) => m.includes(" has no effect: "));
+    expect(noEffect.map((m) => m.split(" has no effect")[0])).toEqual([
+      "--pinned-memory-pool-byte-size=2000000000",
+      "--cuda-memory-pool-byte-size=0:536870912",
+      "--backend-directory=/opt/tritonserver/backends",
+      "--buffer-manager-thread-count=8",
+      "--http-thread-count=10",
+      "--grpc-infer-allocation-pool-size=20",
+      "--rate-limit=execution_count",
+    ]);
+    expect(noEffect[0]).toContain("allocates no GPU memory");
+    expect(noEffect[6]).toContain("no rate limiter");
+  });
+
+  it("loads no model whose config needs auto-completing (--disable-auto-complete-config)", async () => {
+    const index = (await postJson(`${server.http}/v2/repository/index`, {})).json as {
+      name: string;
+      state: string;
+      reason: string;
+    }[];
+    expect(index.find((m) => m.name === "echo")?.state).toBe("READY");
+    const mobilenet = index.find((m) => m.name === "mobilenet");
+    expect(mobilenet?.state).toBe("UNAVAILABLE");
+    expect(mobilenet?.reason).toContain("strict model config needs input and output sections");
+  });
+
+  it("caches responses with --response-cache-byte-size", async () => {
+    const body = { inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] };
+    for (let i = 0; i < 2; i++) {
+      expect((await postJson(`${server.http}/v2/models/echo/infer`, body)).status).toBe(200);
+    }
+    const stats = (await (await fetch(`${server.http}/v2/models/echo/stats`)).json()) as {
+      model_stats: { inference_stats: { cache_hit?: { count: number } } }[];
+    };
+    expect(stats.model_stats[0]?.inference_stats.cache_hit?.count).toBe(1);
+  });
+
+  it("samples CPU utilization every --metrics-interval-ms", async () => {
+    const utilization = async () => {
+      const line = (await scrape(server)).split("\n").find((l) => l.startsWith("nv_cpu_utilization "));
+      return Number(line?.split(" ")[1]);
+    };
+    // A process keeps one core busy for a while: the last interval's utilization, read
+    // meanwhile, cannot be 0 (the gauge reads the last whole interval, not since start).
+    const burner = spawn(process.execPath, ["-e", "const end = Date.now() + 2000; while (Date.now() < end);"]);
+    const exited = new Promise((r) => burner.once("exit", r));
+    await new Promise((r) => setTimeout(r, 500));
+    const value = await utilization();
+    burner.kill();
+    await exited;
+    expect(value).toBeGreaterThan(0);
+    expect(value).toBeLessThanOrEqual(1);
+    expect(await scrape(server)).toContain("nv_cpu_memory_used_bytes ");
+  });
+});
+
+it("leaves the CPU metrics out with --allow-cpu-metrics false", async () => {
+  const server = await startServerProcess(["--model-repository", repo, "--allow-cpu-metrics=false"]);
+  try {
+    const text = await scrape(server);
+    expect(text).toContain("nv_inference_request_success");
+    expect(text).not.toContain("nv_cpu_");
+  } finally {
+    expect(await server.stop()).toBe(0);
+  }
+});
+
+it("stops at start, saying why, for values asking for what it lacks or flags that do not fit", async () => {
+  for (const [args, message] of [
+    [["--model-namespacing"], "--model-namespacing: models are named without namespaces here"],
+    [["--allow-sagemaker=true"], "--allow-sagemaker: this server has no SageMaker endpoint"],
+    [["--reuse-grpc-port", "1"], "--reuse-grpc-port: sharing a port needs Node 22's reusePort"],
+    [["--rate-limit", "sometimes"], "--rate-limit sometimes: expected off or execution_count"],
+    [["--grpc-max-connection-age-grace", "100"], "--grpc-max-connection-age-grace needs --grpc-max-connection-age"],
+    [["--response-cache-byte-size", "lots"], "--response-cache-byte-size lots: expected a whole number of bytes"],
+    [["--log-verbose", "loud"], "a level 0 or more, or true/false"],
+    [["--model-load-thread-count", "0"], "a whole number, 1 or more"],
+  ] as const) {
+    const err = await startServerProcess(["--model-repository", repo, ...args]).catch((e: Error) => e);
+    expect(String(err), args.join(" ")).toContain(message);
+  }
+  const none = await startServerProcess([]).catch((e: Error) => e);
+  expect(String(none)).toContain("trellis-server: --model-repository <path> is required");
+});
+
+describe("log switches and format", () => {
+  /** Its own ports: with info lines off, the server does not log the ones it picked. */
+  const freePort = () =>
+    new Promise<number>((resolve) => {
+      const probe = net.createServer().listen(0, "127.0.0.1", () => {
+        const { port } = probe.address() as net.AddressInfo;
+        probe.close(() => resolve(port));
+      });
+    });
+
+  it("keeps only the levels switched on, writes ISO 8601 times, and changes both at run time", async () => {
+    const logRepo = await makeRepository({
+      echo: { config: echoConfig("echo") },
+      broken: { config: echoConfig("broken", { params: { fail_loads: "9" } }) },
+    });
+    const [httpPort, grpcPort, metricsPort] = [await freePort(), await freePort(), await freePort()];
+    const proc: ChildProcess = spawn(
+      process.execPath,
+      [
+        SERVER_MAIN,
+        "--model-repository",
+        logRepo,
+        "--no-fetch-models",
+        ...["--http-port", String(httpPort), "--grpc-port", String(grpcPort), "--metrics-port", String(metricsPort)],
+        ...["--model-control-mode", "explicit", "--load-model", "broken"],
+        "--log-info=false",
+        "--log-format",
+        "ISO8601",
+        "--http-thread-count",
+        "4",
+      ],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
+    const lines: Record<string, unknown>[] = [];
+    proc.stdout?.on("data", (d: Buffer) => {
+      for (const line of String(d).split("\n").filter(Boolean)) lines.push(JSON.parse(line));
+    });
+    const base = `http://127.0.0.1:${httpPort}`;
+    try {
+      await until(async () => (await fetch(`${base}/v2/health/live`).catch(() => undefined))?.status === 200);
+      await until(() => lines.some((l) => l.level === 50));
+      // Warnings and errors, no info lines (not even "listening" or "server started").
+      expect(lines.filter((l) => l.level === 30)).toEqual([]);
+      expect(lines.find((l) => l.level === 40)?.msg).toBe(
+        "--http-thread-count=4 has no effect: requests are served by Node's event loop, with no such threads or pools to size",
+      );
+      expect(lines.find((l) => l.level === 50)?.msg).toBe("model failed to load");
+      for (const line of lines) expect(line.time).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+
+      const settings = await (await fetch(`${base}/v2/logging`)).json();
+      expect(settings).toMatchObject({ log_info: false, log_warning: true, log_error: true, log_format: "ISO8601" });
+      expect((await postJson(`${base}/v2/logging`, { log_info: true, log_format: "default" })).status).toBe(200);
+      expect((await postJson(`${base}/v2/repository/models/echo/load`, {})).status).toBe(200);
+      await until(() => lines.some((l) => l.msg === "model loaded"));
+      const loaded = lines.find((l) => l.msg === "model loaded");
+      expect(loaded?.level).toBe(30);
+      expect(typeof loaded?.time).toBe("number");
+      expect((await postJson(`${base}/v2/logging`, { log_format: "json" })).json.error).toBe(
+        "log_format 'json' is not supported (formats: default, ISO8601)",
+      );
+    } finally {
+      proc.kill("SIGTERM");
+      await new Promise((r) => proc.once("exit", r));
+      await removeDir(logRepo);
+    }
+  });
+});
+
+describe("model loading", () => {
+  let loadRepo: string;
+  let loadLog: string;
+  beforeAll(async () => {
+    loadRepo = await makeRepository({});
+    loadLog = join(loadRepo, "loads.log");
+    for (const name of ["a", "b", "c", "d"]) {
+      await addModel(loadRepo, name, {
+        config: echoConfig(name, { params: { load_delay_ms: "300", load_log: loadLog } }),
+      });
+    }
+  });
+  afterAll(() => removeDir(loadRepo));
+
+  /** The most loads under way at once, from the log the models write. */
+  const mostAtOnce = async () => {
+    let now = 0;
+    let most = 0;
+    for (const line of (await readFile(loadLog, "utf8")).split("\n").filter(Boolean)) {
+      now += line.startsWith("start ") ? 1 : -1;
+      most = Math.max(most, now);
+    }
+    return most;
+  };
+
+  it("loads at most --model-load-thread-count models at once", async () => {
+    for (const [threads, expected] of [
+      ["1", 1],
+      ["4", 4],
+    ] as const) {
+      await writeFile(loadLog, "");
+      const server = await startServerProcess(["--model-repository", loadRepo, "--model-load-thread-count", threads]);
+      try {
+        const ready = server.logs.filter((l) => l.msg === "model loaded").map((l) => l.model);
+        expect(ready.sort()).toEqual(["a", "b", "c", "d"]);
+        expect(await mostAtOnce(), `--model-load-thread-count ${threads}`).toBe(expected);
+      } finally {
+        expect(await server.stop()).toBe(0);
+      }
+    }
+  });
+
+  it("tries a failing load again --model-load-retry-count times before reporting it", async () => {
+    const retryRepo = await makeRepository({
+      flaky: { config: echoConfig("flaky", { params: { fail_loads: "2" } }) },
+    });
+    try {
+      const patient = await startServerProcess(["--model-repository", retryRepo, "--model-load-retry-count", "2"]);
+      try {
+        const retries = patient.logs.filter((l) => l.msg === "model failed to load: trying again");
+        expect(retries.map((l) => [l.attempt, l.reason])).toEqual([
+          [1, "asked to fail load 1 of 2"],
+          [2, "asked to fail load 2 of 2"],
+        ]);
+        expect((await fetch(`${patient.http}/v2/models/flaky/ready`)).status).toBe(200);
+      } finally {
+        expect(await patient.stop()).toBe(0);
+      }
+      const hasty = await startServerProcess(["--model-repository", retryRepo, "--model-load-retry-count", "1"]);
+      try {
+        const index = (await postJson(`${hasty.http}/v2/repository/index`, {})).json as {
+          state: string;
+          reason: string;
+        }[];
+        expect(index[0]).toMatchObject({ state: "UNAVAILABLE", reason: "asked to fail load 2 of 2" });
+      } finally {
+        expect(await hasty.stop()).toBe(0);
+      }
+    } finally {
+      await removeDir(retryRepo);
+    }
+  });
+});
+
+describe("gRPC connections", () => {
+  it("pings idle connections with --grpc-keepalive-permit-without-calls, and closes one whose peer never answers", async () => {
+    const server = await startServerProcess([
+      "--model-repository",
+      repo,
+      ...["--grpc-keepalive-time", "100", "--grpc-keepalive-timeout", "300", "--grpc-keepalive-permit-without-calls"],
+    ]);
+    try {
+      // Node's client answers pings: the connection stays, pinged every 100 ms.
+      const session = http2.connect(server.grpc);
+      let pings = 0;
+      session.on("ping", () => pings++);
+      await until(() => pings >= 3);
+      expect(session.closed || session.destroyed).toBe(false);
+      session.close();
+
+      // A peer that speaks HTTP/2 but never acknowledges a PING is cut off after the timeout.
+      const socket = net.connect(server.grpcPort, "127.0.0.1");
+      let sawPing = false;
+      let received = Buffer.alloc(0);
+      socket.on("data", (d: Buffer) => {
+        received = Buffer.concat([received, d]);
+        while (received.length >= 9) {
+          const length = received.readUIntBE(0, 3);
+          if (received.length < 9 + length) break;
+          const [type, flags] = [received[3], received[4] ?? 0];
+          if (type === 6 && !(flags & 1)) sawPing = true;
+          // Acknowledge the server's SETTINGS, as a client must; never its PINGs.
+          if (type === 4 && !(flags & 1)) socket.write(Buffer.from([0, 0, 0, 4, 1, 0, 0, 0, 0]));
+          received = received.subarray(9 + length);
+        }
+      });
+      socket.write(Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
+      socket.write(Buffer.from([0, 0, 0, 4, 0, 0, 0, 0, 0])); // empty SETTINGS
+      const closed = new Promise((r) => socket.once("close", r));
+      await until(() => socket.destroyed, 5000);
+      await closed;
+      expect(sawPing).toBe(true);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+
+  it("pings only connections with calls in flight by default", async () => {
+    const server = await startServerProcess([
+      "--model-repository",
+      repo,
+      ...["--grpc-keepalive-time", "100", "--grpc-keepalive-timeout", "1000"],
+    ]);
+    try {
+      const session = http2.connect(server.grpc);
+      let pings = 0;
+      session.on("ping", () => pings++);
+      await new Promise((r) => setTimeout(r, 400));
+      expect(pings).toBe(0);
+      // A call held 600 ms by the model: pinged meanwhile, and it still succeeds.
+      const call = await echoCall(session, 600);
+      expect(call.grpcStatus).toBe("0");
+      expect(pings).toBeGreaterThanOrEqual(2);
+      session.close();
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+
+  it("sends GOAWAY at --grpc-max-connection-age, letting calls finish within the grace", async () => {
+    const server = await startServerProcess([
+      "--model-repository",
+      repo,
+      ...["--grpc-max-connection-age", "300", "--grpc-max-connection-age-grace", "500"],
+    ]);
+    try {
+      const session = http2.connect(server.grpc);
+      let goawayAt = 0;
+      const opened = Date.now();
+      session.on("goaway", () => {
+        goawayAt = Date.now() - opened;
+      });
+      session.on("error", () => undefined);
+      const [finishes, cut] = await Promise.all([echoCall(session, 400), echoCall(session, 2000)]);
+      expect(goawayAt).toBeGreaterThanOrEqual(250);
+      // In flight at the GOAWAY: the 400 ms call finishes; the 2 s one outlives the grace and is cut.
+      expect(finishes.grpcStatus).toBe("0");
+      expect(cut.grpcStatus).toBeUndefined();
+      session.destroy();
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+});
