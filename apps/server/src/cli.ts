@@ -12,6 +12,7 @@ import {
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   type GrpcServerTlsOptions,
   type GrpcTlsOptions,
+  headerForwardPattern,
   parseRestriction,
   ResponseCache,
 } from "@trellis/stage";
@@ -67,6 +68,14 @@ const milliseconds = (v: string) => {
   const n = Number(v);
   if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError("a number of milliseconds greater than 0");
   return n;
+};
+/** A header forwarding pattern (a regular expression), checked at start. */
+const headerPattern = (v: string) => {
+  try {
+    return headerForwardPattern(v);
+  } catch (err) {
+    throw new InvalidArgumentError(`a regular expression (${(err as Error).message})`);
+  }
 };
 /** --log-verbose's level: a whole number, or true (1) / false (0) as tritonserver takes it. */
 const verboseLevel = (v: string) => {
@@ -180,6 +189,16 @@ export const program = new Command("trellis-server")
     `HTTP endpoint groups (${API_CATEGORIES.join(", ")}) that answer 403 unless the request has this header and value, e.g. model-repository,logging:admin-key=secret; repeatable`,
     collect,
     [],
+  )
+  .option(
+    "--http-header-forward-pattern <regex>",
+    "HTTP/REST infer requests' headers whose names match become string request parameters, for the model to read (case-insensitive unless the pattern starts with \"(?-i)\"; a request's own parameter of the same name wins)",
+    headerPattern,
+  )
+  .option(
+    "--grpc-header-forward-pattern <regex>",
+    "the same for gRPC ModelInfer / ModelStreamInfer calls' metadata (gRPC-Web and Connect calls on the HTTP port too)",
+    headerPattern,
   )
   .option(
     "--grpc-restricted-protocol <categories:header=value>",
@@ -348,6 +367,8 @@ export interface Flags {
   cacheConfig: string[];
   httpRestrictedApi: string[];
   grpcRestrictedProtocol: string[];
+  httpHeaderForwardPattern?: RegExp;
+  grpcHeaderForwardPattern?: RegExp;
   allowClientShm: boolean;
   allowHttp: boolean;
   allowGrpc: boolean;

@@ -14,6 +14,7 @@ import {
   answerLogSettings,
   answerTraceSettings,
   Code,
+  forwardedHeaders,
   type InferOptions,
   type InferRequest,
   inflateDeflate,
@@ -34,6 +35,7 @@ import {
   sharedMemoryStatus,
   type TraceControl,
   toConnectError,
+  withForwardedHeaders,
   withoutSharedMemory,
 } from "@trellis/stage";
 import {
@@ -62,6 +64,8 @@ export interface RestContext {
   tracing?: TraceControl;
   /** System shared memory regions clients may register (--allow-client-shm); without it, none can be. */
   sharedMemory?: SystemSharedMemory;
+  /** Headers of infer requests whose names match become request parameters (--http-header-forward-pattern). */
+  forwardHeaders?: RegExp;
 }
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -569,7 +573,10 @@ export function restHandler(ctx: RestContext) {
       id: typeof parsed.id === "string" && parsed.id ? parsed.id : undefined,
       inputs,
       outputs,
-      parameters: Object.keys(stageParams).length > 0 ? stageParams : undefined,
+      parameters: withForwardedHeaders(
+        Object.keys(stageParams).length > 0 ? stageParams : undefined,
+        forwardedHeaders(ctx.forwardHeaders, Object.entries(req.headers)),
+      ),
     };
     // The model may have been unloaded or reloaded while the body arrived: use what is loaded now.
     const stage = resolve();

@@ -70,6 +70,7 @@ async function main(): Promise<void> {
     grpcRestrictions: settings.grpcRestrictions,
     tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel, logger)),
     metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
+    forwardHeaders: { http: flags.httpHeaderForwardPattern, grpc: flags.grpcHeaderForwardPattern },
     grpcConnections: {
       keepaliveTimeMs: flags.grpcKeepaliveTime,
       keepaliveTimeoutMs: flags.grpcKeepaliveTimeout,

@@ -76,6 +76,8 @@ export interface ServerOptions {
   allow?: { http?: boolean; grpc?: boolean; metrics?: boolean };
   /** The server's name in server metadata (tritonserver's --id); default "trellis". */
   serverName?: string;
+  /** Headers forwarded as request parameters (tritonserver's --http-header-forward-pattern / --grpc-header-forward-pattern). */
+  forwardHeaders?: { http?: RegExp; grpc?: RegExp };
   /** Keepalive pings and maximum connection age on the gRPC port (tritonserver's --grpc-keepalive-* and --grpc-max-connection-age*). */
   grpcConnections?: GrpcConnectionOptions;
 }
@@ -121,6 +123,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     logSettings: options.logSettings,
     tracing: options.tracing,
     sharedMemory: options.sharedMemory,
+    // gRPC-Web and Connect calls on the HTTP port are the gRPC protocol: the gRPC pattern holds for them.
+    forwardHeaders: options.forwardHeaders?.grpc,
   };
   const routes = serveStage(manager, serveOptions);
   let active = 0;
@@ -161,6 +165,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     tracing: options.tracing,
     sharedMemory: options.sharedMemory,
     restrictions: options.httpRestrictions,
+    forwardHeaders: options.forwardHeaders?.http,
   });
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
   const httpServer = http.createServer(

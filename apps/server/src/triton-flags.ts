@@ -73,16 +73,6 @@ const COMPAT_FLAGS: CompatFlag[] = [
     },
   },
   {
-    name: "http-header-forward-pattern",
-    arg: "<regex>",
-    why: "headers are not forwarded as request parameters (no built-in stage reads them)",
-  },
-  {
-    name: "grpc-header-forward-pattern",
-    arg: "<regex>",
-    why: "headers are not forwarded as request parameters (no built-in stage reads them)",
-  },
-  {
     name: "reuse-http-port",
     arg: "[bool]",
     why: (v) => (isTrue(v) ? { refuse: "--reuse-http-port: sharing a port needs Node 22's reusePort" } : undefined),

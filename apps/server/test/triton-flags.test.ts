@@ -3,7 +3,7 @@
  * the flags that mean something here do it (--id, --model-store,
  * --disable-auto-complete-config, --response-cache-byte-size, CPU metrics,
  * log switches and format, load threads and retries, gRPC keepalive and
- * connection age), the ones that mean nothing are named in warnings, and values
+ * connection age, header forwarding), the ones that mean nothing are named in warnings, and values
  * asking for what the server lacks stop it at start.
  */
 import { type ChildProcess, spawn } from "node:child_process";
@@ -13,7 +13,7 @@ import net from "node:net";
 import { join } from "node:path";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -437,5 +437,78 @@ describe("gRPC connections", () => {
     } finally {
       expect(await server.stop()).toBe(0);
     }
+  });
+});
+
+describe("header forwarding", () => {
+  let server: ServerProcess;
+  let reflectRepo: string;
+  beforeAll(async () => {
+    reflectRepo = await makeRepository({
+      reflect: {
+        config: echoConfig("reflect", { datatype: "TYPE_STRING", dims: [1], params: { reflect_parameters: "1" } }),
+      },
+    });
+    server = await startServerProcess([
+      "--model-repository",
+      reflectRepo,
+      ...["--http-header-forward-pattern", "PREFIX_.*", "--grpc-header-forward-pattern", "(?-i)^tenant$"],
+    ]);
+  });
+  afterAll(async () => {
+    expect(await server.stop()).toBe(0);
+    await removeDir(reflectRepo);
+  });
+
+  /** The parameters the model saw, which it answers with. */
+  const overHttp = async (headers: Record<string, string>, parameters?: Record<string, string>) => {
+    const res = await fetch(`${server.http}/v2/models/reflect/infer`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify({ parameters, inputs: [{ name: "INPUT", datatype: "BYTES", shape: [1, 1], data: ["x"] }] }),
+    });
+    const json = (await res.json()) as { outputs: { data: string[] }[] };
+    return JSON.parse(json.outputs[0]?.data[0] ?? "null");
+  };
+  const overGrpc = async (transport: ReturnType<typeof createGrpcTransport>) => {
+    const client = createClient(GRPCInferenceService, transport);
+    const element = new TextEncoder().encode("x");
+    const raw = new Uint8Array(4 + element.byteLength);
+    new DataView(raw.buffer).setUint32(0, element.byteLength, true);
+    raw.set(element, 4);
+    const res = await client.modelInfer(
+      {
+        modelName: "reflect",
+        inputs: [{ name: "INPUT", datatype: "BYTES", shape: [1n, 1n] }],
+        rawInputContents: [raw],
+      },
+      { headers: { tenant: "acme", prefix_x: "y" } },
+    );
+    return JSON.parse(new TextDecoder().decode((res.rawOutputContents[0] as Uint8Array).subarray(4)));
+  };
+
+  it("gives the model an HTTP request's matching headers as parameters, ignoring case; the request's own win", async () => {
+    expect(await overHttp({ PREFIX_Tenant: "acme", "x-other": "no" })).toEqual({ prefix_tenant: "acme" });
+    expect(await overHttp({ prefix_tenant: "acme" }, { prefix_tenant: "mine", n: "1" })).toEqual({
+      prefix_tenant: "mine",
+      n: "1",
+    });
+  });
+
+  it("forwards gRPC metadata under the gRPC pattern, over gRPC and over Connect on the HTTP port", async () => {
+    expect(await overGrpc(createGrpcTransport({ baseUrl: server.grpc }))).toEqual({ tenant: "acme" });
+    expect(await overGrpc(createConnectTransport({ baseUrl: server.http, httpVersion: "1.1" }))).toEqual({
+      tenant: "acme",
+    });
+  });
+
+  it("stops at start on a pattern that is not a regular expression", async () => {
+    const err = await startServerProcess([
+      "--model-repository",
+      reflectRepo,
+      "--http-header-forward-pattern",
+      "PREFIX_(",
+    ]).catch((e: Error) => e);
+    expect(String(err)).toContain("argument 'PREFIX_(' is invalid. a regular expression (Invalid regular expression");
   });
 });

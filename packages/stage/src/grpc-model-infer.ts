@@ -72,6 +72,8 @@ export interface GrpcCallTimes {
   trace?: RequestTrace;
   /** The call's headers (gRPC metadata), by lower-case name. */
   header(name: string): string | undefined;
+  /** Every header of the call, name (lower case) and value. */
+  headers(): Iterable<[string, string | string[] | undefined]>;
 }
 
 /** Runs one decoded ModelInfer; `signal` aborts on deadline or client cancel. */
@@ -151,6 +153,7 @@ export function grpcModelInferHandler(
         const v = req.headers[name];
         return Array.isArray(v) ? v[0] : v;
       },
+      headers: () => Object.entries(req.headers),
     };
     const controller = new AbortController();
     let answered = false;

@@ -43,6 +43,7 @@ export {
   unavailable,
 } from "./errors.js";
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
+export { forwardedHeaders, headerForwardPattern, withForwardedHeaders } from "./header-forwarding.js";
 export {
   answerLogSettings,
   type LogSettings,

@@ -36,6 +36,7 @@ import { tensorFromContents, tensorToRaw } from "./codec.js";
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
 import { type GrpcCallTimes, grpcModelInferHandler, withReadableGrpcMessage } from "./grpc-model-infer.js";
+import { forwardedHeaders, withForwardedHeaders } from "./header-forwarding.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
@@ -48,7 +49,7 @@ import {
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";
-import type { InferOptions, Stage } from "./stage.js";
+import type { InferOptions, Parameters, Stage } from "./stage.js";
 import { answerTraceSettings, type TraceControl } from "./trace.js";
 import { refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import {
@@ -69,6 +70,8 @@ export interface ServeOptions {
   tracing?: TraceControl;
   /** System shared memory regions clients may register and name in requests; without it, none can be. */
   sharedMemory?: SystemSharedMemory;
+  /** Headers of ModelInfer calls whose names match become request parameters (see header-forwarding.ts). */
+  forwardHeaders?: RegExp;
 }
 
 const DEFAULT_EXTENSIONS = [
@@ -111,6 +114,8 @@ export interface ModelInferContext {
   call?: GrpcCallTimes;
   /** The call's headers (a W3C traceparent continues the caller's trace). */
   header?: (name: string) => string | undefined;
+  /** Parameters from the call's forwarded headers; the request's own parameters win over them. */
+  forwarded?: Parameters;
 }
 
 /**
@@ -121,11 +126,12 @@ export async function handleModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
-  { tracing, call, header, sharedMemory }: ModelInferContext = {},
+  { tracing, call, header, sharedMemory, forwarded }: ModelInferContext = {},
 ): Promise<ModelInferResponse> {
   const stage = registry.resolve(msg.modelName, msg.modelVersion);
   const shm = withSharedMemoryInputs(msg, sharedMemory);
   const request = inferRequestFromWire(shm.msg, stage.name);
+  if (forwarded) request.parameters = withForwardedHeaders(request.parameters, forwarded);
   const options = inferOptions(msg, signal);
   const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined, header ?? call?.header);
   if (trace) {
@@ -266,6 +272,7 @@ export function inferenceService(
         tracing: options.tracing,
         sharedMemory: options.sharedMemory,
         header: (name) => ctx.requestHeader.get(name) ?? undefined,
+        forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
       }),
     // As Triton does: every request on the stream runs as soon as it arrives (so they can
     // batch together), and each is answered as it completes, in completion order; a failed
@@ -289,6 +296,7 @@ export function inferenceService(
               tracing: options.tracing,
               sharedMemory: options.sharedMemory,
               header: (name) => ctx.requestHeader.get(name) ?? undefined,
+              forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
             }).then(
               (inferResponse) => answer(create(ModelStreamInferResponseSchema, { inferResponse })),
               (err) =>
@@ -555,7 +563,12 @@ export function createGrpcServer(
   });
   const modelInfer = grpcModelInferHandler(
     (msg, signal, call) =>
-      handleModelInfer(registry, msg, signal, { tracing: options.tracing, sharedMemory: options.sharedMemory, call }),
+      handleModelInfer(registry, msg, signal, {
+        tracing: options.tracing,
+        sharedMemory: options.sharedMemory,
+        call,
+        forwarded: forwardedHeaders(options.forwardHeaders, call.headers()),
+      }),
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
   );
