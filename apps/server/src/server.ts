@@ -36,6 +36,8 @@ export const EXTENSIONS = [
   "schedule_policy",
   "statistics",
   "binary_tensor_data",
+  // Request parameters reach the model (and forwarded headers join them).
+  "parameters",
   "logging",
   "trace",
 ];

@@ -82,6 +82,8 @@ const DEFAULT_EXTENSIONS = [
   "model_configuration",
   "statistics",
   "binary_tensor_data",
+  // Request parameters reach the model (and forwarded headers join them).
+  "parameters",
 ];
 
 function asRegistry(x: Stage | ModelRegistry): ModelRegistry {
