@@ -312,7 +312,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--trace-config <setting>",
-    "request tracing, as tritonserver's: level=TIMESTAMPS (or OFF), rate=<n> (every n-th request; default 1000), count=<n> (-1: no limit), mode=triton|opentelemetry; triton,file=<path> (needed to trace in mode triton), triton,log-frequency=<n> (write every n traces to <path>.<i>; 0: all to <path> at exit); opentelemetry,url=<OTLP/HTTP traces URL> (default http://localhost:4318/v1/traces), opentelemetry,resource=<key>=<value>, opentelemetry,bsp_max_queue_size|bsp_schedule_delay|bsp_max_export_batch_size=<n>; repeatable; mode triton's settings are changeable at run time through /v2/trace/setting",
+    "request tracing, as tritonserver's: level=TIMESTAMPS and/or level=TENSORS (or OFF), rate=<n> (every n-th request; default 1000), count=<n> (-1: no limit), mode=triton|opentelemetry; triton,file=<path> (needed to trace in mode triton), triton,log-frequency=<n> (write every n traces to <path>.<i>; 0: all to <path> at exit); opentelemetry,url=<OTLP/HTTP traces URL> (default http://localhost:4318/v1/traces), opentelemetry,resource=<key>=<value>, opentelemetry,bsp_max_queue_size|bsp_schedule_delay|bsp_max_export_batch_size=<n>; repeatable; mode triton's settings are changeable at run time through /v2/trace/setting",
     collect,
     [],
   )
@@ -564,7 +564,12 @@ async function traceValues(flags: Flags): Promise<{ tracing: TraceValues; otel?:
       throw new UsageError(`--trace-config ${(err as Error).message}`);
     }
   }
-  if (values.mode === "opentelemetry") return { tracing: values, otel: otelSettings(otelGiven) };
+  if (values.mode === "opentelemetry") {
+    if (values.level.includes("TENSORS")) {
+      throw new UsageError("--trace-config level=TENSORS writes tensors to trace files: it needs mode triton");
+    }
+    return { tracing: values, otel: otelSettings(otelGiven) };
+  }
   if (otelGiven.length > 0) {
     throw new UsageError("--trace-config opentelemetry,<setting>=... needs --trace-config mode=opentelemetry");
   }

@@ -103,8 +103,11 @@ export class ManagedStage implements Stage {
     const trace = options?.trace;
     if (!trace) return this.answer(request, options);
     trace.stamp("REQUEST_START", nowNs());
+    for (const input of request.inputs) trace.tensor("TENSOR_QUEUE_INPUT", input);
     try {
-      return await this.answer(request, options);
+      const response = await this.answer(request, options);
+      for (const output of response.outputs) trace.tensor("TENSOR_BACKEND_OUTPUT", output);
+      return response;
     } finally {
       trace.stamp("REQUEST_END", nowNs());
     }

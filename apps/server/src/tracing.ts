@@ -1,18 +1,22 @@
 /**
- * Triton's request tracing (level TIMESTAMPS): the settings from --trace-config
- * and the trace extension (global, and per model), the sampling (every
- * trace_rate-th request, trace_count in all), and where traces go: in trace mode
- * "triton", the JSON trace file Triton's tools read (per trace a header object
- * then its timestamps, an ensemble's steps as traces of their own whose
- * parent_id is the ensemble's); in mode "opentelemetry", spans over OTLP (otel.ts).
+ * Triton's request tracing (levels TIMESTAMPS and TENSORS): the settings from
+ * --trace-config and the trace extension (global, and per model), the sampling
+ * (every trace_rate-th request, trace_count in all), and where traces go: in
+ * trace mode "triton", the JSON trace file Triton's tools read (per trace a
+ * header object, then its timestamps and its tensors, an ensemble's steps as
+ * traces of their own whose parent_id is the ensemble's); in mode
+ * "opentelemetry", spans over OTLP (otel.ts).
  */
 import { writeFile } from "node:fs/promises";
 import {
   Code,
+  float16ArrayToFloat32,
   nowNs,
   type RequestTrace,
   StageError,
   type StageLogger,
+  type Tensor,
+  type TensorActivity,
   type TraceActivity,
   type TraceControl,
   type TraceSettings,
@@ -20,11 +24,13 @@ import {
 import type { FinishedTrace, OtelExport } from "./otel.js";
 
 export type TraceMode = "triton" | "opentelemetry";
+export type TraceLevel = "TIMESTAMPS" | "TENSORS";
+const LEVELS: readonly TraceLevel[] = ["TIMESTAMPS", "TENSORS"];
 
 export interface TraceValues {
   mode: TraceMode;
-  /** TIMESTAMPS when tracing; empty is OFF. */
-  level: "TIMESTAMPS"[];
+  /** TIMESTAMPS, TENSORS or both when tracing; empty is OFF. */
+  level: TraceLevel[];
   /** Every rate-th request is traced; 0: none (but, in opentelemetry mode, those carrying a traceparent). */
   rate: number;
   /** Traces still to collect; -1 never stops. */
@@ -90,17 +96,11 @@ export function parseTraceSetting(setting: string, values: string[]): Partial<Tr
   switch (setting) {
     case "trace_level": {
       for (const v of values) {
-        if (v === "TENSORS") {
-          throw new StageError(
-            Code.Unimplemented,
-            "",
-            "trace_level TENSORS is not supported by this server (TIMESTAMPS is)",
-          );
-        }
-        if (v !== "OFF" && v !== "TIMESTAMPS") throw invalid(`trace_level: expected OFF or TIMESTAMPS, got "${v}"`);
+        if (v !== "OFF" && !(LEVELS as readonly string[]).includes(v))
+          throw invalid(`trace_level: expected OFF, TIMESTAMPS or TENSORS, got "${v}"`);
       }
       if (values.includes("OFF") && values.length > 1) throw invalid("trace_level: OFF goes alone");
-      return { level: values.includes("TIMESTAMPS") ? ["TIMESTAMPS"] : [] };
+      return { level: LEVELS.filter((l) => values.includes(l)) };
     }
     case "trace_rate":
       return { rate: wholeNumber(setting, values, 0) };
@@ -137,8 +137,54 @@ interface Timestamp {
   ns: number;
 }
 
+/**
+ * A tensor as Triton's TENSORS trace writes it: the elements as one comma-separated
+ * string (BYTES elements as UTF-8 text, FP16 and BF16 as the numbers they hold, BOOL
+ * as 1 and 0), the shape as "1,16", and the datatype.
+ */
+export function tracedTensor(tensor: Tensor): { name: string; data: string; shape: string; dtype: string } {
+  let values: Iterable<unknown>;
+  switch (tensor.datatype) {
+    case "BYTES":
+      values = (tensor.data as Uint8Array[]).map((element) => textDecoder.decode(element));
+      break;
+    case "FP16":
+      values = float16ArrayToFloat32(tensor.data as Uint16Array);
+      break;
+    case "BF16":
+      values = Array.from(tensor.data as Uint16Array, (bits) => bf16View(bits));
+      break;
+    case "BOOL":
+      values = Array.from(tensor.data as ArrayLike<number | boolean>, (v) => (v ? 1 : 0));
+      break;
+    default:
+      values = tensor.data as Iterable<unknown>;
+  }
+  return {
+    name: tensor.name,
+    data: Array.from(values, String).join(","),
+    shape: tensor.shape.join(","),
+    dtype: tensor.datatype,
+  };
+}
+
+const textDecoder = new TextDecoder();
+const bf16Scratch = new DataView(new ArrayBuffer(4));
+/** A BF16 pattern's value: the top half of an FP32. */
+function bf16View(bits: number): number {
+  bf16Scratch.setUint32(0, bits << 16);
+  return bf16Scratch.getFloat32(0);
+}
+
+/** What a trace records: its level. */
+interface Recording {
+  timestamps: boolean;
+  tensors: boolean;
+}
+
 class Trace implements RequestTrace {
   private readonly timestamps: Timestamp[] = [];
+  private readonly tensors: { activity: TensorActivity; tensor: object }[] = [];
   private readonly children: Trace[] = [];
   private ended = false;
 
@@ -149,16 +195,22 @@ class Trace implements RequestTrace {
     private readonly version: string,
     private readonly requestId: string | undefined,
     private readonly parentId: number | undefined,
+    private readonly recording: Recording,
     /** Collects the trace; a child has none (it is collected with its parent). */
     private readonly onEnd?: (trace: Trace) => void,
   ) {}
 
   stamp(activity: TraceActivity, ns: number = nowNs()): void {
-    this.timestamps.push({ name: activity, ns });
+    if (this.recording.timestamps) this.timestamps.push({ name: activity, ns });
+  }
+
+  tensor(activity: TensorActivity, tensor: Tensor): void {
+    // Written out now: the stage may reuse the tensor's memory once the request is answered.
+    if (this.recording.tensors) this.tensors.push({ activity, tensor: tracedTensor(tensor) });
   }
 
   child(model: string, version: string): RequestTrace {
-    const child = new Trace(this.newId, this.newId(), model, version, undefined, this.id);
+    const child = new Trace(this.newId, this.newId(), model, version, undefined, this.id, this.recording);
     this.children.push(child);
     return child;
   }
@@ -194,7 +246,12 @@ class Trace implements RequestTrace {
     };
     // Stamped as each layer learns its times (a batcher's after the run): listed in time order.
     const timestamps = [...this.timestamps].sort((a, b) => a.ns - b.ns);
-    return [header, { id: this.id, timestamps }, ...this.children.flatMap((c) => c.entries())];
+    return [
+      header,
+      ...(this.recording.timestamps ? [{ id: this.id, timestamps }] : []),
+      ...this.tensors.map(({ activity, tensor }) => ({ id: this.id, activity, tensor })),
+      ...this.children.flatMap((c) => c.entries()),
+    ];
   }
 }
 
@@ -270,6 +327,9 @@ export class Tracer implements TraceControl {
   ) {
     if (startup.mode === "triton" && startup.level.length > 0 && !startup.file) throw invalid(noFile);
     if (startup.mode === "opentelemetry" && !otel) throw new Error("trace mode opentelemetry needs an OtelExport");
+    if (startup.mode === "opentelemetry" && startup.level.includes("TENSORS")) {
+      throw invalid("trace_level TENSORS writes tensors to trace files: it needs trace mode triton");
+    }
     this.global = { ...startup, level: [...startup.level] };
     this.globalSampler = { seen: 0, remaining: startup.count };
   }
@@ -361,8 +421,9 @@ export class Tracer implements TraceControl {
   ): RequestTrace | undefined {
     const values = this.effective(model);
     if (values.level.length === 0) return undefined;
+    const recording = { timestamps: values.level.includes("TIMESTAMPS"), tensors: values.level.includes("TENSORS") };
     const trace = (onEnd: (t: Trace) => void) =>
-      new Trace(this.newId, this.newId(), model, version, requestId, undefined, onEnd);
+      new Trace(this.newId, this.newId(), model, version, requestId, undefined, recording, onEnd);
     const otel = this.otel;
     if (values.mode === "opentelemetry" && otel) {
       // As Triton: a request that carries the caller's context is traced whatever the rate and count.

@@ -23,6 +23,7 @@ import {
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { summarizeTraces } from "../src/trace-summary.js";
+import { tracedTensor } from "../src/tracing.js";
 import { CHAIN_CONFIG, echoConfig, jsonOf, makeRepository, postBinary, postJson } from "./helpers.js";
 
 interface Header {
@@ -286,7 +287,8 @@ describe("trace settings, global and per model, over HTTP and gRPC", () => {
       [{ trace_file: join(dir, "elsewhere.json") }, 400, /^trace_file can only be set when the server starts/],
       [{ trace_rate: "-1" }, 400, /^trace_rate: expected a whole number ≥ 0, got "-1"$/],
       [{ trace_rate: "10", trace_count: "-2" }, 400, /^trace_count: expected a whole number ≥ -1, got "-2"$/],
-      [{ trace_level: ["TENSORS"] }, 501, /^trace_level TENSORS is not supported/],
+      [{ trace_level: ["TENSORS", "OFF"] }, 400, /^trace_level: OFF goes alone$/],
+      [{ trace_level: ["SPANS"] }, 400, /^trace_level: expected OFF, TIMESTAMPS or TENSORS, got "SPANS"$/],
       [{ trace_mode: "opentelemetry" }, 400, /^trace_mode can only be set when the server starts/],
       [{ trace_colour: "red" }, 400, /^unknown trace setting "trace_colour"/],
     ];
@@ -308,6 +310,91 @@ describe("trace settings, global and per model, over HTTP and gRPC", () => {
   });
 });
 
+describe("trace level TENSORS", () => {
+  it("writes each model's input and output tensors, an ensemble's steps under it, with or without timestamps", async () => {
+    const repo = await makeRepository({
+      echo: { config: echoConfig("echo") },
+      echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
+      chain: { config: CHAIN_CONFIG },
+    });
+    const dir = await mkdtemp(join(tmpdir(), "trellis-trace-"));
+    const file = join(dir, "trace.json");
+    try {
+      const server = await startServerProcess([
+        "--model-repository",
+        repo,
+        ...["--trace-config", `triton,file=${file}`, "--trace-config", "level=TENSORS", "--trace-config", "rate=1"],
+      ]);
+      const infer = (data: number[]) =>
+        postJson(`${server.http}/v2/models/chain/infer`, {
+          inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data }],
+        });
+      expect((await infer([1, 2, 3, 4])).status).toBe(200);
+      const both = await postJson(`${server.http}/v2/trace/setting`, { trace_level: ["TIMESTAMPS", "TENSORS"] });
+      expect(both.json.trace_level).toEqual(["TIMESTAMPS", "TENSORS"]);
+      expect((await infer([0.5, -1, 2.25, 3])).status).toBe(200);
+      expect(await server.stop()).toBe(0);
+
+      const entries = JSON.parse(await readFile(file, "utf8")) as Record<string, unknown>[];
+      const headers = entries.filter((e) => "model_name" in e) as unknown as Header[];
+      expect(headers.map((h) => h.model_name)).toEqual(["chain", "echo", "echo10", "chain", "echo", "echo10"]);
+      const tensorsOf = (h: Header | undefined) =>
+        entries
+          .filter((e) => e.id === h?.id && "activity" in e)
+          .map((e) => [e.activity, ...Object.values(e.tensor as Record<string, string>)]);
+      const [chain, echo, echo10, chain2, , echo10b] = headers;
+      expect(tensorsOf(chain)).toEqual([
+        ["TENSOR_QUEUE_INPUT", "IN", "1,2,3,4", "1,4", "FP32"],
+        ["TENSOR_BACKEND_OUTPUT", "OUT", "10,20,30,40", "1,4", "FP32"],
+      ]);
+      expect(echo?.parent_id).toBe(chain?.id);
+      expect(tensorsOf(echo)).toEqual([
+        ["TENSOR_QUEUE_INPUT", "INPUT", "1,2,3,4", "1,4", "FP32"],
+        ["TENSOR_BACKEND_OUTPUT", "OUTPUT", "1,2,3,4", "1,4", "FP32"],
+      ]);
+      expect(tensorsOf(echo10)).toEqual([
+        ["TENSOR_QUEUE_INPUT", "INPUT", "1,2,3,4", "1,4", "FP32"],
+        ["TENSOR_BACKEND_OUTPUT", "OUTPUT", "10,20,30,40", "1,4", "FP32"],
+      ]);
+      expect(tensorsOf(echo10b)).toEqual([
+        ["TENSOR_QUEUE_INPUT", "INPUT", "0.5,-1,2.25,3", "1,4", "FP32"],
+        ["TENSOR_BACKEND_OUTPUT", "OUTPUT", "5,-10,22.5,30", "1,4", "FP32"],
+      ]);
+      // Timestamps only once TIMESTAMPS joined the level.
+      const stamped = new Set(entries.filter((e) => "timestamps" in e).map((e) => e.id));
+      expect(stamped.has(chain?.id)).toBe(false);
+      expect(stamped.has(chain2?.id)).toBe(true);
+      expect(stamped.has(echo10b?.id)).toBe(true);
+      // Triton's summary tool input stays readable: the tensors are skipped.
+      expect(summarizeTraces(entries)).toContain("chain");
+    } finally {
+      await removeDir(repo);
+      await removeDir(dir);
+    }
+  });
+
+  it("writes each datatype's elements as Triton does: numbers, FP16 as its value, BOOL as 1/0, BYTES as text", () => {
+    expect(tracedTensor({ name: "h", datatype: "FP16", shape: [2], data: new Uint16Array([0x3c00, 0xc000]) })).toEqual({
+      name: "h",
+      data: "1,-2",
+      shape: "2",
+      dtype: "FP16",
+    });
+    expect(tracedTensor({ name: "b", datatype: "BF16", shape: [1], data: new Uint16Array([0x3fc0]) }).data).toBe("1.5");
+    expect(tracedTensor({ name: "q", datatype: "BOOL", shape: [1, 2], data: new Uint8Array([1, 0]) }).data).toBe("1,0");
+    expect(tracedTensor({ name: "i", datatype: "INT64", shape: [2], data: new BigInt64Array([-3n, 4n]) }).data).toBe(
+      "-3,4",
+    );
+    const text = (t: string) => new TextEncoder().encode(t);
+    expect(tracedTensor({ name: "s", datatype: "BYTES", shape: [2, 1], data: [text("cat"), text("dog")] })).toEqual({
+      name: "s",
+      data: "cat,dog",
+      shape: "2,1",
+      dtype: "BYTES",
+    });
+  });
+});
+
 it("refuses to start with a --trace-config it cannot use, saying why in one line", async () => {
   const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
   try {
@@ -325,6 +412,14 @@ it("refuses to start with a --trace-config it cannot use, saying why in one line
     ]).catch((e: Error) => e);
     expect(String(otel)).toContain(
       "trellis-server: --trace-config opentelemetry,<setting>=... needs --trace-config mode=opentelemetry",
+    );
+    const otelTensors = await startServerProcess([
+      "--model-repository",
+      repo,
+      ...["--trace-config", "mode=opentelemetry", "--trace-config", "level=TENSORS"],
+    ]).catch((e: Error) => e);
+    expect(String(otelTensors)).toContain(
+      "trellis-server: --trace-config level=TENSORS writes tensors to trace files: it needs mode triton",
     );
     const nowhere = await startServerProcess([
       "--model-repository",

@@ -122,6 +122,7 @@ export * from "./tensor.js";
 export {
   answerTraceSettings,
   type RequestTrace,
+  type TensorActivity,
   type TraceActivity,
   type TraceControl,
   type TraceSettings,

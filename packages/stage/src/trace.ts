@@ -1,12 +1,14 @@
 /**
- * Triton's request tracing (the trace extension, trace level TIMESTAMPS):
- * what a traced request carries through the stages, and what a server
+ * Triton's request tracing (the trace extension, trace levels TIMESTAMPS and
+ * TENSORS): what a traced request carries through the stages, and what a server
  * supplies to sample requests and keep the settings. A stage records its
- * part through `traceExecution`, from the times its statistics already take.
+ * part through `traceExecution`, from the times its statistics already take;
+ * the server records each model's input and output tensors.
  */
 import { Code, StageError } from "./errors.js";
 import type { ModelRegistry } from "./registry.js";
 import type { ExecutionTimes } from "./statistics.js";
+import type { Tensor } from "./tensor.js";
 
 /** Triton's timestamp names, in the order a request meets them. */
 export type TraceActivity =
@@ -26,10 +28,15 @@ export type TraceActivity =
   | "GRPC_SEND_START"
   | "GRPC_SEND_END";
 
+/** Triton's names for a traced tensor: a model's input as it is queued, and its output as the model gave it. */
+export type TensorActivity = "TENSOR_QUEUE_INPUT" | "TENSOR_BACKEND_OUTPUT";
+
 /** One sampled request's trace. Timestamps are on nowNs's clock (monotonic ns, as Triton's steady clock). */
 export interface RequestTrace {
-  /** Records `activity` at `ns` (default: now). */
+  /** Records `activity` at `ns` (default: now); nothing when the trace level leaves timestamps out. */
   stamp(activity: TraceActivity, ns?: number): void;
+  /** Records a tensor (trace level TENSORS); nothing when the trace level leaves tensors out. */
+  tensor(activity: TensorActivity, tensor: Tensor): void;
   /** The trace of a request this one makes to another model (an ensemble step), linked by parent_id. */
   child(model: string, version: string): RequestTrace;
   /** The request is answered: the trace (with its children) is collected. A child's end does nothing. */
