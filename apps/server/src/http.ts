@@ -575,7 +575,7 @@ export function restHandler(ctx: RestContext) {
       outputs,
       parameters: withForwardedHeaders(
         Object.keys(stageParams).length > 0 ? stageParams : undefined,
-        forwardedHeaders(ctx.forwardHeaders, Object.entries(req.headers)),
+        ctx.forwardHeaders && forwardedHeaders(ctx.forwardHeaders, Object.entries(req.headers)),
       ),
     };
     // The model may have been unloaded or reloaded while the body arrived: use what is loaded now.

@@ -569,7 +569,7 @@ export function createGrpcServer(
         tracing: options.tracing,
         sharedMemory: options.sharedMemory,
         call,
-        forwarded: forwardedHeaders(options.forwardHeaders, call.headers()),
+        forwarded: options.forwardHeaders && forwardedHeaders(options.forwardHeaders, call.headers()),
       }),
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
