@@ -27,6 +27,11 @@ const EVENT_LOOP = "requests are served by Node's event loop, with no such threa
 const PINGS = "Node's HTTP/2 does not police clients' pings";
 const isTrue = (value: string) => ["true", "1", "on", "yes"].includes(value.toLowerCase());
 
+/** A boolean flag whose false is what this server does anyway, and whose true it cannot do. */
+function refusedWhenTrue(name: string, why: string): CompatFlag {
+  return { name, arg: "[bool]", why: (v) => (isTrue(v) ? { refuse: `--${name}: ${why}` } : undefined) };
+}
+
 const COMPAT_FLAGS: CompatFlag[] = [
   { name: "pinned-memory-pool-byte-size", arg: "<bytes>", why: NO_CUDA },
   { name: "cuda-memory-pool-byte-size", arg: "<gpu>:<bytes>", why: NO_CUDA },
@@ -72,34 +77,11 @@ const COMPAT_FLAGS: CompatFlag[] = [
       return { refuse: `--grpc-infer-response-compression-level ${level}: expected none, low, medium or high` };
     },
   },
-  {
-    name: "reuse-http-port",
-    arg: "[bool]",
-    why: (v) => (isTrue(v) ? { refuse: "--reuse-http-port: sharing a port needs Node 22's reusePort" } : undefined),
-  },
-  {
-    name: "reuse-grpc-port",
-    arg: "[bool]",
-    why: (v) => (isTrue(v) ? { refuse: "--reuse-grpc-port: sharing a port needs Node 22's reusePort" } : undefined),
-  },
-  {
-    name: "model-namespacing",
-    arg: "[bool]",
-    why: (v) =>
-      isTrue(v)
-        ? { refuse: "--model-namespacing: models are named without namespaces here; names must be unique" }
-        : undefined,
-  },
-  {
-    name: "allow-sagemaker",
-    arg: "[bool]",
-    why: (v) => (isTrue(v) ? { refuse: "--allow-sagemaker: this server has no SageMaker endpoint" } : undefined),
-  },
-  {
-    name: "allow-vertex-ai",
-    arg: "[bool]",
-    why: (v) => (isTrue(v) ? { refuse: "--allow-vertex-ai: this server has no Vertex AI endpoint" } : undefined),
-  },
+  refusedWhenTrue("reuse-http-port", "sharing a port needs Node 22's reusePort"),
+  refusedWhenTrue("reuse-grpc-port", "sharing a port needs Node 22's reusePort"),
+  refusedWhenTrue("model-namespacing", "models are named without namespaces here; names must be unique"),
+  refusedWhenTrue("allow-sagemaker", "this server has no SageMaker endpoint"),
+  refusedWhenTrue("allow-vertex-ai", "this server has no Vertex AI endpoint"),
 ];
 
 /** Commander's key for a flag: "--cuda-memory-pool-byte-size" -> "cudaMemoryPoolByteSize". */
