@@ -711,11 +711,20 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
   if (flags.grpcMaxConnectionAgeGrace !== undefined && flags.grpcMaxConnectionAge === undefined) {
     throw new UsageError("--grpc-max-connection-age-grace needs --grpc-max-connection-age");
   }
+  if (flags.loadModel.includes("*") && flags.loadModel.length > 1) {
+    throw new UsageError("--load-model=* loads every model: it must be the only --load-model (as in tritonserver)");
+  }
+  const warnings = compatWarnings(flags as unknown as Record<string, unknown>, (message) => new UsageError(message));
+  if (flags.loadModel.length > 0 && flags.modelControlMode !== "explicit") {
+    warnings.push(
+      `--load-model has no effect with --model-control-mode=${flags.modelControlMode}: every model is loaded at start (it picks models in explicit mode)`,
+    );
+  }
   return {
     flags,
     repositories,
     strictModelConfig: flags.strictModelConfig || flags.disableAutoCompleteConfig === true,
-    warnings: compatWarnings(flags as unknown as Record<string, unknown>, (message) => new UsageError(message)),
+    warnings,
     endpointsTls: await endpointsTls(flags),
     responseCache: responseCache(flags),
     grpcTls: await grpcTls(flags),

@@ -179,8 +179,18 @@ describe("a pasted tritonserver command line", () => {
 });
 
 it("leaves the CPU metrics out with --allow-cpu-metrics false", async () => {
-  const server = await startServerProcess(["--model-repository", repo, "--allow-cpu-metrics=false"]);
+  const server = await startServerProcess([
+    "--model-repository",
+    repo,
+    "--allow-cpu-metrics=false",
+    "--load-model",
+    "echo",
+  ]);
   try {
+    // --load-model picks models in explicit mode only: here every model loads, and a warning says so.
+    expect(warnings(server)).toContain(
+      "--load-model has no effect with --model-control-mode=none: every model is loaded at start (it picks models in explicit mode)",
+    );
     const text = await scrape(server);
     expect(text).toContain("nv_inference_request_success");
     expect(text).not.toContain("nv_cpu_");
@@ -199,6 +209,10 @@ it("stops at start, saying why, for values asking for what it lacks or flags tha
     [["--response-cache-byte-size", "lots"], "--response-cache-byte-size lots: expected a whole number of bytes"],
     [["--log-verbose", "loud"], "a level 0 or more, or true/false"],
     [["--model-load-thread-count", "0"], "a whole number, 1 or more"],
+    [
+      ["--model-control-mode", "explicit", "--load-model=*", "--load-model", "echo"],
+      "--load-model=* loads every model: it must be the only --load-model",
+    ],
   ] as const) {
     const err = await startServerProcess(["--model-repository", repo, ...args]).catch((e: Error) => e);
     expect(String(err), args.join(" ")).toContain(message);
