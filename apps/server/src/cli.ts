@@ -15,6 +15,7 @@ import {
   headerForwardPattern,
   parseRestriction,
   ResponseCache,
+  type ResponseCompressionLevel,
 } from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
@@ -243,6 +244,14 @@ export const program = new Command("trellis-server")
   .option("--grpc-server-cert <path>", "PEM certificate (chain) the gRPC port presents")
   .option("--grpc-server-key <path>", "PEM private key of --grpc-server-cert")
   .option("--grpc-root-cert <path>", "PEM CA certificate(s) client certificates must chain to (mutual TLS)")
+  .addOption(
+    new Option(
+      "--grpc-infer-response-compression-level <level>",
+      "compress gRPC inference responses (ModelInfer, ModelStreamInfer) with the algorithm gRPC core picks for the level among those the client accepts: low gzip, medium and high deflate when both are",
+    )
+      .choices(["none", "low", "medium", "high"])
+      .default("none"),
+  )
   .option(
     "--grpc-keepalive-time <ms>",
     "how long a gRPC connection may go without a frame from its client before the server pings it",
@@ -335,6 +344,7 @@ export interface Flags {
   allowCpuMetrics: boolean;
   allowGpuMetrics: boolean;
   metricsIntervalMs: number;
+  grpcInferResponseCompressionLevel: ResponseCompressionLevel;
   grpcKeepaliveTime: number;
   grpcKeepaliveTimeout: number;
   grpcKeepalivePermitWithoutCalls: boolean;

@@ -71,6 +71,7 @@ async function main(): Promise<void> {
     tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel, logger)),
     metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
     forwardHeaders: { http: flags.httpHeaderForwardPattern, grpc: flags.grpcHeaderForwardPattern },
+    grpcResponseCompression: flags.grpcInferResponseCompressionLevel,
     grpcConnections: {
       keepaliveTimeMs: flags.grpcKeepaliveTime,
       keepaliveTimeoutMs: flags.grpcKeepaliveTimeout,

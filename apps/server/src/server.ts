@@ -13,6 +13,7 @@ import {
   createGrpcServer,
   type GrpcServerTlsOptions,
   type LogSettingsControl,
+  type ResponseCompressionLevel,
   restrictionInterceptor,
   SERVER_COMPRESSION,
   type SystemSharedMemory,
@@ -80,6 +81,8 @@ export interface ServerOptions {
   serverName?: string;
   /** Headers forwarded as request parameters (tritonserver's --http-header-forward-pattern / --grpc-header-forward-pattern). */
   forwardHeaders?: { http?: RegExp; grpc?: RegExp };
+  /** Compression of gRPC inference responses (tritonserver's --grpc-infer-response-compression-level); default none. */
+  grpcResponseCompression?: ResponseCompressionLevel;
   /** Keepalive pings and maximum connection age on the gRPC port (tritonserver's --grpc-keepalive-* and --grpc-max-connection-age*). */
   grpcConnections?: GrpcConnectionOptions;
 }
@@ -143,6 +146,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     maxInputBytes: options.grpcMaxInputBytes,
     tls: options.grpcTls,
     restrictions: options.grpcRestrictions,
+    responseCompression: options.grpcResponseCompression,
   });
   grpc.on("session", (s) => {
     // A session opened while stopping gets GOAWAY straight away.

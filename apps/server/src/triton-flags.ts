@@ -67,16 +67,6 @@ const COMPAT_FLAGS: CompatFlag[] = [
   { name: "grpc-http2-max-pings-without-data", arg: "<n>", why: PINGS },
   { name: "grpc-http2-min-recv-ping-interval-without-data", arg: "<ms>", why: PINGS },
   { name: "grpc-http2-max-ping-strikes", arg: "<n>", why: PINGS },
-  {
-    name: "grpc-infer-response-compression-level",
-    arg: "<level>",
-    why: (level) => {
-      if (level === "none") return undefined;
-      if (["low", "medium", "high"].includes(level))
-        return "inference responses are sent uncompressed (compressing raw tensors cost more time than it saved)";
-      return { refuse: `--grpc-infer-response-compression-level ${level}: expected none, low, medium or high` };
-    },
-  },
   refusedWhenTrue("reuse-http-port", "sharing a port needs Node 22's reusePort"),
   refusedWhenTrue("reuse-grpc-port", "sharing a port needs Node 22's reusePort"),
   refusedWhenTrue("model-namespacing", "models are named without namespaces here; names must be unique"),

@@ -3,18 +3,21 @@
  * the flags that mean something here do it (--id, --model-store,
  * --disable-auto-complete-config, --response-cache-byte-size, CPU metrics,
  * log switches and format, load threads and retries, gRPC keepalive and
- * connection age, header forwarding), the ones that mean nothing are named in warnings, and values
+ * connection age, header forwarding, inference response compression), the ones that mean nothing are named in warnings, and values
  * asking for what the server lacks stop it at start.
  */
 import { type ChildProcess, spawn } from "node:child_process";
+import { once } from "node:events";
 import { copyFile, mkdir, readFile, writeFile } from "node:fs/promises";
 import http2 from "node:http2";
 import net from "node:net";
 import { join } from "node:path";
-import { create, toBinary } from "@bufbuild/protobuf";
+import { gunzipSync, gzipSync, inflateSync } from "node:zlib";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { compressionGzip, createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
+import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from "@trellis/protocol";
+import { compressionDeflate } from "@trellis/stage";
 import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { addModel, echoConfig, makeRepository, postJson, scrape } from "./helpers.js";
@@ -524,5 +527,112 @@ describe("header forwarding", () => {
       "PREFIX_(",
     ]).catch((e: Error) => e);
     expect(String(err)).toContain("argument 'PREFIX_(' is invalid. a regular expression (Invalid regular expression");
+  });
+});
+
+describe("--grpc-infer-response-compression-level", () => {
+  let server: ServerProcess;
+  beforeAll(async () => {
+    server = await startServerProcess([
+      "--model-repository",
+      repo,
+      ...["--grpc-infer-response-compression-level", "high"],
+    ]);
+  });
+  afterAll(async () => {
+    expect(await server.stop()).toBe(0);
+  });
+
+  /** One ModelInfer of the echo model over raw HTTP/2 (the direct path): the answer's encoding and its output. */
+  const inferAccepting = async (accept?: string, compressRequest = false) => {
+    const session = http2.connect(server.grpc);
+    try {
+      const message = toBinary(
+        ModelInferRequestSchema,
+        create(ModelInferRequestSchema, {
+          modelName: "echo",
+          inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+          rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
+        }),
+      );
+      // A compressed request takes Connect's handler rather than the direct path.
+      const sent = compressRequest ? gzipSync(message) : message;
+      const frame = Buffer.alloc(5 + sent.byteLength);
+      frame[0] = compressRequest ? 1 : 0;
+      frame.writeUInt32BE(sent.byteLength, 1);
+      frame.set(sent, 5);
+      const stream = session.request({
+        ":method": "POST",
+        ":path": "/inference.GRPCInferenceService/ModelInfer",
+        "content-type": "application/grpc",
+        te: "trailers",
+        ...(accept ? { "grpc-accept-encoding": accept } : {}),
+        ...(compressRequest ? { "grpc-encoding": "gzip" } : {}),
+      });
+      stream.end(frame);
+      const chunks: Buffer[] = [];
+      stream.on("data", (c: Buffer) => chunks.push(c));
+      const [headers] = (await once(stream, "response")) as [http2.IncomingHttpHeaders];
+      await once(stream, "end");
+      const body = Buffer.concat(chunks);
+      const encoding = headers["grpc-encoding"] as string | undefined;
+      const payload = body.subarray(5);
+      expect(body[0]).toBe(encoding ? 1 : 0);
+      const raw = encoding === "gzip" ? gunzipSync(payload) : encoding === "deflate" ? inflateSync(payload) : payload;
+      const response = fromBinary(ModelInferResponseSchema, raw);
+      return { encoding, output: [...new Float32Array(Uint8Array.from(response.rawOutputContents[0] ?? []).buffer)] };
+    } finally {
+      session.close();
+    }
+  };
+
+  it("compresses ModelInfer answers with the algorithm gRPC core picks among those the client accepts", async () => {
+    expect(await inferAccepting("identity,deflate,gzip")).toEqual({ encoding: "deflate", output: [1, 2, 3, 4] });
+    expect(await inferAccepting("gzip")).toEqual({ encoding: "gzip", output: [1, 2, 3, 4] });
+    expect(await inferAccepting()).toEqual({ encoding: undefined, output: [1, 2, 3, 4] });
+  });
+
+  it("compresses inference answers through Connect's handler too, and no other method's", async () => {
+    expect(await inferAccepting("identity,deflate,gzip", true)).toEqual({ encoding: "deflate", output: [1, 2, 3, 4] });
+    expect(await inferAccepting("gzip", true)).toEqual({ encoding: "gzip", output: [1, 2, 3, 4] });
+    // Connect's own client (which takes deflate through @trellis/stage's codec) reads the answer.
+    const encodings: (string | null)[] = [];
+    const client = createClient(
+      GRPCInferenceService,
+      createGrpcTransport({
+        baseUrl: server.grpc,
+        // A compressed request takes Connect's handler rather than the direct path.
+        sendCompression: compressionGzip,
+        compressMinBytes: 0,
+        acceptCompression: [compressionGzip, compressionDeflate],
+      }),
+    );
+    const onHeader = (h: Headers) => encodings.push(h.get("grpc-encoding"));
+    const res = await client.modelInfer(
+      {
+        modelName: "echo",
+        inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+        rawInputContents: [new Uint8Array(new Float32Array([5, 6, 7, 8]).buffer)],
+      },
+      { onHeader },
+    );
+    expect([...new Float32Array(Uint8Array.from(res.rawOutputContents[0] ?? []).buffer)]).toEqual([5, 6, 7, 8]);
+    expect(encodings).toEqual(["deflate"]);
+
+    // Other methods' answers stay uncompressed (Connect may name an encoding; the message flag is what counts).
+    const session = http2.connect(server.grpc);
+    const stream = session.request({
+      ":method": "POST",
+      ":path": "/inference.GRPCInferenceService/ServerMetadata",
+      "content-type": "application/grpc",
+      te: "trailers",
+      "grpc-accept-encoding": "gzip",
+    });
+    stream.end(Buffer.alloc(5));
+    const chunks: Buffer[] = [];
+    stream.on("data", (c: Buffer) => chunks.push(c));
+    await once(stream, "end");
+    session.close();
+    expect(Buffer.concat(chunks)[0]).toBe(0);
   });
 });

@@ -17,6 +17,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { compressedFlag, encodeEnvelope } from "@connectrpc/connect/protocol";
 import {
   contentTypeProto,
+  headerAcceptEncoding,
   headerEncoding,
   headerTimeout,
   parseContentType,
@@ -30,6 +31,7 @@ import {
   ModelInferResponseSchema,
 } from "@trellis/protocol";
 import { toConnectError } from "./errors.js";
+import { compressMessage, type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
 import { nowNs } from "./statistics.js";
 import { deadlineTimer } from "./timer.js";
 import type { RequestTrace } from "./trace.js";
@@ -143,9 +145,14 @@ export function grpcModelInferHandler(
   infer: ModelInferFn,
   readMaxBytes: number,
   refuse?: (headers: http2.IncomingHttpHeaders) => ConnectError | undefined,
+  compression: ResponseCompressionLevel = "none",
 ): FastPath {
   return (req, res) => {
     if (!servedHere(req)) return false;
+    const algorithm = responseAlgorithm(
+      compression,
+      req.headers[headerAcceptEncoding.toLowerCase()] as string | undefined,
+    );
     const call: GrpcCallTimes = {
       readStartNs: nowNs(),
       readEndNs: 0,
@@ -186,11 +193,21 @@ export function grpcModelInferHandler(
       if (answered) return;
       call.trace?.stamp("GRPC_SEND_START");
       // Serialized before the call counts as answered, so a failure here still reaches the client.
-      const frame = encodeEnvelope(0, toBinary(ModelInferResponseSchema, response));
+      const message = toBinary(ModelInferResponseSchema, response);
+      if (algorithm) {
+        compressMessage(algorithm, message).then((compressed) => {
+          if (answered) return;
+          finish();
+          res.writeHead(200, { "content-type": contentTypeProto, [headerEncoding.toLowerCase()]: algorithm });
+          res.addTrailers({ "grpc-status": "0" });
+          res.end(encodeEnvelope(compressedFlag, compressed), sent);
+        }, fail);
+        return;
+      }
       finish();
       res.writeHead(200, { "content-type": contentTypeProto });
       res.addTrailers({ "grpc-status": "0" });
-      res.end(frame, sent);
+      res.end(encodeEnvelope(0, message), sent);
     };
     res.on("close", () => {
       if (answered) return;

@@ -59,6 +59,13 @@ export {
 } from "./registry.js";
 export { ResponseCache, type ResponseCacheStats, responseCacheKey } from "./response-cache.js";
 export {
+  compressMessage,
+  RESPONSE_COMPRESSION_LEVELS,
+  type ResponseAlgorithm,
+  type ResponseCompressionLevel,
+  responseAlgorithm,
+} from "./response-compression.js";
+export {
   API_CATEGORIES,
   type ApiCategory,
   type ApiRestrictions,

@@ -35,10 +35,16 @@ import {
 import { tensorFromContents, tensorToRaw } from "./codec.js";
 import { compressionDeflate } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
-import { type GrpcCallTimes, grpcModelInferHandler, withReadableGrpcMessage } from "./grpc-model-infer.js";
+import {
+  type GrpcCallTimes,
+  grpcModelInferHandler,
+  MODEL_INFER_PATH,
+  withReadableGrpcMessage,
+} from "./grpc-model-infer.js";
 import { forwardedHeaders, withForwardedHeaders } from "./header-forwarding.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
+import { type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
 import {
   namesSharedMemory,
@@ -496,6 +502,8 @@ export const SERVER_COMPRESSION: { acceptCompression: Compression[]; compressMin
   compressMinBytes: Number.POSITIVE_INFINITY,
 };
 
+const INFER_PATHS = new Set([MODEL_INFER_PATH, "/inference.GRPCInferenceService/ModelStreamInfer"]);
+
 /** Triton's gRPC frontend accepts messages up to INT32_MAX bytes; so do ours unless told otherwise. */
 export const DEFAULT_GRPC_MAX_INPUT_BYTES = 2 ** 31 - 1;
 
@@ -509,6 +517,12 @@ export interface GrpcServerOptions extends ServeOptions {
   tls?: GrpcServerTlsOptions;
   /** Endpoint groups that require a header (tritonserver's --grpc-restricted-protocol). */
   restrictions?: ApiRestrictions;
+  /**
+   * Compress ModelInfer and ModelStreamInfer responses (tritonserver's
+   * --grpc-infer-response-compression-level; default none), with the algorithm gRPC
+   * core picks for the level among those the client accepts.
+   */
+  responseCompression?: ResponseCompressionLevel;
 }
 
 export interface GrpcServerTlsOptions {
@@ -554,15 +568,27 @@ export interface GrpcServer {
  */
 export function createGrpcServer(
   target: Stage | ModelRegistry,
-  { maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES, tls, restrictions, ...options }: GrpcServerOptions = {},
+  {
+    maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES,
+    tls,
+    restrictions,
+    responseCompression = "none",
+    ...options
+  }: GrpcServerOptions = {},
 ): GrpcServer {
   const registry = asRegistry(target);
-  const connect = connectNodeAdapter({
-    routes: serveStage(registry, options),
-    readMaxBytes: maxInputBytes,
-    interceptors: restrictions ? [restrictionInterceptor(restrictions)] : [],
-    ...SERVER_COMPRESSION,
-  });
+  const adapter = (compressMinBytes: number) =>
+    connectNodeAdapter({
+      routes: serveStage(registry, options),
+      readMaxBytes: maxInputBytes,
+      interceptors: restrictions ? [restrictionInterceptor(restrictions)] : [],
+      ...SERVER_COMPRESSION,
+      compressMinBytes,
+    });
+  const connect = adapter(SERVER_COMPRESSION.compressMinBytes);
+  // Inference responses through Connect (streams, compressed requests) compress at the level
+  // set, the rest never: a second handler, told which algorithm to answer with.
+  const connectInfer = responseCompression === "none" ? connect : adapter(0);
   const modelInfer = grpcModelInferHandler(
     (msg, signal, call) =>
       handleModelInfer(registry, msg, signal, {
@@ -573,6 +599,7 @@ export function createGrpcServer(
       }),
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
+    responseCompression,
   );
   const handle = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     if (modelInfer(req, res)) return;
@@ -580,6 +607,14 @@ export function createGrpcServer(
     // encoded as the gRPC spec does (see encodeGrpcMessage).
     const addTrailers = res.addTrailers.bind(res);
     res.addTrailers = (trailers) => addTrailers(withReadableGrpcMessage(trailers));
+    if (connectInfer !== connect && INFER_PATHS.has(req.url)) {
+      // Connect answers with the first encoding the client accepts: accept only gRPC core's pick.
+      const accept = req.headers["grpc-accept-encoding"];
+      req.headers["grpc-accept-encoding"] =
+        responseAlgorithm(responseCompression, Array.isArray(accept) ? accept.join(",") : accept) ?? "identity";
+      connectInfer(req, res);
+      return;
+    }
     connect(req, res);
   };
   const server = tls
