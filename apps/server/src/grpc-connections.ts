@@ -45,34 +45,35 @@ export function manageGrpcConnection(
     calls++;
     stream.once("close", () => calls--);
   });
+  // The ping waiting for its acknowledgement, if any: past this timer the connection is closed.
+  let unanswered: NodeJS.Timeout | undefined;
   session.once("close", () => {
     for (const timer of timers) clearTimeout(timer);
+    clearTimeout(unanswered);
   });
 
   const timeoutMs = options.keepaliveTimeoutMs ?? DEFAULT_KEEPALIVE_TIMEOUT_MS;
-  let awaitingAck = false;
   later(
     options.keepaliveTimeMs ?? DEFAULT_KEEPALIVE_TIME_MS,
     () => {
-      if (awaitingAck || session.destroyed || session.closed) return;
+      if (unanswered || session.destroyed || session.closed) return;
       if (calls === 0 && !options.keepaliveWithoutCalls) return;
-      awaitingAck = true;
       const deadline = setTimeout(() => {
         logger?.debug?.({ timeoutMs }, "gRPC keepalive ping unanswered: closing the connection");
         session.destroy();
       }, timeoutMs);
       deadline.unref();
-      timers.push(deadline);
-      const sent = session.ping((err) => {
+      unanswered = deadline;
+      const answered = () => {
         clearTimeout(deadline);
-        awaitingAck = false;
+        unanswered = undefined;
+      };
+      const sent = session.ping((err) => {
+        answered();
         // A ping cancelled by the session closing is no sign of a dead peer.
         if (err) logger?.debug?.({ err: String(err) }, "gRPC keepalive ping failed");
       });
-      if (!sent) {
-        clearTimeout(deadline);
-        awaitingAck = false;
-      }
+      if (!sent) answered();
     },
     true,
   );
