@@ -14,6 +14,7 @@ import {
   type GrpcTlsOptions,
   headerForwardPattern,
   parseRestriction,
+  RateLimiter,
   ResponseCache,
   type ResponseCompressionLevel,
 } from "@trellis/stage";
@@ -167,6 +168,20 @@ export const program = new Command("trellis-server")
     "how many more times a model that fails to load is tried before it is reported UNAVAILABLE",
     count,
     0,
+  )
+  .addOption(
+    new Option(
+      "--rate-limit <mode>",
+      "execution_count: model instances whose instance_group has a rate_limiter run only while the resources it lists are free, and priority picks who runs next, across models; off: each runs as soon as it is free",
+    )
+      .choices(["off", "execution_count"])
+      .default("off"),
+  )
+  .option(
+    "--rate-limit-resource <name:count[:device]>",
+    "how many of a rate limiter resource there are (default: the most any loaded instance needs); repeatable",
+    collect,
+    [],
   )
   .option(
     "--backend-config <[backend,]setting=value>",
@@ -340,6 +355,8 @@ export interface Flags {
   disableAutoCompleteConfig?: boolean;
   modelLoadThreadCount: number;
   modelLoadRetryCount: number;
+  rateLimit: "off" | "execution_count";
+  rateLimitResource: string[];
   responseCacheByteSize?: string;
   allowCpuMetrics: boolean;
   allowGpuMetrics: boolean;
@@ -474,6 +491,35 @@ function responseCache(flags: Flags): ResponseCache | undefined {
     size = n;
   }
   return size === undefined ? undefined : new ResponseCache(size);
+}
+
+/**
+ * The rate limiter for --rate-limit execution_count, with --rate-limit-resource's counts
+ * ("<name>:<count>[:<device>]", as tritonserver's). Every instance here runs on the host, which
+ * keeps one count per resource: a device other than 0 is refused rather than ignored.
+ */
+function rateLimiter(flags: Flags, warnings: string[]): RateLimiter | undefined {
+  const given: Record<string, number> = {};
+  for (const spec of flags.rateLimitResource) {
+    const [name = "", count = "", device, ...rest] = spec.split(":");
+    const n = Number(count);
+    if (!name || rest.length > 0 || !/^\d+$/.test(count) || !Number.isSafeInteger(n)) {
+      throw new UsageError(`--rate-limit-resource ${spec}: expected <name>:<count>[:<device>]`);
+    }
+    if (device !== undefined && device !== "0") {
+      throw new UsageError(
+        `--rate-limit-resource ${spec}: this server keeps one count per resource, for device 0 (the host)`,
+      );
+    }
+    given[name] = n;
+  }
+  if (flags.rateLimit === "off") {
+    if (flags.rateLimitResource.length > 0) {
+      warnings.push("--rate-limit-resource has no effect with --rate-limit off");
+    }
+    return undefined;
+  }
+  return new RateLimiter(given);
 }
 
 /** Restricted endpoint groups from repeated `option` values, or undefined for none. */
@@ -705,6 +751,8 @@ export interface Settings {
   logFile?: string;
   /** Latency metrics (--metrics-config). */
   metrics: MetricsOptions;
+  /** The rate limiter (--rate-limit execution_count); undefined when off. */
+  rateLimiter?: RateLimiter;
   /** Tracing at start (--trace-config); changeable at run time through the trace extension. */
   tracing: TraceValues;
   /** Where traces go in trace mode opentelemetry. */
@@ -735,6 +783,7 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     repositories,
     strictModelConfig: flags.strictModelConfig || flags.disableAutoCompleteConfig === true,
     warnings,
+    rateLimiter: rateLimiter(flags, warnings),
     endpointsTls: await endpointsTls(flags),
     responseCache: responseCache(flags),
     grpcTls: await grpcTls(flags),

@@ -46,6 +46,7 @@ async function main(): Promise<void> {
     strictModelConfig: settings.strictModelConfig,
     loadConcurrency: flags.modelLoadThreadCount,
     loadRetries: flags.modelLoadRetryCount,
+    rateLimiter: settings.rateLimiter,
     defaultMaxBatchSize: settings.defaultMaxBatchSize,
     endpoints,
     responseCache: settings.responseCache,

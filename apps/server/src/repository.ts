@@ -15,6 +15,7 @@ import {
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
+  type RateLimiter,
   type ResponseCache,
   type Stage,
   StageError,
@@ -58,6 +59,8 @@ export interface RepositoryManagerOptions {
   loadConcurrency?: number;
   /** How many more times a failing load is tried (tritonserver's --model-load-retry-count; default 0). */
   loadRetries?: number;
+  /** The rate limiter model instances run under (tritonserver's --rate-limit execution_count). */
+  rateLimiter?: RateLimiter;
 }
 
 interface VersionEntry {
@@ -106,11 +109,15 @@ export function selectVersions(config: ModelConfig, available: string[]): string
 export class RepositoryManager implements ModelRegistry {
   private readonly models = new Map<string, ModelEntry>();
   private readonly opts: Required<
-    Omit<RepositoryManagerOptions, "endpoints" | "responseCache" | "defaultMaxBatchSize" | "loadConcurrency">
+    Omit<
+      RepositoryManagerOptions,
+      "endpoints" | "responseCache" | "defaultMaxBatchSize" | "loadConcurrency" | "rateLimiter"
+    >
   > & {
     endpoints: Record<string, string>;
     responseCache?: ResponseCache;
     defaultMaxBatchSize?: number;
+    rateLimiter?: RateLimiter;
   };
   /** Counts loads, so each load's cache entries are its own (a reload never answers from the old one's). */
   private loads = 0;
@@ -500,6 +507,7 @@ export class RepositoryManager implements ModelRegistry {
         endpoints: this.opts.endpoints,
         strictModelConfig: this.opts.strictModelConfig,
         ...(this.opts.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize } : {}),
+        ...(this.opts.rateLimiter ? { rateLimiter: this.opts.rateLimiter } : {}),
         logger: this.opts.logger,
       });
       try {

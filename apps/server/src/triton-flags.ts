@@ -49,21 +49,6 @@ const COMPAT_FLAGS: CompatFlag[] = [
   { name: "http-thread-count", arg: "<n>", why: EVENT_LOOP },
   { name: "grpc-infer-allocation-pool-size", arg: "<n>", why: EVENT_LOOP },
   { name: "host-policy", arg: "<name>,<setting>=<value>", why: "this server has no host policies (NUMA binding)" },
-  {
-    name: "rate-limit",
-    arg: "<mode>",
-    why: (mode) => {
-      if (mode === "off") return undefined;
-      if (mode === "execution_count")
-        return "this server has no rate limiter: an inference runs as soon as an instance is free, as with --rate-limit=off";
-      return { refuse: `--rate-limit ${mode}: expected off or execution_count` };
-    },
-  },
-  {
-    name: "rate-limit-resource",
-    arg: "<name>:<count>:<device>",
-    why: "this server has no rate limiter (resources in instance_group rate_limiter are not counted)",
-  },
   { name: "grpc-http2-max-pings-without-data", arg: "<n>", why: PINGS },
   { name: "grpc-http2-min-recv-ping-interval-without-data", arg: "<ms>", why: PINGS },
   { name: "grpc-http2-max-ping-strikes", arg: "<n>", why: PINGS },
@@ -99,7 +84,7 @@ export function addCompatFlags(program: Command): Command {
   }
   return program.addHelpText(
     "after",
-    `\ntritonserver flags accepted so a Triton command line runs, though they have no effect here:\na warning at start names each one given and why. Values asking for what this server lacks\n(--rate-limit other than off or execution_count, a port shared, model namespacing, SageMaker,\nVertex AI) stop it at start instead, saying so.\n${COMPAT_FLAGS.map(({ name, arg }) => `  --${name} ${arg}`).join("\n")}\n`,
+    `\ntritonserver flags accepted so a Triton command line runs, though they have no effect here:\na warning at start names each one given and why. Values asking for what this server lacks\n(a port shared, model namespacing, SageMaker, Vertex AI) stop it at start instead,\nsaying so.\n${COMPAT_FLAGS.map(({ name, arg }) => `  --${name} ${arg}`).join("\n")}\n`,
   );
 }
 

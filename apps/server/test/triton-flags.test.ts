@@ -133,10 +133,8 @@ describe("a pasted tritonserver command line", () => {
       "--buffer-manager-thread-count=8",
       "--http-thread-count=10",
       "--grpc-infer-allocation-pool-size=20",
-      "--rate-limit=execution_count",
     ]);
     expect(noEffect[0]).toContain("allocates no GPU memory");
-    expect(noEffect[6]).toContain("no rate limiter");
   });
 
   it("loads no model whose config needs auto-completing (--disable-auto-complete-config)", async () => {
@@ -207,7 +205,7 @@ it("stops at start, saying why, for values asking for what it lacks or flags tha
     [["--model-namespacing"], "--model-namespacing: models are named without namespaces here"],
     [["--allow-sagemaker=true"], "--allow-sagemaker: this server has no SageMaker endpoint"],
     [["--reuse-grpc-port", "1"], "--reuse-grpc-port: sharing a port needs Node 22's reusePort"],
-    [["--rate-limit", "sometimes"], "--rate-limit sometimes: expected off or execution_count"],
+    [["--rate-limit", "sometimes"], "argument 'sometimes' is invalid. Allowed choices are off, execution_count."],
     [["--grpc-max-connection-age-grace", "100"], "--grpc-max-connection-age-grace needs --grpc-max-connection-age"],
     [["--response-cache-byte-size", "lots"], "--response-cache-byte-size lots: expected a whole number of bytes"],
     [["--log-verbose", "loud"], "a level 0 or more, or true/false"],

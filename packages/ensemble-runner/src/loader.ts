@@ -12,6 +12,7 @@ import {
   connectStage,
   type GrpcTlsOptions,
   grpcTransport,
+  type RateLimiter,
   type Stage,
   StageError,
   type StageFactory,
@@ -36,6 +37,8 @@ export interface LoadStageOptions {
   strictModelConfig?: boolean;
   /** max_batch_size that auto-complete gives a batchable ONNX model whose config has none (Triton's default-max-batch-size, 4). */
   defaultMaxBatchSize?: number;
+  /** The server's rate limiter (--rate-limit execution_count), handed to each stage factory. */
+  rateLimiter?: RateLimiter;
   logger?: StageLogger;
 }
 
@@ -148,6 +151,7 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
 
   const factoryOptions: StageFactoryOptions = { config, modelDir: model.modelDir, version, versionDir };
   if (logger) factoryOptions.logger = logger;
+  if (options.rateLimiter) factoryOptions.rateLimiter = options.rateLimiter;
   const backend = config.backend;
   if (backend === "onnxruntime" || config.platform === "onnxruntime_onnx") {
     const mod = await importModule(ONNX_PACKAGE, model.name);

@@ -4,13 +4,23 @@
  */
 import { availableParallelism } from "node:os";
 import { type ModelConfig, ModelInstanceGroup_Kind } from "@trellis/protocol";
-import { type BatchingStrategy, Code, configInteger, configParameter, StageError } from "@trellis/stage";
+import {
+  type BatchingStrategy,
+  Code,
+  configInteger,
+  configParameter,
+  type RateLimiterResource,
+  rateLimiterResources,
+  StageError,
+} from "@trellis/stage";
 
 /** One session to create: which execution providers, which device. */
 export interface InstancePlan {
   kind: "CPU" | "GPU";
   deviceId: number;
   executionProviders: string[];
+  /** The group's rate_limiter: what the instance asks of the server's rate limiter. */
+  rateLimiter: { resources: RateLimiterResource[]; priority: number };
 }
 
 const LEVELS: Record<string, string> = {
@@ -40,14 +50,17 @@ export function planInstances(config: ModelConfig): InstancePlan[] {
   const plans: InstancePlan[] = [];
   for (const g of groups) {
     const count = Math.max(1, g.count);
+    const rateLimiter = rateLimiterResources("rateLimiter" in g ? g.rateLimiter : undefined);
     if (g.kind === ModelInstanceGroup_Kind.GPU) {
       const gpus = g.gpus.length > 0 ? g.gpus : [0];
       for (const deviceId of gpus) {
-        for (let i = 0; i < count; i++) plans.push({ kind: "GPU", deviceId, executionProviders: explicit ?? ["cuda"] });
+        for (let i = 0; i < count; i++)
+          plans.push({ kind: "GPU", deviceId, executionProviders: explicit ?? ["cuda"], rateLimiter });
       }
     } else {
       // KIND_AUTO and KIND_MODEL land on the CPU: this build has no GPU to pick automatically.
-      for (let i = 0; i < count; i++) plans.push({ kind: "CPU", deviceId: 0, executionProviders: explicit ?? ["cpu"] });
+      for (let i = 0; i < count; i++)
+        plans.push({ kind: "CPU", deviceId: 0, executionProviders: explicit ?? ["cpu"], rateLimiter });
     }
   }
   return plans;

@@ -22,6 +22,8 @@ import {
   metadataFromConfig,
   nowNs,
   processCpuGate,
+  type RateLimiter,
+  type RateLimiterSlot,
   randomData,
   type Stage,
   StageError,
@@ -60,6 +62,8 @@ export interface OnnxStageOptions {
   strictModelConfig?: boolean;
   /** max_batch_size auto-complete gives a batchable model whose config has none (Triton: 4). */
   defaultMaxBatchSize?: number;
+  /** The server's rate limiter: each instance's runs are admitted through it (its group's rate_limiter). */
+  rateLimiter?: RateLimiter;
 }
 
 export interface OnnxStage extends Stage {
@@ -251,12 +255,27 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   // Runs hold the CPU gate alone when every instance's threads cover every core.
   const exclusive = plans.every((plan, i) => exclusiveCpu(given, plan, instanceOptions[i]!.intraOpNumThreads));
   const maxSharedWaitMs = exclusiveCpuMaxWaitMs(given);
+  // Each instance's place in the server's rate limiter, when it has one (--rate-limit execution_count);
+  // registered first, so an instance that could never run fails the load before any session starts.
+  const slots: RateLimiterSlot[] = [];
+  const unregister = () => {
+    for (const slot of slots.splice(0)) slot.unregister();
+  };
+  try {
+    for (const plan of options.rateLimiter ? plans : []) {
+      slots.push(options.rateLimiter!.register({ model: name, ...plan.rateLimiter }));
+    }
+  } catch (err) {
+    unregister();
+    throw err;
+  }
   const started = await Promise.allSettled(
     plans.map((_, i) => SessionWorker.start(name, { modelPath, sessionOptions: instanceOptions[i]! })),
   );
   const workers = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   const failedAt = started.findIndex((s) => s.status === "rejected");
   if (failedAt >= 0) {
+    unregister();
     await Promise.all(workers.map((w) => w.close()));
     const plan = plans[failedAt]!;
     const reason = (started[failedAt] as PromiseRejectedResult).reason;
@@ -285,6 +304,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     }
     checkConfigAgainstModel(config, io);
   } catch (err) {
+    unregister();
     await Promise.all(workers.map((w) => w.close()));
     throw err;
   }
@@ -307,6 +327,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   const reshape = reshaper(config);
   const recorder = new StatisticsRecorder(name, version);
   const gate = processCpuGate();
+  const gateAdmit = exclusive ? () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) : undefined;
   const dynamicBatching =
     config.schedulingChoice.case === "dynamicBatching" ? config.schedulingChoice.value : undefined;
   const batcher = createDynamicBatcher({
@@ -318,7 +339,9 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     strategy: batchingStrategy(config),
     recorder,
     validate: requestValidator(config),
-    ...(exclusive ? { admit: () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) } : {}),
+    ...(slots.length > 0 || gateAdmit
+      ? { admit: (instance: number) => admitBoth(slots[instance]?.admit(), gateAdmit) }
+      : {}),
     execute: async (batch, ctx) => {
       const worker = workers[ctx.instance]!;
       const t0 = nowNs();
@@ -353,6 +376,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     }
   } catch (err) {
     await batcher.close();
+    unregister();
     await Promise.all(workers.map((w) => w.close()));
     const warmupName = config.modelWarmup.map((w) => w.name).join(", ");
     throw new StageError(
@@ -390,9 +414,32 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
       if (closed) return;
       closed = true;
       await batcher.close();
+      unregister();
       await Promise.all(workers.map((w) => w.close()));
     },
   };
+}
+
+type Release = () => void;
+
+/**
+ * A run's admission: the rate limiter's resources first, then the CPU gate (a run waiting
+ * for resources must not hold the gate from others). Synchronous when both are had at once.
+ */
+function admitBoth(
+  limited: Release | Promise<Release> | undefined,
+  gateAdmit: (() => Release | Promise<Release>) | undefined,
+): Release | Promise<Release> {
+  const both = (first: Release | undefined, second: Release | undefined) => () => {
+    second?.();
+    first?.();
+  };
+  if (typeof limited !== "function" && limited) {
+    return limited.then(async (release) => both(release, await gateAdmit?.()));
+  }
+  const gated = gateAdmit?.();
+  if (gated instanceof Promise) return gated.then((release) => both(limited, release));
+  return both(limited, gated);
 }
 
 /** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/inference-onnx). */

@@ -61,12 +61,12 @@ export interface DynamicBatcherOptions {
   /** Checks one request before it is queued, so a bad request fails alone (throw a StageError). */
   validate?: (request: InferRequest) => void;
   /**
-   * Called before each batch is formed; gives (at once, or once it resolves)
-   * a function called when that execution ends. While it is awaited, arriving
-   * requests join the batch. For holding a CpuGate exclusively during runs
-   * that use every core.
+   * Called before each batch is formed, with the instance that will run it; gives
+   * (at once, or once it resolves) a function called when that execution ends.
+   * While it is awaited, arriving requests join the batch. For holding a CpuGate
+   * exclusively during runs that use every core, and for the rate limiter.
    */
-  admit?: () => (() => void) | Promise<() => void>;
+  admit?: (instance: number) => (() => void) | Promise<() => void>;
   recorder: StatisticsRecorder;
 }
 
@@ -269,7 +269,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         return;
       }
       const slot = free.pop()!;
-      const admission = options.admit?.();
+      const admission = options.admit?.(slot);
       if (typeof admission === "function") {
         dispatch(next.batch, slot, admission);
         continue;

@@ -51,6 +51,13 @@ export {
   type LogSettingValue,
 } from "./log-settings.js";
 export {
+  type RateLimitedInstance,
+  RateLimiter,
+  type RateLimiterResource,
+  type RateLimiterSlot,
+  rateLimiterResources,
+} from "./rate-limiter.js";
+export {
   type ModelIndexEntry,
   type ModelLoadOptions,
   type ModelRegistry,

@@ -4,6 +4,7 @@
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
+import type { RateLimiter } from "./rate-limiter.js";
 import type { DataType, Tensor } from "./tensor.js";
 import type { RequestTrace } from "./trace.js";
 
@@ -98,6 +99,8 @@ export interface StageFactoryOptions {
   versionDir: string;
   /** Optional structured logger (pino-compatible subset). */
   logger?: StageLogger;
+  /** The server's rate limiter (--rate-limit execution_count): a stage with instances admits their runs through it. */
+  rateLimiter?: RateLimiter;
 }
 
 export interface StageLogger {
