@@ -377,11 +377,13 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
 
   it("exclusive_cpu auto: on for a CPU instance whose threads cover every core, off for fewer threads or a GPU", () => {
     const config = parseModelConfig(`name: "auto"`);
-    const cpu = { kind: "CPU" as const, deviceId: 0, executionProviders: ["cpu"] };
+    const unlimited = { resources: [], priority: 0 };
+    const cpu = { kind: "CPU" as const, deviceId: 0, executionProviders: ["cpu"], rateLimiter: unlimited };
     const cores = availableParallelism();
     expect(exclusiveCpu(config, cpu, cores)).toBe(true);
     if (cores > 1) expect(exclusiveCpu(config, cpu, cores - 1)).toBe(false);
-    expect(exclusiveCpu(config, { kind: "GPU", deviceId: 0, executionProviders: ["cuda"] }, cores)).toBe(false);
+    const gpu = { kind: "GPU" as const, deviceId: 0, executionProviders: ["cuda"], rateLimiter: unlimited };
+    expect(exclusiveCpu(config, gpu, cores)).toBe(false);
   });
 
   it("warms up every instance before it is ready, outside the statistics", async () => {

@@ -7,7 +7,14 @@ describe("RateLimiter", () => {
   it("counts each resource as the most any instance needs, unless given, and refuses an instance that could never run", () => {
     const limiter = new RateLimiter({ R2: 3 });
     limiter.register({ model: "a", resources: [{ name: "R1", count: 4 }], priority: 0 });
-    limiter.register({ model: "b", resources: [{ name: "R1", count: 1 }, { name: "R2", count: 2 }], priority: 0 });
+    limiter.register({
+      model: "b",
+      resources: [
+        { name: "R1", count: 1 },
+        { name: "R2", count: 2 },
+      ],
+      priority: 0,
+    });
     expect(limiter.available("R1")).toBe(4);
     expect(limiter.available("R2")).toBe(3);
     expect(() => limiter.register({ model: "c", resources: [{ name: "R2", count: 5 }], priority: 0 })).toThrow(
@@ -58,13 +65,14 @@ describe("RateLimiter", () => {
     let pendingLow = queue("low", low);
     for (let i = 0; i < 30; i++) {
       (await hold)();
-      hold = Promise.race([pendingHigh.then((r) => ({ r, who: "high" })), pendingLow.then((r) => ({ r, who: "low" }))]).then(
-        ({ r, who }) => {
-          if (who === "high") pendingHigh = queue("high", high);
-          else pendingLow = queue("low", low);
-          return r;
-        },
-      );
+      hold = Promise.race([
+        pendingHigh.then((r) => ({ r, who: "high" })),
+        pendingLow.then((r) => ({ r, who: "low" })),
+      ]).then(({ r, who }) => {
+        if (who === "high") pendingHigh = queue("high", high);
+        else pendingLow = queue("low", low);
+        return r;
+      });
       await hold;
     }
     const highTurns = turns.filter((t) => t === "high").length;
