@@ -339,9 +339,11 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     strategy: batchingStrategy(config),
     recorder,
     validate: requestValidator(config),
-    ...(slots.length > 0 || gateAdmit
+    ...(slots.length > 0
       ? { admit: (instance: number) => admitBoth(slots[instance]?.admit(), gateAdmit) }
-      : {}),
+      : gateAdmit
+        ? { admit: gateAdmit }
+        : {}),
     execute: async (batch, ctx) => {
       const worker = workers[ctx.instance]!;
       const t0 = nowNs();
