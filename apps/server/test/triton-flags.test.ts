@@ -34,6 +34,15 @@ async function until(check: () => boolean | Promise<boolean>, timeoutMs = 10_000
 
 const warnings = (server: ServerProcess) => server.logs.filter((l) => l.level === 40).map((l) => String(l.msg));
 
+/** One gRPC message as it goes on the wire: the compressed flag, the length, the bytes. */
+function grpcFrame(message: Uint8Array, compressed = false): Buffer {
+  const frame = Buffer.alloc(5 + message.byteLength);
+  frame[0] = compressed ? 1 : 0;
+  frame.writeUInt32BE(message.byteLength, 1);
+  frame.set(message, 5);
+  return frame;
+}
+
 /** A gRPC ModelInfer of the echo model as raw HTTP/2 frames, held `delayMs` by the model. */
 function echoCall(session: http2.ClientHttp2Session, delayMs: number): Promise<{ grpcStatus?: string; error?: Error }> {
   const message = toBinary(
@@ -45,16 +54,13 @@ function echoCall(session: http2.ClientHttp2Session, delayMs: number): Promise<{
       rawInputContents: [new Uint8Array(16)],
     }),
   );
-  const frame = Buffer.alloc(5 + message.byteLength);
-  frame.writeUInt32BE(message.byteLength, 1);
-  frame.set(message, 5);
   const stream = session.request({
     ":method": "POST",
     ":path": "/inference.GRPCInferenceService/ModelInfer",
     "content-type": "application/grpc",
     te: "trailers",
   });
-  stream.end(frame);
+  stream.end(grpcFrame(message));
   stream.resume();
   return new Promise((resolve) => {
     let grpcStatus: string | undefined;
@@ -553,12 +559,6 @@ describe("--grpc-infer-response-compression-level", () => {
           rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
         }),
       );
-      // A compressed request takes Connect's handler rather than the direct path.
-      const sent = compressRequest ? gzipSync(message) : message;
-      const frame = Buffer.alloc(5 + sent.byteLength);
-      frame[0] = compressRequest ? 1 : 0;
-      frame.writeUInt32BE(sent.byteLength, 1);
-      frame.set(sent, 5);
       const stream = session.request({
         ":method": "POST",
         ":path": "/inference.GRPCInferenceService/ModelInfer",
@@ -567,7 +567,8 @@ describe("--grpc-infer-response-compression-level", () => {
         ...(accept ? { "grpc-accept-encoding": accept } : {}),
         ...(compressRequest ? { "grpc-encoding": "gzip" } : {}),
       });
-      stream.end(frame);
+      // A compressed request takes Connect's handler rather than the direct path.
+      stream.end(compressRequest ? grpcFrame(gzipSync(message), true) : grpcFrame(message));
       const chunks: Buffer[] = [];
       stream.on("data", (c: Buffer) => chunks.push(c));
       const [headers] = (await once(stream, "response")) as [http2.IncomingHttpHeaders];
