@@ -14,6 +14,7 @@ import {
   GRPCInferenceService,
   Health,
   HealthCheckResponseSchema,
+  InferParameterSchema,
   type LogSettingsResponse_SettingValueSchema,
   LogSettingsResponseSchema,
   ModelConfigResponseSchema,
@@ -55,7 +56,7 @@ import {
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";
-import type { InferOptions, Parameters, Stage } from "./stage.js";
+import type { InferOptions, InferRequest, Parameters, Stage } from "./stage.js";
 import { answerTraceSettings, type TraceControl } from "./trace.js";
 import { refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import {
@@ -126,6 +127,28 @@ export interface ModelInferContext {
   forwarded?: Parameters;
 }
 
+/** Triton's request parameter asking that a stream's last answer to the request say so, and the answer's flag. */
+const EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response";
+const FINAL_RESPONSE = "triton_final_response";
+
+/**
+ * Takes Triton's triton_enable_empty_final_response off the request: it is the stream's
+ * setting (see modelStreamInfer), not the model's; refused unless it is a bool, as in Triton.
+ */
+function dropFinalResponseFlag(request: InferRequest, model: string): void {
+  const value = request.parameters?.[EMPTY_FINAL_RESPONSE];
+  if (value === undefined) return;
+  if (typeof value !== "boolean") {
+    throw new StageError(
+      Code.InvalidArgument,
+      model,
+      `invalid value type for '${EMPTY_FINAL_RESPONSE}' parameter, expected bool_param`,
+    );
+  }
+  const { [EMPTY_FINAL_RESPONSE]: _, ...rest } = request.parameters ?? {};
+  request.parameters = Object.keys(rest).length > 0 ? rest : undefined;
+}
+
 /**
  * Runs one ModelInfer against the registry; `signal` is the call's. Errors come back as ConnectErrors.
  * With `tracing`, a sampled request is traced; with `sharedMemory`, it may name regions (see ModelInferContext).
@@ -139,6 +162,7 @@ export async function handleModelInfer(
   const stage = registry.resolve(msg.modelName, msg.modelVersion);
   const shm = withSharedMemoryInputs(msg, sharedMemory);
   const request = inferRequestFromWire(shm.msg, stage.name);
+  dropFinalResponseFlag(request, stage.name);
   if (forwarded) request.parameters = withForwardedHeaders(request.parameters, forwarded);
   const options = inferOptions(msg, signal);
   const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined, header ?? call?.header);
@@ -300,18 +324,33 @@ export function inferenceService(
         try {
           for await (const msg of requests) {
             running++;
+            // Triton's triton_enable_empty_final_response: each request's last answer says it is the
+            // last (here every request has one answer, so that one), as streaming clients wait for.
+            const asked = msg.parameters[EMPTY_FINAL_RESPONSE]?.parameterChoice;
+            const markFinal = asked?.case === "boolParam" && asked.value;
+            const finalFlag = {
+              [FINAL_RESPONSE]: create(InferParameterSchema, { parameterChoice: { case: "boolParam", value: true } }),
+            };
             handleModelInfer(registry, msg, ctx.signal, {
               tracing: options.tracing,
               sharedMemory: options.sharedMemory,
               header: (name) => ctx.requestHeader.get(name) ?? undefined,
               forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
             }).then(
-              (inferResponse) => answer(create(ModelStreamInferResponseSchema, { inferResponse })),
+              (inferResponse) => {
+                if (markFinal) Object.assign(inferResponse.parameters, finalFlag);
+                answer(create(ModelStreamInferResponseSchema, { inferResponse }));
+              },
               (err) =>
                 answer(
                   create(ModelStreamInferResponseSchema, {
                     errorMessage: toConnectError(err).rawMessage,
-                    inferResponse: { id: msg.id, modelName: msg.modelName, modelVersion: msg.modelVersion },
+                    inferResponse: {
+                      id: msg.id,
+                      modelName: msg.modelName,
+                      modelVersion: msg.modelVersion,
+                      parameters: markFinal ? finalFlag : {},
+                    },
                   }),
                 ),
             );
