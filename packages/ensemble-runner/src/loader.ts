@@ -149,11 +149,23 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
     return createEnsemble({ config, version, resolveStep, logger, ownsSteps });
   }
 
+  const onnx = config.backend === "onnxruntime" || config.platform === "onnxruntime_onnx";
+  if (config.schedulingChoice.case === "sequenceBatching") {
+    const why =
+      "sequence_batching (a stateful model) is not implemented: a sequence's requests are neither kept on one instance nor held in order, and no state is carried between them";
+    // An ONNX model with state tensors would answer, wrongly: it is not loaded.
+    if (onnx) throw new StageError(Code.InvalidArgument, model.name, why);
+    logger?.warn(
+      { model: model.name, version },
+      `${why}; this TypeScript stage gets sequence_id, sequence_start and sequence_end as request parameters and must keep its own state`,
+    );
+  }
+
   const factoryOptions: StageFactoryOptions = { config, modelDir: model.modelDir, version, versionDir };
   if (logger) factoryOptions.logger = logger;
   if (options.rateLimiter) factoryOptions.rateLimiter = options.rateLimiter;
   const backend = config.backend;
-  if (backend === "onnxruntime" || config.platform === "onnxruntime_onnx") {
+  if (onnx) {
     const mod = await importModule(ONNX_PACKAGE, model.name);
     const onnxOptions = {
       ...factoryOptions,

@@ -175,6 +175,44 @@ describe("loadStage", () => {
     expect(err.rawMessage).toContain("step 1 missing: NOT_FOUND: unknown model");
   });
 
+  it("refuses an ONNX model with sequence_batching, and loads a TypeScript one with a warning saying what it must do", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "trellis-sequence-"));
+    try {
+      const sequence = "sequence_batching { max_sequence_idle_microseconds: 5000000 }";
+      await mkdir(join(dir, "stateful_onnx", "1"), { recursive: true });
+      await writeFile(
+        join(dir, "stateful_onnx", "config.pbtxt"),
+        unary("stateful_onnx", `platform: "onnxruntime_onnx"\n${sequence}`),
+      );
+      await mkdir(join(dir, "stateful_ts", "1"), { recursive: true });
+      await writeFile(
+        join(dir, "stateful_ts", "config.pbtxt"),
+        unary("stateful_ts", `backend: "typescript"\n${sequence}`),
+      );
+      await writeFile(join(dir, "stateful_ts", "1", "model.js"), userStage("v"));
+      const { models } = await scanRepository([dir]);
+      const byName = (name: string) => models.find((m) => m.name === name)!;
+      const refused = await loadStage(byName("stateful_onnx"), { version: "1" }).catch((e) => e);
+      expect(refused.code).toBe(Code.InvalidArgument);
+      expect(refused.rawMessage).toBe(
+        "stateful_onnx: sequence_batching (a stateful model) is not implemented: a sequence's requests are neither kept on one instance nor held in order, and no state is carried between them",
+      );
+      const warnings: string[] = [];
+      const logger = {
+        info: () => undefined,
+        warn: (_: object, msg?: string) => warnings.push(msg ?? ""),
+        error: () => undefined,
+      };
+      const stage = await loadStage(byName("stateful_ts"), { version: "1", logger });
+      expect(await stage.isReady()).toBe(true);
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]).toContain("this TypeScript stage gets sequence_id, sequence_start and sequence_end");
+      await stage.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("refuses python and unknown backends with directions", async () => {
     const py = await loadStage(await find("legacy"), { version: "1" }).catch((e) => e);
     expect(py.code).toBe(Code.InvalidArgument);
