@@ -327,10 +327,14 @@ export function inferenceService(
             // Triton's triton_enable_empty_final_response: each request's last answer says it is the
             // last (here every request has one answer, so that one), as streaming clients wait for.
             const asked = msg.parameters[EMPTY_FINAL_RESPONSE]?.parameterChoice;
-            const markFinal = asked?.case === "boolParam" && asked.value;
-            const finalFlag = {
-              [FINAL_RESPONSE]: create(InferParameterSchema, { parameterChoice: { case: "boolParam", value: true } }),
-            };
+            const finalFlag =
+              asked?.case === "boolParam" && asked.value
+                ? {
+                    [FINAL_RESPONSE]: create(InferParameterSchema, {
+                      parameterChoice: { case: "boolParam", value: true },
+                    }),
+                  }
+                : undefined;
             handleModelInfer(registry, msg, ctx.signal, {
               tracing: options.tracing,
               sharedMemory: options.sharedMemory,
@@ -338,7 +342,7 @@ export function inferenceService(
               forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
             }).then(
               (inferResponse) => {
-                if (markFinal) Object.assign(inferResponse.parameters, finalFlag);
+                if (finalFlag) Object.assign(inferResponse.parameters, finalFlag);
                 answer(create(ModelStreamInferResponseSchema, { inferResponse }));
               },
               (err) =>
@@ -349,7 +353,7 @@ export function inferenceService(
                       id: msg.id,
                       modelName: msg.modelName,
                       modelVersion: msg.modelVersion,
-                      parameters: markFinal ? finalFlag : {},
+                      parameters: finalFlag ?? {},
                     },
                   }),
                 ),
