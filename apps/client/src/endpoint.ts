@@ -3,9 +3,15 @@
  * or HTTP/REST with the binary tensor extension: inference, model metadata and
  * statistics. Errors come back as StageErrors with the server's code and message.
  */
-import { fromJson } from "@bufbuild/protobuf";
+import { create, fromJson } from "@bufbuild/protobuf";
 import { ConnectError, createClient } from "@connectrpc/connect";
-import { GRPCInferenceService, type ModelStatistics, ModelStatisticsSchema } from "@trellis/protocol";
+import {
+  GRPCInferenceService,
+  type ModelInferRequest,
+  ModelInferResponseSchema,
+  type ModelStatistics,
+  ModelStatisticsSchema,
+} from "@trellis/protocol";
 import {
   allocate,
   type ClosableTransport,
@@ -27,10 +33,18 @@ import {
 
 export type Protocol = "grpc" | "http";
 
+/** One gRPC ModelStreamInfer stream, used one request at a time (perf_analyzer's --streaming). */
+export interface InferStream {
+  infer(request: InferRequest): Promise<InferResponse>;
+  close(): void;
+}
+
 export interface Endpoint {
   readonly url: string;
   readonly protocol: Protocol;
   infer(model: string, request: InferRequest, version?: string): Promise<InferResponse>;
+  /** A ModelStreamInfer stream to `model` (gRPC only; undefined over HTTP). */
+  openStream?(model: string, version?: string): InferStream;
   metadata(model: string, version?: string): Promise<StageMetadata>;
   /** Every model's statistics, or one model's. */
   statistics(model?: string): Promise<ModelStatistics[]>;
@@ -77,11 +91,59 @@ function grpcEndpoint(url: string): Endpoint {
       call(model, async () =>
         inferResponseFromWire(await client.modelInfer(inferRequestToWire(request, model, version)), model),
       ),
+    openStream(model, version = "") {
+      const requests = new RequestQueue<ModelInferRequest>();
+      const responses = client.modelStreamInfer(requests)[Symbol.asyncIterator]();
+      return {
+        infer: (request) =>
+          call(model, async () => {
+            requests.push(inferRequestToWire(request, model, version));
+            const next = await responses.next();
+            if (next.done) throw new StageError(Code.Unavailable, "", `${label}: the stream ended`);
+            const { errorMessage, inferResponse } = next.value;
+            if (errorMessage) throw new StageError(Code.Unknown, "", errorMessage);
+            return inferResponseFromWire(inferResponse ?? create(ModelInferResponseSchema), model);
+          }),
+        close: () => requests.end(),
+      };
+    },
     metadata: (model, version = "") =>
       call(model, async () => metadataFromWire(await client.modelMetadata({ name: model, version }))),
     statistics: (model = "") => call(model, async () => (await client.modelStatistics({ name: model })).modelStats),
     close: () => transport.close(),
   };
+}
+
+/** The requests of a client stream, sent as they are pushed, until end(). */
+class RequestQueue<T> implements AsyncIterable<T> {
+  private readonly queued: T[] = [];
+  private ended = false;
+  private wake?: () => void;
+
+  push(item: T): void {
+    this.queued.push(item);
+    this.wake?.();
+  }
+
+  end(): void {
+    this.ended = true;
+    this.wake?.();
+  }
+
+  async *[Symbol.asyncIterator](): AsyncIterator<T> {
+    for (;;) {
+      const item = this.queued.shift();
+      if (item !== undefined) {
+        yield item;
+        continue;
+      }
+      if (this.ended) return;
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+      });
+      this.wake = undefined;
+    }
+  }
 }
 
 /** KServe's HTTP status for an error, back to its code (Triton's mapping). */

@@ -1,4 +1,19 @@
 export { type Classification, classify } from "./classify.js";
-export { connectEndpoint, DEFAULT_URLS, describeError, type Endpoint, type Protocol } from "./endpoint.js";
+export {
+  connectEndpoint,
+  DEFAULT_URLS,
+  describeError,
+  type Endpoint,
+  type InferStream,
+  type Protocol,
+} from "./endpoint.js";
 export { concreteShape, imageInput, imageRequests, randomRequest } from "./inputs.js";
-export { concurrencyRange, formatResult, measure, type PerfOptions, type PerfResult, type ServerSide } from "./perf.js";
+export {
+  concurrencyRange,
+  formatResult,
+  latencyReport,
+  measure,
+  type PerfOptions,
+  type PerfResult,
+  type ServerSide,
+} from "./perf.js";

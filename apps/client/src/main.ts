@@ -5,14 +5,14 @@
  *   perf                   perf_analyzer's measurement over a concurrency range
  * Flags follow tritonclient's and perf_analyzer's (-u, -i, -m, -b, --concurrency-range).
  */
-import { readFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import cliProgress from "cli-progress";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { classify } from "./classify.js";
 import { connectEndpoint, DEFAULT_URLS, describeError, type Endpoint, type Protocol } from "./endpoint.js";
 import { imageInput, imageRequests, randomRequest } from "./inputs.js";
-import { concurrencyRange, formatResult, measure, type PerfResult } from "./perf.js";
+import { concurrencyRange, formatResult, latencyReport, measure, type PerfResult } from "./perf.js";
 
 const positive = (v: string) => {
   const n = Number(v);
@@ -82,13 +82,15 @@ program
       .argParser(asOption(concurrencyRange))
       .default([1], "1"),
   )
-  .option("--measurement-interval <ms>", "measurement window per concurrency", positive, 5000)
+  .option("-p, --measurement-interval <ms>", "measurement window per concurrency", positive, 5000)
   .option("--warmup-interval <ms>", "uncounted calls before each window", positive, 1000)
   .option("-b, --batch-size <n>", "items per request", positive, 1)
   .option(
     "--input-data <images...>",
     "images for the model's BYTES input (default: random data shaped by the model's metadata)",
   )
+  .option("--streaming", "send each caller's requests on a gRPC ModelStreamInfer stream of its own (gRPC only)")
+  .option("-f, --latency-report-file <path>", "also write the results as CSV, one row per concurrency")
   .action(
     async (opts: {
       concurrencyRange: number[];
@@ -96,8 +98,13 @@ program
       warmupInterval: number;
       batchSize: number;
       inputData?: string[];
+      streaming?: boolean;
+      latencyReportFile?: string;
     }) => {
       const common = program.opts<Common>();
+      if (opts.streaming && common.protocol !== "grpc") {
+        throw new RangeError("--streaming needs -i grpc (ModelStreamInfer), as perf_analyzer's");
+      }
       const endpoint = endpointOf(common);
       const model = common.modelName;
       try {
@@ -111,7 +118,8 @@ program
         console.log(
           `  Measurement window: ${opts.measurementInterval} msec (after ${opts.warmupInterval} msec uncounted)`,
         );
-        console.log(`  Input: ${opts.inputData ? `${opts.inputData.length} images` : "random data"}\n`);
+        console.log(`  Input: ${opts.inputData ? `${opts.inputData.length} images` : "random data"}`);
+        console.log(`  Requests: ${opts.streaming ? "a gRPC stream per caller (ModelStreamInfer)" : "unary calls"}\n`);
         const results: PerfResult[] = [];
         const bar = process.stderr.isTTY
           ? new cliProgress.SingleBar(
@@ -129,11 +137,13 @@ program
             windowMs: opts.measurementInterval,
             warmupMs: opts.warmupInterval,
             onProgress: (f) => bar?.update(Math.round(f * 100), { c: concurrency }),
+            streaming: opts.streaming,
           });
           bar?.stop();
           results.push(r);
           console.log(`${formatResult(r, common.protocol)}\n`);
         }
+        if (opts.latencyReportFile) await writeFile(opts.latencyReportFile, latencyReport(results));
         console.log("Inferences/Second vs. Client p95 Latency");
         for (const r of results) {
           console.log(

@@ -22,6 +22,8 @@ export interface PerfOptions {
   warmupMs: number;
   /** Called with the window's elapsed fraction (0..1) as it goes. */
   onProgress?: (fraction: number) => void;
+  /** Each caller sends its requests on a ModelStreamInfer stream of its own (perf_analyzer's --streaming; gRPC only). */
+  streaming?: boolean;
 }
 
 /** One model's account of the window: counts, and average microseconds per request. */
@@ -95,18 +97,26 @@ export async function measure(endpoint: Endpoint, options: PerfOptions): Promise
   const latencies: number[] = [];
   let measuring = false;
 
+  if (options.streaming && !endpoint.openStream) {
+    throw new RangeError("streaming needs gRPC (ModelStreamInfer), as perf_analyzer's --streaming");
+  }
   const worker = async () => {
-    while (failure === undefined && performance.now() < stopAt) {
-      const request = requests[next++ % requests.length]!;
-      const start = performance.now();
-      try {
-        await endpoint.infer(model, request);
-      } catch (err) {
-        failure ??= err;
-        return;
+    const stream = options.streaming ? endpoint.openStream?.(model) : undefined;
+    try {
+      while (failure === undefined && performance.now() < stopAt) {
+        const request = requests[next++ % requests.length]!;
+        const start = performance.now();
+        try {
+          await (stream ? stream.infer(request) : endpoint.infer(model, request));
+        } catch (err) {
+          failure ??= err;
+          return;
+        }
+        const end = performance.now();
+        if (measuring && start >= windowStart && end <= windowEnd) latencies.push(end - start);
       }
-      const end = performance.now();
-      if (measuring && start >= windowStart && end <= windowEnd) latencies.push(end - start);
+    } finally {
+      stream?.close();
     }
   };
 
@@ -167,6 +177,41 @@ export function formatResult(r: PerfResult, protocol: string): string {
     );
   }
   return lines.join("\n");
+}
+
+/**
+ * The results as a CSV file, as perf_analyzer's -f writes one row per concurrency: its column
+ * names where the figure is the same (latencies in µs; the server's from the model's own
+ * statistics), and none for what this tool does not measure (the client's send and receive).
+ */
+export function latencyReport(results: PerfResult[]): string {
+  const header = [
+    "Concurrency",
+    "Inferences/Second",
+    "Server Queue",
+    "Server Compute Input",
+    "Server Compute Infer",
+    "Server Compute Output",
+    "p50 latency",
+    "p90 latency",
+    "p95 latency",
+    "p99 latency",
+    "Avg latency",
+  ];
+  const rows = results.map((r) => {
+    const s = r.server[0];
+    const us = (v: number | undefined) => String(Math.round(v ?? 0));
+    return [
+      String(r.concurrency),
+      r.throughput.toFixed(2),
+      us(s?.queueUs),
+      us(s?.computeInputUs),
+      us(s?.computeInferUs),
+      us(s?.computeOutputUs),
+      ...[r.latencyUs.p50, r.latencyUs.p90, r.latencyUs.p95, r.latencyUs.p99, r.latencyUs.avg].map(String),
+    ].join(",");
+  });
+  return `${[header.join(","), ...rows].join("\n")}\n`;
 }
 
 /** perf_analyzer's --concurrency-range <start>:<end>:<step> (end and step optional). */

@@ -4,6 +4,8 @@
  * library, and the trellis-client command as users run it.
  */
 import { execFile } from "node:child_process";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import {
@@ -17,7 +19,7 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { classify, concurrencyRange, connectEndpoint, measure, randomRequest } from "../src/index.js";
+import { classify, concurrencyRange, connectEndpoint, type Endpoint, measure, randomRequest } from "../src/index.js";
 
 const run = promisify(execFile);
 const MAIN = join(import.meta.dirname, "..", "dist", "main.js");
@@ -175,6 +177,108 @@ describe("perf", () => {
       expect(Number(server?.[2])).toBe(2 * Number(server?.[1]));
     }
     expect(out.stdout).toMatch(/Concurrency: 2, throughput: [\d.]+ infer\/sec, latency \d+ usec/);
+  });
+
+  it("with streaming, each caller sends on a ModelStreamInfer stream of its own and no unary call is made", async () => {
+    const real = connectEndpoint(url("grpc"), "grpc");
+    const seen = { streams: 0, streamCalls: 0, unaryCalls: 0 };
+    // The real endpoint, its calls counted on the way through.
+    const counted: Endpoint = {
+      ...real,
+      infer: (...args) => {
+        seen.unaryCalls++;
+        return real.infer(...args);
+      },
+      openStream: (model) => {
+        seen.streams++;
+        const stream = real.openStream!(model);
+        return {
+          infer: (request) => {
+            seen.streamCalls++;
+            return stream.infer(request);
+          },
+          close: () => stream.close(),
+        };
+      },
+      statistics: (model) => real.statistics(model),
+    };
+    try {
+      const requests = [
+        {
+          inputs: [
+            { name: "RAW_IMAGE", datatype: "BYTES" as const, shape: [1, 1], data: [readFixtureImage(photos[0]!)] },
+          ],
+        },
+      ];
+      const r = await measure(counted, {
+        model: "resnet50_ensemble",
+        requests,
+        batch: 1,
+        concurrency: 3,
+        windowMs: 800,
+        warmupMs: 200,
+        streaming: true,
+      });
+      expect(r.requests).toBeGreaterThan(0);
+      expect(seen).toMatchObject({ streams: 3, unaryCalls: 0 });
+      expect(seen.streamCalls).toBeGreaterThanOrEqual(r.requests);
+      // A stream answers in order, one request at a time, with the model's real answer.
+      const stream = real.openStream!("resnet50_ensemble");
+      const answer = await stream.infer(requests[0]!);
+      stream.close();
+      expect(new TextDecoder().decode(answer.outputs[0]!.data[0] as Uint8Array)).toContain(top1(photos[0]!));
+    } finally {
+      real.close();
+    }
+  });
+
+  it("from the command line over gRPC streams (--streaming), with a CSV latency report (-f)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "trellis-perf-"));
+    const csv = join(dir, "latency.csv");
+    try {
+      const before = (await connectEndpoint(url("grpc"), "grpc").statistics("resnet50_ensemble"))[0];
+      const out = await client([
+        "-u",
+        url("grpc"),
+        "perf",
+        "--streaming",
+        "--concurrency-range",
+        "2",
+        "-p",
+        "1000",
+        "--warmup-interval",
+        "200",
+        "-f",
+        csv,
+        "--input-data",
+        join(fixtureImagesDir, photos[0]!),
+      ]);
+      expect(out.code, out.stderr).toBe(0);
+      expect(out.stdout).toContain("Requests: a gRPC stream per caller (ModelStreamInfer)");
+      const requests = Number(/Request count: (\d+)/.exec(out.stdout)?.[1]);
+      expect(requests).toBeGreaterThan(0);
+      // The calls went to the server as stream requests: it counted at least the window's.
+      const after = (await connectEndpoint(url("grpc"), "grpc").statistics("resnet50_ensemble"))[0];
+      const served = Number(
+        (after?.inferenceStats?.success?.count ?? 0n) - (before?.inferenceStats?.success?.count ?? 0n),
+      );
+      expect(served).toBeGreaterThanOrEqual(requests);
+      const [header, row, ...rest] = (await readFile(csv, "utf8")).trimEnd().split("\n");
+      expect(header).toBe(
+        "Concurrency,Inferences/Second,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency",
+      );
+      expect(rest).toEqual([]);
+      const cells = row!.split(",").map(Number);
+      expect(cells[0]).toBe(2);
+      expect(cells[1]).toBeCloseTo(requests, 1); // a 1 s window: inferences per second = requests
+      expect(cells[4]).toBeGreaterThan(0); // the ensemble's compute infer
+      expect(cells[6]).toBe(Number(/p50 latency: (\d+) usec/.exec(out.stdout)?.[1]));
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+    const http = await client(["-i", "http", "-u", url("http"), "perf", "--streaming"]);
+    expect(http.code).toBe(1);
+    expect(http.stderr).toContain("--streaming needs -i grpc (ModelStreamInfer)");
   });
 
   it("reads perf_analyzer's --concurrency-range", () => {
