@@ -13,7 +13,11 @@ export {
   formatResult,
   latencyReport,
   measure,
+  measureRate,
   type PerfOptions,
   type PerfResult,
+  type RatePerfOptions,
+  type RequestDistribution,
+  requestRateRange,
   type ServerSide,
 } from "./perf.js";

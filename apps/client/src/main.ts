@@ -12,7 +12,16 @@ import { Command, InvalidArgumentError, Option } from "commander";
 import { classify } from "./classify.js";
 import { connectEndpoint, DEFAULT_URLS, describeError, type Endpoint, type Protocol } from "./endpoint.js";
 import { imageInput, imageRequests, randomRequest } from "./inputs.js";
-import { concurrencyRange, formatResult, latencyReport, measure, type PerfResult } from "./perf.js";
+import {
+  concurrencyRange,
+  formatResult,
+  latencyReport,
+  measure,
+  measureRate,
+  type PerfResult,
+  type RequestDistribution,
+  requestRateRange,
+} from "./perf.js";
 
 const positive = (v: string) => {
   const n = Number(v);
@@ -89,6 +98,17 @@ program
     "--input-data <images...>",
     "images for the model's BYTES input (default: random data shaped by the model's metadata)",
   )
+  .addOption(
+    new Option(
+      "--request-rate-range <start:end:step>",
+      "instead of a concurrency, send this many requests per second, whatever the answers take (an open loop)",
+    ).argParser(asOption(requestRateRange)),
+  )
+  .addOption(
+    new Option("--request-distribution <kind>", "the request-rate schedule: even gaps, or a Poisson process's")
+      .choices(["constant", "poisson"])
+      .default("constant"),
+  )
   .option("--streaming", "send each caller's requests on a gRPC ModelStreamInfer stream of its own (gRPC only)")
   .option("-f, --latency-report-file <path>", "also write the results as CSV, one row per concurrency")
   .action(
@@ -100,10 +120,19 @@ program
       inputData?: string[];
       streaming?: boolean;
       latencyReportFile?: string;
+      requestRateRange?: number[];
+      requestDistribution: RequestDistribution;
     }) => {
       const common = program.opts<Common>();
       if (opts.streaming && common.protocol !== "grpc") {
         throw new RangeError("--streaming needs -i grpc (ModelStreamInfer), as perf_analyzer's");
+      }
+      const perf = program.commands.find((c) => c.name() === "perf");
+      if (opts.requestRateRange && perf?.getOptionValueSource("concurrencyRange") === "cli") {
+        throw new RangeError("--request-rate-range and --concurrency-range are two ways to load: choose one");
+      }
+      if (opts.requestRateRange && opts.streaming) {
+        throw new RangeError("--streaming sends one request at a time per stream: use it with --concurrency-range");
       }
       const endpoint = endpointOf(common);
       const model = common.modelName;
@@ -119,26 +148,36 @@ program
           `  Measurement window: ${opts.measurementInterval} msec (after ${opts.warmupInterval} msec uncounted)`,
         );
         console.log(`  Input: ${opts.inputData ? `${opts.inputData.length} images` : "random data"}`);
-        console.log(`  Requests: ${opts.streaming ? "a gRPC stream per caller (ModelStreamInfer)" : "unary calls"}\n`);
+        console.log(
+          `  Requests: ${opts.streaming ? "a gRPC stream per caller (ModelStreamInfer)" : "unary calls"}${opts.requestRateRange ? `, sent at a fixed rate (${opts.requestDistribution})` : ""}\n`,
+        );
         const results: PerfResult[] = [];
         const bar = process.stderr.isTTY
           ? new cliProgress.SingleBar(
-              { format: "  concurrency {c} [{bar}] {percentage}%" },
+              { format: `  ${opts.requestRateRange ? "request rate" : "concurrency"} {c} [{bar}] {percentage}%` },
               cliProgress.Presets.shades_classic,
             )
           : undefined;
-        for (const concurrency of opts.concurrencyRange) {
-          bar?.start(100, 0, { c: concurrency });
-          const r = await measure(endpoint, {
-            model,
-            requests,
-            batch: opts.batchSize,
-            concurrency,
-            windowMs: opts.measurementInterval,
-            warmupMs: opts.warmupInterval,
-            onProgress: (f) => bar?.update(Math.round(f * 100), { c: concurrency }),
-            streaming: opts.streaming,
-          });
+        const window = { model, requests, batch: opts.batchSize, windowMs: opts.measurementInterval };
+        const loads = opts.requestRateRange ?? opts.concurrencyRange;
+        for (const load of loads) {
+          bar?.start(100, 0, { c: load });
+          const onProgress = (f: number) => bar?.update(Math.round(f * 100), { c: load });
+          const r = opts.requestRateRange
+            ? await measureRate(endpoint, {
+                ...window,
+                rate: load,
+                distribution: opts.requestDistribution,
+                warmupMs: opts.warmupInterval,
+                onProgress,
+              })
+            : await measure(endpoint, {
+                ...window,
+                concurrency: load,
+                warmupMs: opts.warmupInterval,
+                onProgress,
+                streaming: opts.streaming,
+              });
           bar?.stop();
           results.push(r);
           console.log(`${formatResult(r, common.protocol)}\n`);
@@ -146,9 +185,8 @@ program
         if (opts.latencyReportFile) await writeFile(opts.latencyReportFile, latencyReport(results));
         console.log("Inferences/Second vs. Client p95 Latency");
         for (const r of results) {
-          console.log(
-            `Concurrency: ${r.concurrency}, throughput: ${r.throughput.toFixed(2)} infer/sec, latency ${r.latencyUs.p95} usec`,
-          );
+          const load = r.requestRate !== undefined ? `Request Rate: ${r.requestRate}` : `Concurrency: ${r.concurrency}`;
+          console.log(`${load}, throughput: ${r.throughput.toFixed(2)} infer/sec, latency ${r.latencyUs.p95} usec`);
         }
       } finally {
         endpoint.close();

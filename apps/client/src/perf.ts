@@ -42,7 +42,10 @@ export interface ServerSide {
 }
 
 export interface PerfResult {
+  /** Requests kept in flight; in request-rate mode, the most that were in flight at once. */
   concurrency: number;
+  /** Request-rate mode: requests sent per second (perf_analyzer's --request-rate-range). */
+  requestRate?: number;
   /** Requests answered within the window. */
   requests: number;
   /** Inferences per second (requests × batch). */
@@ -136,14 +139,98 @@ export async function measure(endpoint: Endpoint, options: PerfOptions): Promise
   options.onProgress?.(1);
   if (failure !== undefined) throw failure;
   const after = await endpoint.statistics();
+  return summarize(latencies, options.batch, windowMs, concurrency, windowBefore, after, model);
+}
 
+/** The request schedule of perf_analyzer's request-rate mode: even gaps, or a Poisson process's. */
+export type RequestDistribution = "constant" | "poisson";
+
+export interface RatePerfOptions extends Omit<PerfOptions, "concurrency" | "streaming"> {
+  /** Requests sent per second, whatever the answers take (an open loop). */
+  rate: number;
+  distribution?: RequestDistribution;
+}
+
+/**
+ * Measures one request rate, as perf_analyzer's --request-rate-range: requests go out on
+ * schedule (every 1/rate s, or at a Poisson process's times) without waiting for earlier
+ * ones, so latency is measured under that load, queueing included. The first failure ends
+ * the measurement and is thrown.
+ */
+export async function measureRate(endpoint: Endpoint, options: RatePerfOptions): Promise<PerfResult> {
+  const { model, requests, rate, windowMs, warmupMs } = options;
+  const gapMs = () => (options.distribution === "poisson" ? -Math.log(1 - Math.random()) : 1) * (1000 / rate);
+  let failure: unknown;
+  let windowStart = Number.POSITIVE_INFINITY;
+  let windowEnd = Number.POSITIVE_INFINITY;
+  const latencies: number[] = [];
+  const inFlight = new Set<Promise<void>>();
+  let mostInFlight = 0;
+  let windowBefore: ModelStatistics[] | undefined;
+  const progress = options.onProgress
+    ? setInterval(() => {
+        if (performance.now() >= windowStart) {
+          options.onProgress?.(Math.min(1, (performance.now() - windowStart) / windowMs));
+        }
+      }, 100)
+    : undefined;
+
+  const begun = performance.now();
+  let due = begun;
+  for (let k = 0; failure === undefined; k++) {
+    const now = performance.now();
+    if (now >= windowEnd) break;
+    if (windowBefore === undefined && now - begun >= warmupMs) {
+      // The window opens: the server's counts now, then requests sent from here on are counted.
+      windowBefore = await endpoint.statistics();
+      windowStart = performance.now();
+      windowEnd = windowStart + windowMs;
+      due = Math.max(due, windowStart);
+    }
+    if (due > now) await new Promise((r) => setTimeout(r, due - now));
+    const start = performance.now();
+    const call = endpoint.infer(model, requests[k % requests.length]!).then(
+      () => {
+        const end = performance.now();
+        if (start >= windowStart && end <= windowEnd) latencies.push(end - start);
+      },
+      (err: unknown) => {
+        failure ??= err;
+      },
+    );
+    const tracked = call.finally(() => inFlight.delete(tracked));
+    inFlight.add(tracked);
+    mostInFlight = Math.max(mostInFlight, inFlight.size);
+    due += gapMs();
+  }
+  await Promise.all(inFlight);
+  clearInterval(progress);
+  options.onProgress?.(1);
+  if (failure !== undefined) throw failure;
+  const after = await endpoint.statistics();
+  return {
+    ...summarize(latencies, options.batch, windowMs, mostInFlight, windowBefore ?? [], after, model),
+    requestRate: rate,
+  };
+}
+
+/** A window's latencies and the server's account of it, as a PerfResult. */
+function summarize(
+  latencies: number[],
+  batch: number,
+  windowMs: number,
+  concurrency: number,
+  before: ModelStatistics[],
+  after: ModelStatistics[],
+  model: string,
+): PerfResult {
   const sorted = [...latencies].sort((a, b) => a - b);
   const us = (ms: number) => Math.round(ms * 1000);
   const avg = sorted.length ? sorted.reduce((a, b) => a + b, 0) / sorted.length : 0;
   return {
     concurrency,
     requests: sorted.length,
-    throughput: (sorted.length * options.batch) / (windowMs / 1000),
+    throughput: (sorted.length * batch) / (windowMs / 1000),
     latencyUs: {
       avg: us(avg),
       p50: us(percentile(sorted, 50)),
@@ -151,14 +238,16 @@ export async function measure(endpoint: Endpoint, options: PerfOptions): Promise
       p95: us(percentile(sorted, 95)),
       p99: us(percentile(sorted, 99)),
     },
-    server: serverSide(windowBefore, after, model),
+    server: serverSide(before, after, model),
   };
 }
 
-/** A result as perf_analyzer prints one concurrency. */
+/** A result as perf_analyzer prints one concurrency (or one request rate). */
 export function formatResult(r: PerfResult, protocol: string): string {
   const lines = [
-    `Request concurrency: ${r.concurrency}`,
+    r.requestRate !== undefined
+      ? `Request Rate: ${r.requestRate} inference requests per seconds (at most ${r.concurrency} in flight)`
+      : `Request concurrency: ${r.concurrency}`,
     "  Client:",
     `    Request count: ${r.requests}`,
     `    Throughput: ${r.throughput.toFixed(2)} infer/sec`,
@@ -185,8 +274,9 @@ export function formatResult(r: PerfResult, protocol: string): string {
  * statistics), and none for what this tool does not measure (the client's send and receive).
  */
 export function latencyReport(results: PerfResult[]): string {
+  const rateMode = results.some((r) => r.requestRate !== undefined);
   const header = [
-    "Concurrency",
+    rateMode ? "Request Rate" : "Concurrency",
     "Inferences/Second",
     "Server Queue",
     "Server Compute Input",
@@ -202,7 +292,7 @@ export function latencyReport(results: PerfResult[]): string {
     const s = r.server[0];
     const us = (v: number | undefined) => String(Math.round(v ?? 0));
     return [
-      String(r.concurrency),
+      String(rateMode ? r.requestRate : r.concurrency),
       r.throughput.toFixed(2),
       us(s?.queueUs),
       us(s?.computeInputUs),
@@ -212,6 +302,20 @@ export function latencyReport(results: PerfResult[]): string {
     ].join(",");
   });
   return `${[header.join(","), ...rows].join("\n")}\n`;
+}
+
+/** perf_analyzer's --request-rate-range <start>:<end>:<step> (requests per second; end and step optional). */
+export function requestRateRange(v: string): number[] {
+  const parts = v.split(":");
+  const [start, end = start, step = "1"] = parts;
+  const [a, b, s] = [start, end, step].map(Number) as [number, number, number];
+  if (parts.length > 3 || ![a, b, s].every((n) => Number.isFinite(n) && n > 0) || b < a) {
+    throw new RangeError("<start>[:<end>[:<step>]], requests per second > 0, end ≥ start");
+  }
+  const out: number[] = [];
+  // Stepped in whole multiples, so 0.1 steps do not drift past the end.
+  for (let i = 0; a + i * s <= b + 1e-9; i++) out.push(Number((a + i * s).toFixed(6)));
+  return out;
 }
 
 /** perf_analyzer's --concurrency-range <start>:<end>:<step> (end and step optional). */

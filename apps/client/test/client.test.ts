@@ -19,7 +19,16 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { classify, concurrencyRange, connectEndpoint, type Endpoint, measure, randomRequest } from "../src/index.js";
+import {
+  classify,
+  concurrencyRange,
+  connectEndpoint,
+  type Endpoint,
+  measure,
+  measureRate,
+  randomRequest,
+  requestRateRange,
+} from "../src/index.js";
 
 const run = promisify(execFile);
 const MAIN = join(import.meta.dirname, "..", "dist", "main.js");
@@ -279,6 +288,77 @@ describe("perf", () => {
     const http = await client(["-i", "http", "-u", url("http"), "perf", "--streaming"]);
     expect(http.code).toBe(1);
     expect(http.stderr).toContain("--streaming needs -i grpc (ModelStreamInfer)");
+  });
+
+  it("sends requests at a fixed rate (--request-rate-range), whatever the answers take", async () => {
+    const endpoint = connectEndpoint(url("grpc"), "grpc");
+    try {
+      const requests = [
+        {
+          inputs: [
+            { name: "RAW_IMAGE", datatype: "BYTES" as const, shape: [1, 1], data: [readFixtureImage(photos[0]!)] },
+          ],
+        },
+      ];
+      const r = await measureRate(endpoint, {
+        model: "resnet50_ensemble",
+        requests,
+        batch: 1,
+        rate: 20,
+        windowMs: 1500,
+        warmupMs: 200,
+      });
+      expect(r.requestRate).toBe(20);
+      // 30 sent in the window; those still in flight at its end are not counted.
+      expect(r.requests).toBeGreaterThanOrEqual(24);
+      expect(r.requests).toBeLessThanOrEqual(31);
+      expect(r.throughput).toBeCloseTo(r.requests / 1.5, 5);
+      expect(r.server[0]?.model).toBe("resnet50_ensemble");
+      // An open loop: at 100 a second (a request every 10 ms, about what one takes here), sends
+      // overlap earlier answers; a loop waiting for each answer would never have two in flight.
+      const busy = await measureRate(endpoint, {
+        model: "resnet50_ensemble",
+        requests,
+        batch: 1,
+        rate: 100,
+        windowMs: 1000,
+        warmupMs: 100,
+      });
+      expect(busy.concurrency).toBeGreaterThanOrEqual(2);
+    } finally {
+      endpoint.close();
+    }
+    const out = await client([
+      "-u",
+      url("grpc"),
+      "perf",
+      ...[
+        "--request-rate-range",
+        "10:20:10",
+        "--request-distribution",
+        "poisson",
+        "-p",
+        "800",
+        "--warmup-interval",
+        "100",
+      ],
+      ...["--input-data", join(fixtureImagesDir, photos[0]!)],
+    ]);
+    expect(out.code, out.stderr).toBe(0);
+    expect(out.stdout).toContain("sent at a fixed rate (poisson)");
+    expect(out.stdout).toMatch(/Request Rate: 10 inference requests per seconds \(at most \d+ in flight\)/);
+    expect(out.stdout).toMatch(/Request Rate: 20, throughput: [\d.]+ infer\/sec/);
+    const both = await client(["-u", url("grpc"), "perf", "--request-rate-range", "5", "--concurrency-range", "2"]);
+    expect(both.code).toBe(1);
+    expect(both.stderr).toContain("--request-rate-range and --concurrency-range are two ways to load: choose one");
+  });
+
+  it("reads perf_analyzer's --request-rate-range", () => {
+    expect(requestRateRange("20")).toEqual([20]);
+    expect(requestRateRange("10:13")).toEqual([10, 11, 12, 13]);
+    expect(requestRateRange("0.5:1.5:0.5")).toEqual([0.5, 1, 1.5]);
+    expect(() => requestRateRange("0")).toThrow(/requests per second > 0/);
+    expect(() => requestRateRange("5:2")).toThrow(/end ≥ start/);
   });
 
   it("reads perf_analyzer's --concurrency-range", () => {
