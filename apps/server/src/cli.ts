@@ -22,6 +22,7 @@ import { Command, InvalidArgumentError, Option } from "commander";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import type { MetricsOptions } from "./metrics.js";
 import { DEFAULT_OTEL_SETTINGS, type OtelSettings } from "./otel.js";
+import type { RedisCacheSettings } from "./redis-cache.js";
 import type { ControlMode } from "./repository.js";
 import { SERVER_VERSION } from "./server.js";
 import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "./tracing.js";
@@ -195,7 +196,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--cache-config <cache,key=value>",
-    "response cache, as tritonserver's: local,size=<bytes> (models opt in with response_cache { enable: true }); repeatable",
+    "response cache, as tritonserver's: local,size=<bytes>, or a Redis server the replicas share: redis,host=<host>, redis,port=<port> (default localhost:6379), redis,user=, redis,password=, redis,wait_timeout_ms= (default 1000); models opt in with response_cache { enable: true }; repeatable",
     collect,
     [],
   )
@@ -462,13 +463,18 @@ function splitSetting(entry: string): { scope?: string; key: string; value?: str
   };
 }
 
+/** The response cache the command line asks for: this process's, or a Redis server's. */
+export type CacheChoice = { kind: "local"; size: number } | { kind: "redis"; settings: RedisCacheSettings };
+
+const REDIS_DEFAULTS: RedisCacheSettings = { host: "localhost", port: 6379, waitTimeoutMs: 1000 };
+
 /**
  * The response cache from --cache-config (tritonserver's syntax: "<cache>,<key>=<value>",
- * repeatable): only the local (in-process) cache, whose one setting is size in bytes.
- * tritonserver's older --response-cache-byte-size <n> is local,size=<n> (0: no cache);
- * --cache-config wins over it.
+ * repeatable): the local (in-process) cache, whose one setting is size in bytes, or Redis
+ * (host, port, user, password, wait_timeout_ms). tritonserver's older
+ * --response-cache-byte-size <n> is local,size=<n> (0: no cache); --cache-config wins over it.
  */
-function responseCache(flags: Flags): ResponseCache | undefined {
+function responseCache(flags: Flags): CacheChoice | undefined {
   let size: number | undefined;
   if (flags.responseCacheByteSize !== undefined) {
     const n = Number(flags.responseCacheByteSize);
@@ -479,18 +485,40 @@ function responseCache(flags: Flags): ResponseCache | undefined {
     }
     if (n > 0) size = n;
   }
+  let redis: RedisCacheSettings | undefined;
+  const whole = (entry: string, value: string | undefined, what: string) => {
+    const n = Number(value);
+    if (!value || !Number.isSafeInteger(n) || n < 1) throw new UsageError(`--cache-config ${entry}: expected ${what}`);
+    return n;
+  };
   for (const entry of flags.cacheConfig) {
     const { scope, key, value } = splitSetting(entry);
+    if (scope === "redis") {
+      redis ??= { ...REDIS_DEFAULTS };
+      if (key === "host" && value) redis.host = value;
+      else if (key === "port") redis.port = whole(entry, value, "a port number");
+      else if (key === "user" && value !== undefined) redis.user = value;
+      else if (key === "password" && value !== undefined) redis.password = value;
+      else if (key === "wait_timeout_ms") redis.waitTimeoutMs = whole(entry, value, "a number of milliseconds");
+      else {
+        throw new UsageError(
+          `--cache-config ${entry}: the redis cache's settings here are host, port, user, password and wait_timeout_ms`,
+        );
+      }
+      continue;
+    }
     if ((scope ?? key) !== "local") {
-      throw new UsageError(`--cache-config ${entry}: only the local cache is supported ("local,size=<bytes>")`);
+      throw new UsageError(
+        `--cache-config ${entry}: the caches are local ("local,size=<bytes>") and redis ("redis,host=<host>", "redis,port=<port>")`,
+      );
     }
-    const n = Number(value);
-    if (key !== "size" || !Number.isSafeInteger(n) || n < 1) {
-      throw new UsageError(`--cache-config ${entry}: expected local,size=<bytes> with a whole number of bytes`);
-    }
-    size = n;
+    size = whole(entry, value && key === "size" ? value : undefined, "local,size=<bytes> with a whole number of bytes");
   }
-  return size === undefined ? undefined : new ResponseCache(size);
+  if (redis && size !== undefined) {
+    throw new UsageError("--cache-config: one response cache, local or redis, not both");
+  }
+  if (redis) return { kind: "redis", settings: redis };
+  return size === undefined ? undefined : { kind: "local", size };
 }
 
 /**
@@ -741,7 +769,7 @@ export interface Settings {
   /** A warning for each tritonserver flag given that has no effect here (see triton-flags.ts). */
   warnings: string[];
   endpointsTls?: GrpcTlsOptions;
-  responseCache?: ResponseCache;
+  responseCache?: CacheChoice;
   grpcTls?: GrpcServerTlsOptions;
   httpRestrictions?: ApiRestrictions;
   grpcRestrictions?: ApiRestrictions;

@@ -5,12 +5,13 @@
  */
 import { resolve } from "node:path";
 import v8 from "node:v8";
-import { SystemSharedMemory } from "@trellis/stage";
+import { ResponseCache, SystemSharedMemory } from "@trellis/stage";
 import { ensureSeedModels } from "./bootstrap.js";
 import { readCommandLine, UsageError } from "./cli.js";
 import { loadEndpoints, modelLoader } from "./loader.js";
 import { createServerLogger } from "./logging.js";
 import { OtelExport } from "./otel.js";
+import { RedisResponseCache } from "./redis-cache.js";
 import { RepositoryManager } from "./repository.js";
 import { startServer } from "./server.js";
 import { Tracer } from "./tracing.js";
@@ -37,6 +38,13 @@ async function main(): Promise<void> {
 
   if (flags.fetchModels) await ensureSeedModels(repositories, logger);
   const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;
+  const cache = settings.responseCache;
+  const responseCache =
+    cache?.kind === "redis"
+      ? await RedisResponseCache.connect(cache.settings, logger).catch((err: Error) => {
+          throw new UsageError(`--cache-config redis: ${err.message}`);
+        })
+      : cache && new ResponseCache(cache.size);
 
   const manager = new RepositoryManager({
     repositories,
@@ -49,7 +57,7 @@ async function main(): Promise<void> {
     rateLimiter: settings.rateLimiter,
     defaultMaxBatchSize: settings.defaultMaxBatchSize,
     endpoints,
-    responseCache: settings.responseCache,
+    responseCache,
     strictReadiness: flags.strictReadiness,
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
@@ -93,6 +101,7 @@ async function main(): Promise<void> {
     logger.info({ signal }, "shutting down");
     server.shutdown(flags.exitTimeoutSecs * 1000).then(
       ({ timedOut }) => {
+        if (responseCache instanceof RedisResponseCache) responseCache.close();
         logger.info({ timedOut }, "stopped");
         process.exit(0);
       },

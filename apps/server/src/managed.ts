@@ -20,7 +20,7 @@ import {
   type InferResponse,
   nowNs,
   type RequestedOutput,
-  type ResponseCache,
+  type ResponseStore,
   responseCacheKey,
   type Stage,
   StageError,
@@ -30,7 +30,7 @@ import {
 
 /** The response cache a model uses, and the scope its keys are made in (model, version, which load). */
 export interface ModelCache {
-  store: ResponseCache;
+  store: ResponseStore;
   scope: string;
 }
 
@@ -113,45 +113,31 @@ export class ManagedStage implements Stage {
     }
   }
 
-  /** From the response cache when it holds the answer, else by running the stage. */
+  /**
+   * From the response cache when it holds the answer, else by running the stage. The request
+   * counts as in flight from here, a shared cache's round trip included, so an unload waits for it.
+   */
   private async answer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
-    if (!this.cache) return this.run(request, options);
-    const { store, scope } = this.cache;
-    const started = nowNs();
-    const key = responseCacheKey(scope, request);
-    const hit = store.lookup(key, request);
-    if (hit) {
-      this.cacheHits.count++;
-      this.cacheHits.ns += nowNs() - started;
-      return hit;
-    }
-    const lookupNs = nowNs() - started;
-    const response = await this.run(request, options);
-    const inserting = nowNs();
-    store.insert(key, response);
-    // Triton's cache-miss time: the lookup plus the insertion, not the execution between them.
-    this.cacheMisses.count++;
-    this.cacheMisses.ns += lookupNs + (nowNs() - inserting);
-    return response;
-  }
-
-  private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     this.inflightCount++;
     try {
-      const classify = classificationRequests(this.name, request.outputs);
-      // The request goes through unchanged: a stage that implements classification itself
-      // (postprocess does, on its probabilities) answers with BYTES and is left alone.
-      const response = await this.inner.infer(request, options);
-      if (classify.size === 0) return response;
-      const batched = this.config.maxBatchSize > 0;
-      return {
-        ...response,
-        outputs: response.outputs.map((t) => {
-          const k = classify.get(t.name);
-          if (k === undefined || t.datatype === "BYTES") return t;
-          return classification(this.name, t, k, batched, this.labels.get(t.name));
-        }),
-      };
+      if (!this.cache) return await this.run(request, options);
+      const { store, scope } = this.cache;
+      const started = nowNs();
+      const key = responseCacheKey(scope, request);
+      const hit = await store.lookup(key, request);
+      if (hit) {
+        this.cacheHits.count++;
+        this.cacheHits.ns += nowNs() - started;
+        return hit;
+      }
+      const lookupNs = nowNs() - started;
+      const response = await this.run(request, options);
+      const inserting = nowNs();
+      await store.insert(key, response);
+      // Triton's cache-miss time: the lookup plus the insertion, not the execution between them.
+      this.cacheMisses.count++;
+      this.cacheMisses.ns += lookupNs + (nowNs() - inserting);
+      return response;
     } finally {
       this.inflightCount--;
       if (this.inflightCount === 0) {
@@ -160,6 +146,23 @@ export class ManagedStage implements Stage {
         for (const w of waiters) w();
       }
     }
+  }
+
+  private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+    const classify = classificationRequests(this.name, request.outputs);
+    // The request goes through unchanged: a stage that implements classification itself
+    // (postprocess does, on its probabilities) answers with BYTES and is left alone.
+    const response = await this.inner.infer(request, options);
+    if (classify.size === 0) return response;
+    const batched = this.config.maxBatchSize > 0;
+    return {
+      ...response,
+      outputs: response.outputs.map((t) => {
+        const k = classify.get(t.name);
+        if (k === undefined || t.datatype === "BYTES") return t;
+        return classification(this.name, t, k, batched, this.labels.get(t.name));
+      }),
+    };
   }
 
   /** Resolves once no request is in flight. */

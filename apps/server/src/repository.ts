@@ -4,6 +4,8 @@
  * (READY / UNAVAILABLE / LOADING / UNLOADING) and serves them as a
  * ModelRegistry to both frontends.
  */
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, isAbsolute, join, resolve, sep } from "node:path";
@@ -16,7 +18,7 @@ import {
   type ModelRegistry,
   type ModelRepositoryControl,
   type RateLimiter,
-  type ResponseCache,
+  type ResponseStore,
   type Stage,
   StageError,
   type StageLogger,
@@ -47,7 +49,7 @@ export interface RepositoryManagerOptions {
   /** Remote steps: model name -> KServe v2 gRPC URL. */
   endpoints?: Record<string, string>;
   /** The server's response cache (--cache-config); models whose config enables `response_cache` use it. */
-  responseCache?: ResponseCache;
+  responseCache?: ResponseStore;
   /**
    * Ready only when every loaded model is (default true, tritonserver's --strict-readiness);
    * false: ready whenever the server is up, whatever its models are doing.
@@ -115,7 +117,7 @@ export class RepositoryManager implements ModelRegistry {
     >
   > & {
     endpoints: Record<string, string>;
-    responseCache?: ResponseCache;
+    responseCache?: ResponseStore;
     defaultMaxBatchSize?: number;
     rateLimiter?: RateLimiter;
   };
@@ -454,7 +456,7 @@ export class RepositoryManager implements ModelRegistry {
             stage,
             await labels,
             () => this.readyVersions(model.name),
-            this.cacheFor(model, version),
+            await this.cacheFor(model, version),
           );
           entry.state = "READY";
           e.versions.set(version, entry);
@@ -552,8 +554,12 @@ export class RepositoryManager implements ModelRegistry {
       .catch((err: unknown) => this.opts.logger.warn({ model, version, err: String(err) }, "error closing model"));
   }
 
-  /** The response cache for one load of a model version, if the server has one and the config enables it. */
-  private cacheFor(model: RepositoryModel, version: string): ModelCache | undefined {
+  /**
+   * The response cache for one load of a model version, if the server has one and the config
+   * enables it. In this process's cache each load has entries of its own; in a cache replicas
+   * share, a load's entries are those of the same model files, whoever computed them.
+   */
+  private async cacheFor(model: RepositoryModel, version: string): Promise<ModelCache | undefined> {
     if (!model.config.responseCache?.enable) return undefined;
     const store = this.opts.responseCache;
     if (!store) {
@@ -563,7 +569,8 @@ export class RepositoryManager implements ModelRegistry {
       );
       return undefined;
     }
-    return { store, scope: `${model.name}\u0000${version}\u0000${++this.loads}` };
+    const load = store.shared ? await contentHash(model, version) : String(++this.loads);
+    return { store, scope: `${model.name}\u0000${version}\u0000${load}` };
   }
 
   /**
@@ -718,6 +725,26 @@ async function sourceOf(model: RepositoryModel, versions: string[]): Promise<str
   const parts = [model.configText, model.versions.join(","), ...(await files(model.modelDir))];
   for (const v of versions) parts.push(`[${v}]`, ...(await files(join(model.modelDir, v))));
   return parts.join("\n");
+}
+
+/**
+ * What a model version is, for a cache its replicas share: its config and the contents of the
+ * files in its folder and its version folder (not their times, which differ between machines).
+ */
+async function contentHash(model: RepositoryModel, version: string): Promise<string> {
+  const hash = createHash("sha256").update(model.configText);
+  for (const dir of [model.modelDir, join(model.modelDir, version)]) {
+    const entries = await readdir(dir, { withFileTypes: true, recursive: dir !== model.modelDir }).catch(() => []);
+    const files = entries
+      .filter((d) => d.isFile())
+      .map((d) => join(d.parentPath ?? dir, d.name))
+      .sort();
+    for (const file of files) {
+      hash.update(`\u0000${file.slice(model.modelDir.length)}\u0000`);
+      for await (const chunk of createReadStream(file)) hash.update(chunk as Buffer);
+    }
+  }
+  return hash.digest("base64");
 }
 
 /** Waits for a stage that loaded but is still warming up. */

@@ -140,14 +140,14 @@ describe("without a server cache", () => {
   });
 
   it("refuses a --cache-config it cannot use, saying what it expects", async () => {
-    const redis = await startServerProcess([
+    const memcached = await startServerProcess([
       "--model-repository",
       repo,
       "--cache-config",
-      "redis,host=localhost",
+      "memcached,host=localhost",
     ]).catch((e: Error) => e);
-    expect(String(redis)).toContain(
-      '--cache-config redis,host=localhost: only the local cache is supported ("local,size=<bytes>")',
+    expect(String(memcached)).toContain(
+      '--cache-config memcached,host=localhost: the caches are local ("local,size=<bytes>") and redis',
     );
     const noSize = await startServerProcess(["--model-repository", repo, "--cache-config", "local,size=lots"]).catch(
       (e: Error) => e,

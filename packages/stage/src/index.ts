@@ -64,7 +64,7 @@ export {
   type ModelRepositoryControl,
   stageRegistry,
 } from "./registry.js";
-export { ResponseCache, type ResponseCacheStats, responseCacheKey } from "./response-cache.js";
+export { ResponseCache, type ResponseCacheStats, type ResponseStore, responseCacheKey } from "./response-cache.js";
 export {
   compressMessage,
   RESPONSE_COMPRESSION_LEVELS,

@@ -27,7 +27,23 @@ export interface ResponseCacheStats {
   evictions: number;
 }
 
-export class ResponseCache {
+/**
+ * Where cached responses live: this process (ResponseCache), or a store the server's
+ * replicas share (the server's Redis cache), whose calls may take a round trip.
+ */
+export interface ResponseStore {
+  /** The cached response for `key` (its id the request's), or undefined. */
+  lookup(key: string, request: InferRequest): InferResponse | undefined | Promise<InferResponse | undefined>;
+  /** Stores `response` under `key`. */
+  insert(key: string, response: InferResponse): void | Promise<void>;
+  /**
+   * Shared by server processes: entries must be scoped by what the model is (its files'
+   * contents), not by this process's own count of loads.
+   */
+  readonly shared?: boolean;
+}
+
+export class ResponseCache implements ResponseStore {
   private readonly entries = new Map<string, Entry>();
   private usedBytes = 0;
   private evictions = 0;
