@@ -15,7 +15,6 @@ import {
   headerForwardPattern,
   parseRestriction,
   RateLimiter,
-  ResponseCache,
   type ResponseCompressionLevel,
 } from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
