@@ -195,7 +195,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--cache-config <cache,key=value>",
-    "response cache, as tritonserver's: local,size=<bytes>, or a Redis server the replicas share: redis,host=<host>, redis,port=<port> (default localhost:6379), redis,user=, redis,password=, redis,wait_timeout_ms= (default 1000); models opt in with response_cache { enable: true }; repeatable",
+    "response cache, as tritonserver's: local,size=<bytes>, or a Redis server the replicas share: redis,host=<host>, redis,port=<port> (default localhost:6379), redis,user=, redis,password=, redis,wait_timeout_ms= (default 1000), redis,tls_enabled=true with redis,ca_cert=/cert=/key=/sni=; models opt in with response_cache { enable: true }; repeatable",
     collect,
     [],
   )
@@ -485,6 +485,7 @@ function responseCache(flags: Flags): CacheChoice | undefined {
     if (n > 0) size = n;
   }
   let redis: RedisCacheSettings | undefined;
+  const tlsFiles: NonNullable<RedisCacheSettings["tls"]> = {};
   const whole = (entry: string, value: string | undefined, what: string) => {
     const n = Number(value);
     if (!value || !Number.isSafeInteger(n) || n < 1) throw new UsageError(`--cache-config ${entry}: expected ${what}`);
@@ -499,9 +500,14 @@ function responseCache(flags: Flags): CacheChoice | undefined {
       else if (key === "user" && value !== undefined) redis.user = value;
       else if (key === "password" && value !== undefined) redis.password = value;
       else if (key === "wait_timeout_ms") redis.waitTimeoutMs = whole(entry, value, "a number of milliseconds");
-      else {
+      else if (key === "tls_enabled" && (value === "true" || value === "false")) {
+        if (value === "true") redis.tls ??= {};
+        else delete redis.tls;
+      } else if ((key === "ca_cert" || key === "cert" || key === "key" || key === "sni") && value) {
+        tlsFiles[key === "ca_cert" ? "caCert" : key] = value;
+      } else {
         throw new UsageError(
-          `--cache-config ${entry}: the redis cache's settings here are host, port, user, password and wait_timeout_ms`,
+          `--cache-config ${entry}: the redis cache's settings here are host, port, user, password, wait_timeout_ms, tls_enabled, ca_cert, cert, key and sni`,
         );
       }
       continue;
@@ -515,6 +521,10 @@ function responseCache(flags: Flags): CacheChoice | undefined {
   }
   if (redis && size !== undefined) {
     throw new UsageError("--cache-config: one response cache, local or redis, not both");
+  }
+  if (redis && Object.keys(tlsFiles).length > 0) {
+    if (!redis.tls) throw new UsageError("--cache-config redis,ca_cert/cert/key/sni need redis,tls_enabled=true");
+    redis.tls = tlsFiles;
   }
   if (redis) return { kind: "redis", settings: redis };
   return size === undefined ? undefined : { kind: "local", size };

@@ -2,11 +2,12 @@
  * Triton's Redis response cache (--cache-config redis,host=...,port=...): the
  * response cache kept in a Redis server, so the replicas of a deployment share
  * it (an answer one computed is a hit for the others). Entries are the
- * responses as KServe v2 gRPC messages, raw tensors in them; Redis's own
+ * responses as KServe v2 gRPC messages, raw tensors in them, over TCP or TLS; Redis's own
  * maxmemory policy bounds and evicts them. A Redis that fails mid-run costs
  * cache hits, never requests: a failed lookup is a miss, a failed insert is
  * skipped, each logged.
  */
+import { readFile } from "node:fs/promises";
 import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import { ModelInferResponseSchema } from "@trellis/protocol";
 import {
@@ -26,6 +27,16 @@ export interface RedisCacheSettings {
   password?: string;
   /** How long a command may take before it counts as failed (Triton's wait_timeout_ms). */
   waitTimeoutMs: number;
+  /** TLS (Triton's tls_enabled): PEM files for the CA to trust (default the system's) and a client certificate. */
+  tls?: { caCert?: string; cert?: string; key?: string; sni?: string };
+}
+
+/** A TLS setting's file, read now: one that cannot be read names the setting. */
+async function pem(setting: string, path: string | undefined): Promise<Buffer | undefined> {
+  if (path === undefined) return undefined;
+  return readFile(path).catch((err: Error) => {
+    throw new Error(`${setting}=${path}: ${err.message}`);
+  });
 }
 
 /** Where Trellis's entries live in the Redis keyspace. */
@@ -40,9 +51,16 @@ export class RedisResponseCache implements ResponseStore {
 
   /** Connects, and checks the server answers: one that cannot be reached stops the server at start. */
   static async connect(settings: RedisCacheSettings, log?: StageLogger): Promise<RedisResponseCache> {
+    const tls = settings.tls && {
+      ...(settings.tls.caCert ? { ca: await pem("ca_cert", settings.tls.caCert) } : {}),
+      ...(settings.tls.cert ? { cert: await pem("cert", settings.tls.cert) } : {}),
+      ...(settings.tls.key ? { key: await pem("key", settings.tls.key) } : {}),
+      ...(settings.tls.sni ? { servername: settings.tls.sni } : {}),
+    };
     const redis = new Redis({
       host: settings.host,
       port: settings.port,
+      ...(tls ? { tls } : {}),
       ...(settings.user ? { username: settings.user } : {}),
       ...(settings.password ? { password: settings.password } : {}),
       commandTimeout: settings.waitTimeoutMs,

@@ -10,7 +10,7 @@ import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { writeFile } from "node:fs/promises";
 import net from "node:net";
 import { join } from "node:path";
-import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { removeDir, type ServerProcess, startServerProcess, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { echoConfig, makeRepository, postJson } from "./helpers.js";
 
@@ -32,6 +32,19 @@ const freePort = () =>
     });
   });
 
+/** Resolves once something accepts connections on `port`. */
+async function listening(port: number): Promise<void> {
+  for (let i = 0; i < 100; i++) {
+    const up = await new Promise<boolean>((resolve) => {
+      const s = net.connect(port, "127.0.0.1", () => resolve(!!s.end()));
+      s.on("error", () => resolve(false));
+    });
+    if (up) return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`nothing listens on ${port}`);
+}
+
 interface Stats {
   inference_stats: { cache_hit?: { count: number }; cache_miss?: { count: number } };
   execution_count: number;
@@ -52,14 +65,7 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
     redis = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], {
       stdio: "ignore",
     });
-    for (let i = 0; i < 100; i++) {
-      const up = await new Promise<boolean>((resolve) => {
-        const s = net.connect(port, "127.0.0.1", () => resolve(!!s.end()));
-        s.on("error", () => resolve(false));
-      });
-      if (up) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await listening(port);
     repo = await makeRepository({
       cached: { config: echoConfig("cached", { extra: "response_cache { enable: true }", params: { scale: "3" } }) },
     });
@@ -105,6 +111,44 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
     }
   });
 
+  it("reaches a Redis over TLS with the CA given (tls_enabled, ca_cert), and stops at start without it", async () => {
+    const tlsPort = await freePort();
+    const tlsRedis = spawn(
+      "redis-server",
+      [
+        ...["--port", "0", "--tls-port", String(tlsPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        ...["--tls-cert-file", TLS_CERT_PATH, "--tls-key-file", TLS_KEY_PATH, "--tls-auth-clients", "no"],
+      ],
+      { stdio: "ignore" },
+    );
+    try {
+      await listening(tlsPort);
+      const redisTls = ["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${tlsPort}`];
+      const server = await startServerProcess([
+        "--model-repository",
+        repo,
+        ...redisTls,
+        ...["--cache-config", "redis,tls_enabled=true", "--cache-config", `redis,ca_cert=${TLS_CERT_PATH}`],
+      ]);
+      try {
+        for (let i = 0; i < 2; i++) expect((await infer(server, [7, 7, 7, 7])).status).toBe(200);
+        expect(await stats(server)).toMatchObject({ execution_count: 1, inference_stats: { cache_hit: { count: 1 } } });
+      } finally {
+        expect(await server.stop()).toBe(0);
+      }
+      // Without the CA the certificate is not trusted: the cache is unusable, so the server does not start.
+      const untrusted = await startServerProcess([
+        "--model-repository",
+        repo,
+        ...redisTls,
+        ...["--cache-config", "redis,tls_enabled=true"],
+      ]).catch((e: Error) => e);
+      expect(String(untrusted)).toMatch(/--cache-config redis: cannot reach Redis at 127\.0\.0\.1:\d+: .*certificate/);
+    } finally {
+      tlsRedis.kill();
+    }
+  });
+
   it("answers every request when Redis goes away mid-run: lookups become misses, said in the log", async () => {
     const d = await start();
     try {
@@ -127,14 +171,14 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
       ...["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${await freePort()}`],
     ]).catch((e: Error) => e);
     expect(String(nowhere)).toMatch(/trellis-server: --cache-config redis: cannot reach Redis at 127\.0\.0\.1:\d+: /);
-    const tls = await startServerProcess([
+    const pool = await startServerProcess([
       "--model-repository",
       repo,
       "--cache-config",
-      "redis,tls_enabled=true",
+      "redis,max_connections=4",
     ]).catch((e: Error) => e);
-    expect(String(tls)).toContain(
-      "--cache-config redis,tls_enabled=true: the redis cache's settings here are host, port, user, password and wait_timeout_ms",
+    expect(String(pool)).toContain(
+      "--cache-config redis,max_connections=4: the redis cache's settings here are host, port, user, password, wait_timeout_ms, tls_enabled, ca_cert, cert, key and sni",
     );
     const both = await startServerProcess([
       "--model-repository",
