@@ -286,6 +286,24 @@ export const program = new Command("trellis-server")
     false,
   )
   .option(
+    "--grpc-http2-max-pings-without-data <n>",
+    "keepalive pings the server sends before a call's headers or data must go out again; 0: no limit",
+    count,
+    2,
+  )
+  .option(
+    "--grpc-http2-min-recv-ping-interval-without-data <ms>",
+    "with --grpc-keepalive-permit-without-calls, the shortest gap between a client's pings on a connection with no call that is not a strike (without it: 2 hours)",
+    milliseconds,
+    300_000,
+  )
+  .option(
+    "--grpc-http2-max-ping-strikes <n>",
+    "pings too close together on a connection with no call that are let go before it is closed with GOAWAY too_many_pings; 0: no limit",
+    count,
+    2,
+  )
+  .option(
     "--grpc-max-connection-age <ms>",
     "close each gRPC connection this long after it opened (GOAWAY: calls in flight finish, new ones go to a new connection)",
     milliseconds,
@@ -365,6 +383,9 @@ export interface Flags {
   grpcKeepaliveTime: number;
   grpcKeepaliveTimeout: number;
   grpcKeepalivePermitWithoutCalls: boolean;
+  grpcHttp2MaxPingsWithoutData: number;
+  grpcHttp2MinRecvPingIntervalWithoutData: number;
+  grpcHttp2MaxPingStrikes: number;
   grpcMaxConnectionAge?: number;
   grpcMaxConnectionAgeGrace?: number;
   logInfo: boolean;

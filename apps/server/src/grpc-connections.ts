@@ -1,9 +1,10 @@
 /**
  * gRPC connection management, as gRPC core's server arguments that tritonserver
  * exposes: keepalive pings (a connection whose peer stops answering them is
- * closed, so a vanished client's calls do not hang on) and a maximum connection
- * age (clients reconnect from time to time, so a load balancer in front sees new
- * connections to spread).
+ * closed, so a vanished client's calls do not hang on), ping policing (a client
+ * pinging an idle connection too often is sent GOAWAY too_many_pings) and a
+ * maximum connection age (clients reconnect from time to time, so a load
+ * balancer in front sees new connections to spread).
  */
 import type http2 from "node:http2";
 
@@ -18,10 +19,23 @@ export interface GrpcConnectionOptions {
   maxAgeMs?: number;
   /** After the age is reached, how long calls in flight may take before the connection is cut (--grpc-max-connection-age-grace). */
   maxAgeGraceMs?: number;
+  /** Keepalive pings sent before the server must have sent a call's headers or data again; 0: no limit (--grpc-http2-max-pings-without-data; default 2). */
+  maxPingsWithoutData?: number;
+  /** Shortest gap between a client's pings on a connection with no call that is not a strike, with keepaliveWithoutCalls (--grpc-http2-min-recv-ping-interval-without-data; default 5 min). */
+  minRecvPingIntervalMs?: number;
+  /** Strikes a client may earn before the connection is closed with GOAWAY too_many_pings; 0: no limit (--grpc-http2-max-ping-strikes; default 2). */
+  maxPingStrikes?: number;
 }
 
 export const DEFAULT_KEEPALIVE_TIME_MS = 7_200_000;
 export const DEFAULT_KEEPALIVE_TIMEOUT_MS = 20_000;
+export const DEFAULT_MAX_PINGS_WITHOUT_DATA = 2;
+export const DEFAULT_MIN_RECV_PING_INTERVAL_MS = 300_000;
+export const DEFAULT_MAX_PING_STRIKES = 2;
+/** gRPC core's floor for a client's pings on a connection with no call, unless such pings are permitted. */
+const IDLE_PING_INTERVAL_MS = 7_200_000;
+/** HTTP/2's ENHANCE_YOUR_CALM, the GOAWAY code gRPC core closes a ping-flooding connection with. */
+const ENHANCE_YOUR_CALM = 0xb;
 
 interface Logger {
   debug?(obj: object, msg?: string): void;
@@ -41,9 +55,41 @@ export function manageGrpcConnection(
     timers.push(timer);
   };
   let calls = 0;
+  // A call's start and end are when the server sends headers and data, which node:http2 gives no
+  // event for between them: the ping policies below count from those, and so err on the lenient side.
+  let pingsSent = 0;
+  let lastClientPing: number | undefined;
+  let strikes = 0;
+  const sentData = () => {
+    pingsSent = 0;
+    lastClientPing = undefined;
+    strikes = 0;
+  };
   session.on("stream", (stream) => {
     calls++;
-    stream.once("close", () => calls--);
+    sentData();
+    stream.once("close", () => {
+      calls--;
+      sentData();
+    });
+  });
+  // gRPC core's ping policing, on connections with no call in flight (during a call the server
+  // may be sending data unseen here, which would excuse the pings): pings closer together than
+  // the interval are strikes, and past the strikes allowed the connection is closed.
+  const maxStrikes = options.maxPingStrikes ?? DEFAULT_MAX_PING_STRIKES;
+  const idleInterval = options.keepaliveWithoutCalls
+    ? (options.minRecvPingIntervalMs ?? DEFAULT_MIN_RECV_PING_INTERVAL_MS)
+    : IDLE_PING_INTERVAL_MS;
+  session.on("ping", () => {
+    if (calls > 0) return;
+    const now = Date.now();
+    if (lastClientPing !== undefined && now - lastClientPing < idleInterval) strikes++;
+    lastClientPing = now;
+    if (maxStrikes > 0 && strikes > maxStrikes && !session.destroyed) {
+      logger?.debug?.({ strikes }, "gRPC client pings too often: GOAWAY too_many_pings");
+      session.goaway(ENHANCE_YOUR_CALM, 0, Buffer.from("too_many_pings"));
+      session.destroy();
+    }
   });
   // The ping waiting for its acknowledgement, if any: past this timer the connection is closed.
   let unanswered: NodeJS.Timeout | undefined;
@@ -58,6 +104,9 @@ export function manageGrpcConnection(
     () => {
       if (unanswered || session.destroyed || session.closed) return;
       if (calls === 0 && !options.keepaliveWithoutCalls) return;
+      const maxPings = options.maxPingsWithoutData ?? DEFAULT_MAX_PINGS_WITHOUT_DATA;
+      if (maxPings > 0 && pingsSent >= maxPings) return;
+      pingsSent++;
       const deadline = setTimeout(() => {
         logger?.debug?.({ timeoutMs }, "gRPC keepalive ping unanswered: closing the connection");
         session.destroy();

@@ -87,6 +87,9 @@ async function main(): Promise<void> {
       keepaliveWithoutCalls: flags.grpcKeepalivePermitWithoutCalls,
       maxAgeMs: flags.grpcMaxConnectionAge,
       maxAgeGraceMs: flags.grpcMaxConnectionAgeGrace,
+      maxPingsWithoutData: flags.grpcHttp2MaxPingsWithoutData,
+      minRecvPingIntervalMs: flags.grpcHttp2MinRecvPingIntervalWithoutData,
+      maxPingStrikes: flags.grpcHttp2MaxPingStrikes,
     },
     sharedMemory: flags.allowClientShm ? new SystemSharedMemory() : undefined,
   });

@@ -24,7 +24,6 @@ interface CompatFlag {
 const NO_CUDA =
   "this server allocates no GPU memory (the GPU path is a Triton server that the TensorRT bridge calls; set it there)";
 const EVENT_LOOP = "requests are served by Node's event loop, with no such threads or pools to size";
-const PINGS = "Node's HTTP/2 does not police clients' pings";
 const isTrue = (value: string) => ["true", "1", "on", "yes"].includes(value.toLowerCase());
 
 /** A boolean flag whose false is what this server does anyway, and whose true it cannot do. */
@@ -49,9 +48,6 @@ const COMPAT_FLAGS: CompatFlag[] = [
   { name: "http-thread-count", arg: "<n>", why: EVENT_LOOP },
   { name: "grpc-infer-allocation-pool-size", arg: "<n>", why: EVENT_LOOP },
   { name: "host-policy", arg: "<name>,<setting>=<value>", why: "this server has no host policies (NUMA binding)" },
-  { name: "grpc-http2-max-pings-without-data", arg: "<n>", why: PINGS },
-  { name: "grpc-http2-min-recv-ping-interval-without-data", arg: "<ms>", why: PINGS },
-  { name: "grpc-http2-max-ping-strikes", arg: "<n>", why: PINGS },
   refusedWhenTrue("reuse-http-port", "sharing a port needs Node 22's reusePort"),
   refusedWhenTrue("reuse-grpc-port", "sharing a port needs Node 22's reusePort"),
   refusedWhenTrue("model-namespacing", "models are named without namespaces here; names must be unique"),

@@ -376,6 +376,8 @@ describe("gRPC connections", () => {
       "--model-repository",
       repo,
       ...["--grpc-keepalive-time", "100", "--grpc-keepalive-timeout", "300", "--grpc-keepalive-permit-without-calls"],
+      // No limit on pings while the server sends nothing (gRPC core's default stops after 2).
+      ...["--grpc-http2-max-pings-without-data", "0"],
     ]);
     try {
       // Node's client answers pings: the connection stays, pinged every 100 ms.
@@ -410,6 +412,78 @@ describe("gRPC connections", () => {
       expect(sawPing).toBe(true);
     } finally {
       expect(await server.stop()).toBe(0);
+    }
+  });
+
+  it("stops pinging after --grpc-http2-max-pings-without-data pings while it sends nothing (2 by default)", async () => {
+    const server = await startServerProcess([
+      "--model-repository",
+      repo,
+      ...["--grpc-keepalive-time", "100", "--grpc-keepalive-permit-without-calls"],
+    ]);
+    try {
+      const session = http2.connect(server.grpc);
+      let pings = 0;
+      session.on("ping", () => pings++);
+      await new Promise((r) => setTimeout(r, 700));
+      expect(pings).toBe(2);
+      // A call is data sent: the count starts again.
+      expect((await echoCall(session, 0)).grpcStatus).toBe("0");
+      await until(() => pings === 4);
+      session.close();
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+
+  it("closes with GOAWAY too_many_pings a client that pings an idle connection too often, as gRPC core does", async () => {
+    const server = await startServerProcess(["--model-repository", repo]);
+    const flood = async (session: http2.ClientHttp2Session, n: number) => {
+      // Once connected: pings queued before the server's session is set up go unseen by it.
+      if (!session.connecting) await Promise.resolve();
+      else await once(session, "connect");
+      for (let i = 0; i < n && !session.destroyed; i++) {
+        await new Promise<void>((resolve) => {
+          if (!session.ping(() => resolve())) resolve();
+        });
+      }
+    };
+    try {
+      // No call in flight and no permission to ping without one: gRPC core's floor is 2 hours,
+      // so the second ping is a strike, and past 2 strikes the connection goes.
+      const session = http2.connect(server.grpc);
+      const goaway = new Promise<[number, Buffer | undefined]>((resolve) =>
+        session.on("goaway", (code, _last, data) => resolve([code, data])),
+      );
+      session.on("error", () => undefined);
+      await flood(session, 5);
+      const [code, data] = await goaway;
+      expect(code).toBe(0xb); // ENHANCE_YOUR_CALM
+      expect(String(data)).toBe("too_many_pings");
+      // Pings during a call are let be.
+      const busy = http2.connect(server.grpc);
+      let closed = false;
+      busy.on("close", () => {
+        closed = true;
+      });
+      const call = echoCall(busy, 500);
+      await new Promise((r) => setTimeout(r, 50));
+      await flood(busy, 5);
+      expect((await call).grpcStatus).toBe("0");
+      expect(closed).toBe(false);
+      busy.close();
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+    // --grpc-http2-max-ping-strikes 0: no limit.
+    const lenient = await startServerProcess(["--model-repository", repo, "--grpc-http2-max-ping-strikes", "0"]);
+    try {
+      const session = http2.connect(lenient.grpc);
+      await flood(session, 6);
+      expect(session.destroyed || session.closed).toBe(false);
+      session.close();
+    } finally {
+      expect(await lenient.stop()).toBe(0);
     }
   });
 
