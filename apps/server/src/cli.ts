@@ -232,6 +232,13 @@ export const program = new Command("trellis-server")
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
   .option(
+    "--allow-sagemaker [bool]",
+    "serve SageMaker's GET /ping and POST /invocations (for the model SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names) on --sagemaker-port",
+    flag,
+    false,
+  )
+  .option("--sagemaker-port <port>", "the SageMaker endpoint's port; 0 picks a free port", port, 8080)
+  .option(
     "--allow-cpu-metrics [bool]",
     "publish the host's CPU utilization and memory (nv_cpu_*) on the metrics port",
     flag,
@@ -421,6 +428,8 @@ export interface Flags {
   allowHttp: boolean;
   allowGrpc: boolean;
   allowMetrics: boolean;
+  allowSagemaker: boolean;
+  sagemakerPort: number;
   grpcUseSsl: boolean;
   grpcUseSslMutual: boolean;
   grpcServerCert?: string;

@@ -13,6 +13,7 @@ import { createServerLogger } from "./logging.js";
 import { OtelExport } from "./otel.js";
 import { RedisResponseCache } from "./redis-cache.js";
 import { RepositoryManager } from "./repository.js";
+import { type SageMakerOptions, sageMakerOptionsFromEnv } from "./sagemaker.js";
 import { startServer } from "./server.js";
 import { Tracer } from "./tracing.js";
 
@@ -62,6 +63,14 @@ async function main(): Promise<void> {
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });
+  let sagemaker: { port: number; options: SageMakerOptions } | undefined;
+  if (flags.allowSagemaker) {
+    try {
+      sagemaker = { port: flags.sagemakerPort, options: sageMakerOptionsFromEnv(process.env, () => manager.isReady()) };
+    } catch (err) {
+      throw new UsageError(`--allow-sagemaker: ${(err as Error).message}`);
+    }
+  }
   const server = await startServer(manager, {
     serverName: flags.id,
     host: flags.host,
@@ -81,6 +90,7 @@ async function main(): Promise<void> {
     metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
     forwardHeaders: { http: flags.httpHeaderForwardPattern, grpc: flags.grpcHeaderForwardPattern },
     grpcResponseCompression: flags.grpcInferResponseCompressionLevel,
+    ...(sagemaker ? { sagemaker } : {}),
     grpcConnections: {
       keepaliveTimeMs: flags.grpcKeepaliveTime,
       keepaliveTimeoutMs: flags.grpcKeepaliveTimeout,
@@ -135,6 +145,7 @@ async function main(): Promise<void> {
       http: server.httpPort,
       grpc: server.grpcPort,
       metrics: server.metricsPort,
+      ...(server.sagemakerPort !== undefined ? { sagemaker: server.sagemakerPort } : {}),
     },
     "server started",
   );

@@ -24,6 +24,7 @@ import { type GrpcConnectionOptions, manageGrpcConnection } from "./grpc-connect
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics, type MetricsOptions } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
+import { type SageMakerOptions, sageMakerHandler } from "./sagemaker.js";
 
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
 type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
@@ -81,6 +82,8 @@ export interface ServerOptions {
   serverName?: string;
   /** Headers forwarded as request parameters (tritonserver's --http-header-forward-pattern / --grpc-header-forward-pattern). */
   forwardHeaders?: { http?: RegExp; grpc?: RegExp };
+  /** Triton's SageMaker endpoint (--allow-sagemaker): its port and model; without it, none. */
+  sagemaker?: { port: number; options: SageMakerOptions };
   /** Compression of gRPC inference responses (tritonserver's --grpc-infer-response-compression-level); default none. */
   grpcResponseCompression?: ResponseCompressionLevel;
   /** Keepalive pings and maximum connection age on the gRPC port (tritonserver's --grpc-keepalive-* and --grpc-max-connection-age*). */
@@ -92,6 +95,7 @@ export interface RunningServer {
   httpPort?: number;
   grpcPort?: number;
   metricsPort?: number;
+  sagemakerPort?: number;
   /** Requests being served right now, over either protocol. */
   inflight(): number;
   /**
@@ -192,6 +196,16 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     res.on("close", done);
   });
 
+  // SageMaker's routes, answered by the same REST handler, counted in flight like HTTP's.
+  const sagemakerServer = options.sagemaker
+    ? http.createServer(sageMakerHandler(rest, options.sagemaker.options))
+    : undefined;
+  sagemakerServer?.on("request", (_req, res) => {
+    active++;
+    if (stopping) res.setHeader("connection", "close");
+    res.on("close", done);
+  });
+
   const metrics = createMetrics(manager, logger, options.metrics);
   const metricsServer = http.createServer((req, res) => {
     if (req.method === "GET" && (req.url ?? "").split("?")[0] === "/metrics") {
@@ -222,6 +236,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     grpcPort: allow.grpc ? await listen(grpc, grpcPort, at.grpc) : undefined,
     httpPort: allow.http ? await listen(httpServer, httpPort, at.http) : undefined,
     metricsPort: allow.metrics ? await listen(metricsServer, metricsPort, at.metrics) : undefined,
+    sagemakerPort:
+      sagemakerServer && options.sagemaker ? await listen(sagemakerServer, options.sagemaker.port, host) : undefined,
   };
   if (allow.grpc) {
     const tls = options.grpcTls !== undefined;
@@ -229,6 +245,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   }
   if (allow.http) logger.info({ protocol: "http", host: at.http, port: ports.httpPort }, "listening");
   if (allow.metrics) logger.info({ protocol: "metrics", host: at.metrics, port: ports.metricsPort }, "listening");
+  if (sagemakerServer) logger.info({ protocol: "sagemaker", host, port: ports.sagemakerPort }, "listening");
 
   const close = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
 
@@ -238,9 +255,14 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     async shutdown(timeoutMs) {
       stopping = true;
       manager.beginShutdown();
-      const closed = Promise.all([close(grpc), close(httpServer)]);
+      const closed = Promise.all([
+        close(grpc),
+        close(httpServer),
+        ...(sagemakerServer ? [close(sagemakerServer)] : []),
+      ]);
       for (const s of sessions) s.close();
       httpServer.closeIdleConnections();
+      sagemakerServer?.closeIdleConnections();
       let timedOut = false;
       if (active > 0) {
         logger.info({ inflight: active, timeoutSecs: timeoutMs / 1000 }, "waiting for in-flight requests to complete");
@@ -258,6 +280,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       if (timedOut) logger.warn({ inflight: active }, "exit timeout expired; closing with requests still in flight");
       for (const s of sessions) s.destroy();
       httpServer.closeAllConnections();
+      sagemakerServer?.closeAllConnections();
       await closed;
       await manager.close();
       await options.tracing?.flush();
