@@ -239,6 +239,22 @@ export const program = new Command("trellis-server")
   )
   .option("--sagemaker-port <port>", "the SageMaker endpoint's port; 0 picks a free port", port, 8080)
   .option(
+    "--allow-vertex-ai [bool]",
+    "serve Vertex AI Prediction's health and predict routes (AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE) on --vertex-ai-port (default: true when AIP_MODE=PREDICTION)",
+    flag,
+    process.env.AIP_MODE === "PREDICTION",
+  )
+  .option(
+    "--vertex-ai-port <port>",
+    "the Vertex AI endpoint's port (default AIP_HTTP_PORT, else 8080); 0 picks a free port",
+    port,
+    Number(process.env.AIP_HTTP_PORT) || 8080,
+  )
+  .option(
+    "--vertex-ai-default-model <name>",
+    "the model predictions go to (default: the one model loaded; with several, it must be given)",
+  )
+  .option(
     "--allow-cpu-metrics [bool]",
     "publish the host's CPU utilization and memory (nv_cpu_*) on the metrics port",
     flag,
@@ -430,6 +446,9 @@ export interface Flags {
   allowMetrics: boolean;
   allowSagemaker: boolean;
   sagemakerPort: number;
+  allowVertexAi: boolean;
+  vertexAiPort: number;
+  vertexAiDefaultModel?: string;
   grpcUseSsl: boolean;
   grpcUseSslMutual: boolean;
   grpcServerCert?: string;

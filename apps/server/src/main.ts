@@ -16,6 +16,7 @@ import { RepositoryManager } from "./repository.js";
 import { type SageMakerOptions, sageMakerOptionsFromEnv } from "./sagemaker.js";
 import { startServer } from "./server.js";
 import { Tracer } from "./tracing.js";
+import { type VertexAiOptions, vertexAiRoutes } from "./vertex-ai.js";
 
 // Every request allocates megabytes of ArrayBuffers (encoded image, decoded pixels, tensors)
 // around a small, steady JS heap. V8's adaptive heap growth then keeps the old-generation
@@ -71,6 +72,22 @@ async function main(): Promise<void> {
       throw new UsageError(`--allow-sagemaker: ${(err as Error).message}`);
     }
   }
+  let vertexAi: { port: number; options: Omit<VertexAiOptions, "metrics"> } | undefined;
+  if (flags.allowVertexAi) {
+    try {
+      vertexAi = {
+        port: flags.vertexAiPort,
+        options: {
+          ...vertexAiRoutes(process.env),
+          ready: () => manager.isReady(),
+          // Checked once loading is done (below); the one model loaded when none is named.
+          model: () => flags.vertexAiDefaultModel ?? manager.index(true)[0]?.name ?? "",
+        },
+      };
+    } catch (err) {
+      throw new UsageError(`--allow-vertex-ai: ${(err as Error).message}`);
+    }
+  }
   const server = await startServer(manager, {
     serverName: flags.id,
     host: flags.host,
@@ -91,6 +108,7 @@ async function main(): Promise<void> {
     forwardHeaders: { http: flags.httpHeaderForwardPattern, grpc: flags.grpcHeaderForwardPattern },
     grpcResponseCompression: flags.grpcInferResponseCompressionLevel,
     ...(sagemaker ? { sagemaker } : {}),
+    ...(vertexAi ? { vertexAi } : {}),
     grpcConnections: {
       keepaliveTimeMs: flags.grpcKeepaliveTime,
       keepaliveTimeoutMs: flags.grpcKeepaliveTimeout,
@@ -132,6 +150,24 @@ async function main(): Promise<void> {
   for (const m of index)
     logger.info({ model: m.name, version: m.version, state: m.state, reason: m.reason }, "model status");
   const failed = index.filter((m) => m.state === "UNAVAILABLE");
+  if (vertexAi) {
+    // As Triton: the Vertex AI endpoint needs its default model loaded, or a single model to default to.
+    const ready = index.filter((m) => m.state === "READY").map((m) => m.name);
+    const named = flags.vertexAiDefaultModel;
+    const problem = named
+      ? ready.includes(named)
+        ? undefined
+        : `the default model '${named}' is not loaded`
+      : new Set(ready).size === 1
+        ? undefined
+        : `with ${new Set(ready).size} models loaded, name the one predictions go to: --vertex-ai-default-model <name>`;
+    if (problem) {
+      logger.error({ problem }, "the Vertex AI endpoint cannot serve: exiting");
+      await server.shutdown(0);
+      console.error(`trellis-server: --allow-vertex-ai: ${problem}`);
+      process.exit(1);
+    }
+  }
   if (flags.exitOnError && failed.length > 0) {
     logger.error({ failed: failed.map((m) => m.name) }, "a model failed to load and --exit-on-error is set: exiting");
     await server.shutdown(0);

@@ -13,10 +13,9 @@
  *
  * Anything else (multi-model endpoints' /models routes among them) is 400.
  */
-import type { IncomingMessage, ServerResponse } from "node:http";
+import { forwardWithBinaryMime, type Handler, sendError } from "./cloud-endpoint.js";
 
 export const SAGEMAKER_BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size=";
-const HEADER_LENGTH = "inference-header-content-length";
 
 export interface SageMakerOptions {
   /** SAGEMAKER_TRITON_DEFAULT_MODEL_NAME (undefined: /invocations says it is not set). */
@@ -35,17 +34,8 @@ export function sageMakerOptionsFromEnv(env: NodeJS.ProcessEnv, ready: () => Pro
   return { model: env.SAGEMAKER_TRITON_DEFAULT_MODEL_NAME || undefined, pingMode, ready };
 }
 
-function sendError(res: ServerResponse, status: number, message: string): void {
-  const body = JSON.stringify({ error: message });
-  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(body) });
-  res.end(body);
-}
-
 /** The SageMaker routes, handing inference to `rest` (the HTTP/REST frontend's handler). */
-export function sageMakerHandler(
-  rest: (req: IncomingMessage, res: ServerResponse) => void,
-  options: SageMakerOptions,
-): (req: IncomingMessage, res: ServerResponse) => void {
+export function sageMakerHandler(rest: Handler, options: SageMakerOptions): Handler {
   return (req, res) => {
     const path = (req.url ?? "/").split("?")[0];
     if (path === "/ping" && req.method === "GET") {
@@ -65,32 +55,12 @@ export function sageMakerHandler(
       sendError(res, 400, "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is not set: no model to invoke");
       return;
     }
-    // The binary extension's header length comes in the content type here.
-    const contentType = req.headers["content-type"] ?? "";
-    if (contentType.startsWith(SAGEMAKER_BINARY_MIME)) {
-      const size = contentType.slice(SAGEMAKER_BINARY_MIME.length);
-      if (!/^\d+$/.test(size)) {
-        sendError(res, 400, `Unable to parse inference header size, got: ${size}`);
-        return;
-      }
-      req.headers[HEADER_LENGTH] = size;
-      req.headers["content-type"] = "application/octet-stream";
-    } else if (contentType.includes(SAGEMAKER_BINARY_MIME)) {
-      sendError(
-        res,
-        400,
-        `expect MIME type for binary data starts with '${SAGEMAKER_BINARY_MIME}', got: ${contentType}`,
-      );
-      return;
-    }
-    req.url = `/v2/models/${encodeURIComponent(options.model)}/infer`;
-    // And the answer's header length goes back the same way.
-    const writeHead = res.writeHead.bind(res) as (status: number, headers?: Record<string, string | number>) => void;
-    (res as { writeHead: unknown }).writeHead = (status: number, headers: Record<string, string | number> = {}) => {
-      const { [HEADER_LENGTH]: length, ...rest } = headers;
-      writeHead(status, length === undefined ? rest : { ...rest, "content-type": `${SAGEMAKER_BINARY_MIME}${length}` });
-      return res;
-    };
-    rest(req, res);
+    forwardWithBinaryMime(
+      rest,
+      req,
+      res,
+      `/v2/models/${encodeURIComponent(options.model)}/infer`,
+      SAGEMAKER_BINARY_MIME,
+    );
   };
 }

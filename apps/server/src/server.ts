@@ -25,6 +25,7 @@ import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
 import { createMetrics, type MetricsOptions } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
 import { type SageMakerOptions, sageMakerHandler } from "./sagemaker.js";
+import { type VertexAiOptions, vertexAiHandler } from "./vertex-ai.js";
 
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
 type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
@@ -84,6 +85,8 @@ export interface ServerOptions {
   forwardHeaders?: { http?: RegExp; grpc?: RegExp };
   /** Triton's SageMaker endpoint (--allow-sagemaker): its port and model; without it, none. */
   sagemaker?: { port: number; options: SageMakerOptions };
+  /** Triton's Vertex AI endpoint (--allow-vertex-ai): its port, routes and model; without it, none. */
+  vertexAi?: { port: number; options: Omit<VertexAiOptions, "metrics"> };
   /** Compression of gRPC inference responses (tritonserver's --grpc-infer-response-compression-level); default none. */
   grpcResponseCompression?: ResponseCompressionLevel;
   /** Keepalive pings and maximum connection age on the gRPC port (tritonserver's --grpc-keepalive-* and --grpc-max-connection-age*). */
@@ -96,6 +99,7 @@ export interface RunningServer {
   grpcPort?: number;
   metricsPort?: number;
   sagemakerPort?: number;
+  vertexAiPort?: number;
   /** Requests being served right now, over either protocol. */
   inflight(): number;
   /**
@@ -225,6 +229,17 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     res.end("Not Found");
   });
 
+  const vertexAiServer = options.vertexAi
+    ? http.createServer(vertexAiHandler(rest, { ...options.vertexAi.options, metrics: () => metrics.scrape() }))
+    : undefined;
+  vertexAiServer?.on("request", (_req, res) => {
+    active++;
+    if (stopping) res.setHeader("connection", "close");
+    res.on("close", done);
+  });
+  // The cloud endpoints' listeners, closed with HTTP's at shutdown.
+  const cloudServers = [sagemakerServer, vertexAiServer].filter((x): x is http.Server => x !== undefined);
+
   // A listener that is not allowed is never opened (closing it at shutdown is then a no-op).
   const allow = { http: true, grpc: true, metrics: true, ...options.allow };
   const at = {
@@ -238,6 +253,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     metricsPort: allow.metrics ? await listen(metricsServer, metricsPort, at.metrics) : undefined,
     sagemakerPort:
       sagemakerServer && options.sagemaker ? await listen(sagemakerServer, options.sagemaker.port, host) : undefined,
+    vertexAiPort:
+      vertexAiServer && options.vertexAi ? await listen(vertexAiServer, options.vertexAi.port, host) : undefined,
   };
   if (allow.grpc) {
     const tls = options.grpcTls !== undefined;
@@ -246,6 +263,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   if (allow.http) logger.info({ protocol: "http", host: at.http, port: ports.httpPort }, "listening");
   if (allow.metrics) logger.info({ protocol: "metrics", host: at.metrics, port: ports.metricsPort }, "listening");
   if (sagemakerServer) logger.info({ protocol: "sagemaker", host, port: ports.sagemakerPort }, "listening");
+  if (vertexAiServer) logger.info({ protocol: "vertex-ai", host, port: ports.vertexAiPort }, "listening");
 
   const close = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
 
@@ -262,7 +280,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       ]);
       for (const s of sessions) s.close();
       httpServer.closeIdleConnections();
-      sagemakerServer?.closeIdleConnections();
+      for (const s of cloudServers) s.closeIdleConnections();
       let timedOut = false;
       if (active > 0) {
         logger.info({ inflight: active, timeoutSecs: timeoutMs / 1000 }, "waiting for in-flight requests to complete");
@@ -280,7 +298,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       if (timedOut) logger.warn({ inflight: active }, "exit timeout expired; closing with requests still in flight");
       for (const s of sessions) s.destroy();
       httpServer.closeAllConnections();
-      sagemakerServer?.closeAllConnections();
+      for (const s of cloudServers) s.closeAllConnections();
       await closed;
       await manager.close();
       await options.tracing?.flush();

@@ -3,8 +3,8 @@
  * in this server (GPU memory pools, thread counts, plugin directories). They are
  * accepted, so a pasted `tritonserver ...` line starts, and each one given is
  * named in a warning at start saying why it has no effect. Values that would ask
- * for behaviour this server does not have (Vertex AI, model namespacing, a shared
- * port) are refused instead: starting without them would mislead.
+ * for behaviour this server does not have (model namespacing, a shared port) are
+ * refused instead: starting without them would mislead.
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 
@@ -48,6 +48,7 @@ const COMPAT_FLAGS: CompatFlag[] = [
   { name: "http-thread-count", arg: "<n>", why: EVENT_LOOP },
   { name: "grpc-infer-allocation-pool-size", arg: "<n>", why: EVENT_LOOP },
   { name: "sagemaker-thread-count", arg: "<n>", why: EVENT_LOOP },
+  { name: "vertex-ai-thread-count", arg: "<n>", why: EVENT_LOOP },
   {
     name: "sagemaker-safe-port-range",
     arg: "<start>-<end>",
@@ -57,7 +58,6 @@ const COMPAT_FLAGS: CompatFlag[] = [
   refusedWhenTrue("reuse-http-port", "sharing a port needs Node 22's reusePort"),
   refusedWhenTrue("reuse-grpc-port", "sharing a port needs Node 22's reusePort"),
   refusedWhenTrue("model-namespacing", "models are named without namespaces here; names must be unique"),
-  refusedWhenTrue("allow-vertex-ai", "this server has no Vertex AI endpoint"),
 ];
 
 /** Commander's key for a flag: "--cuda-memory-pool-byte-size" -> "cudaMemoryPoolByteSize". */
@@ -85,7 +85,7 @@ export function addCompatFlags(program: Command): Command {
   }
   return program.addHelpText(
     "after",
-    `\ntritonserver flags accepted so a Triton command line runs, though they have no effect here:\na warning at start names each one given and why. Values asking for what this server lacks\n(a port shared, model namespacing, Vertex AI) stop it at start instead,\nsaying so.\n${COMPAT_FLAGS.map(({ name, arg }) => `  --${name} ${arg}`).join("\n")}\n`,
+    `\ntritonserver flags accepted so a Triton command line runs, though they have no effect here:\na warning at start names each one given and why. Values asking for what this server lacks\n(a port shared, model namespacing) stop it at start instead,\nsaying so.\n${COMPAT_FLAGS.map(({ name, arg }) => `  --${name} ${arg}`).join("\n")}\n`,
   );
 }
 

@@ -209,7 +209,6 @@ it("leaves the CPU metrics out with --allow-cpu-metrics false", async () => {
 it("stops at start, saying why, for values asking for what it lacks or flags that do not fit", async () => {
   for (const [args, message] of [
     [["--model-namespacing"], "--model-namespacing: models are named without namespaces here"],
-    [["--allow-vertex-ai=true"], "--allow-vertex-ai: this server has no Vertex AI endpoint"],
     [["--reuse-grpc-port", "1"], "--reuse-grpc-port: sharing a port needs Node 22's reusePort"],
     [["--rate-limit", "sometimes"], "argument 'sometimes' is invalid. Allowed choices are off, execution_count."],
     [["--grpc-max-connection-age-grace", "100"], "--grpc-max-connection-age-grace needs --grpc-max-connection-age"],
