@@ -5,6 +5,7 @@
  */
 import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
 import http, { type IncomingHttpHeaders } from "node:http";
+import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ServerProcess } from "@trellis/testing";
@@ -171,5 +172,15 @@ export function rawPost(
     );
     req.on("error", reject);
     req.end(body);
+  });
+}
+
+/** A loopback port nothing listens on right now (for processes that cannot be given port 0). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const probe = net.createServer().listen(0, "127.0.0.1", () => {
+      const { port } = probe.address() as net.AddressInfo;
+      probe.close(() => resolve(port));
+    });
   });
 }

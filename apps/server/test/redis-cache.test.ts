@@ -12,7 +12,7 @@ import net from "node:net";
 import { join } from "node:path";
 import { removeDir, type ServerProcess, startServerProcess, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, makeRepository, postJson } from "./helpers.js";
+import { echoConfig, freePort, makeRepository, postJson } from "./helpers.js";
 
 function redisServerFound(): boolean {
   try {
@@ -23,14 +23,6 @@ function redisServerFound(): boolean {
     return !!process.env.CI;
   }
 }
-
-const freePort = () =>
-  new Promise<number>((resolve) => {
-    const probe = net.createServer().listen(0, "127.0.0.1", () => {
-      const { port } = probe.address() as net.AddressInfo;
-      probe.close(() => resolve(port));
-    });
-  });
 
 /** Resolves once something accepts connections on `port`. */
 async function listening(port: number): Promise<void> {

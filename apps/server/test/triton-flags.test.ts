@@ -20,7 +20,7 @@ import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema
 import { compressionDeflate } from "@trellis/stage";
 import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { addModel, echoConfig, makeRepository, postJson, scrape } from "./helpers.js";
+import { addModel, echoConfig, freePort, makeRepository, postJson, scrape } from "./helpers.js";
 
 const SERVER_MAIN = join(import.meta.dirname, "..", "dist", "main.js");
 
@@ -228,15 +228,7 @@ it("stops at start, saying why, for values asking for what it lacks or flags tha
 });
 
 describe("log switches and format", () => {
-  /** Its own ports: with info lines off, the server does not log the ones it picked. */
-  const freePort = () =>
-    new Promise<number>((resolve) => {
-      const probe = net.createServer().listen(0, "127.0.0.1", () => {
-        const { port } = probe.address() as net.AddressInfo;
-        probe.close(() => resolve(port));
-      });
-    });
-
+  // Its own ports (freePort): with info lines off, the server does not log the ones it picked.
   it("keeps only the levels switched on, writes ISO 8601 times, and changes both at run time", async () => {
     const logRepo = await makeRepository({
       echo: { config: echoConfig("echo") },
