@@ -66,6 +66,12 @@ export interface RestContext {
   sharedMemory?: SystemSharedMemory;
   /** Headers of infer requests whose names match become request parameters (--http-header-forward-pattern). */
   forwardHeaders?: RegExp;
+  /**
+   * The binary tensor extension's JSON header length travels in the content type, `<binaryMime><n>`,
+   * both ways, instead of Inference-Header-Content-Length: as the SageMaker and Vertex AI endpoints
+   * take it, those platforms passing bodies through without Triton's own header.
+   */
+  binaryMime?: string;
 }
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -98,10 +104,34 @@ class HttpError extends Error {
 
 const HEADER_LENGTH = "inference-header-content-length";
 
-function sendJson(res: ServerResponse, status: number, body: unknown): void {
+export function sendJson(res: ServerResponse, status: number, body: unknown): void {
   const text = stringifyJson(body);
   res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
   res.end(text);
+}
+
+/** The binary extension's JSON header length: Triton's header, or with `mime`, the content type's tail. */
+function binaryHeaderLength(req: IncomingMessage, mime: string | undefined): string | undefined {
+  if (!mime) {
+    const length = req.headers[HEADER_LENGTH];
+    return Array.isArray(length) ? length[0] : length;
+  }
+  const contentType = req.headers["content-type"] ?? "";
+  if (contentType.startsWith(mime)) {
+    const size = contentType.slice(mime.length);
+    if (!/^\d+$/.test(size)) {
+      throw new StageError(Code.InvalidArgument, "", `Unable to parse inference header size, got: ${size}`);
+    }
+    return size;
+  }
+  if (contentType.includes(mime)) {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      `expect MIME type for binary data starts with '${mime}', got: ${contentType}`,
+    );
+  }
+  return undefined;
 }
 
 function sendEmpty(res: ServerResponse, status: number): void {
@@ -486,7 +516,7 @@ export function restHandler(ctx: RestContext) {
     if (!resolve()) return;
     const body = await readBody(req, maxInputBytes);
     const recvEndNs = nowNs();
-    const headerLength = req.headers[HEADER_LENGTH];
+    const headerLength = binaryHeaderLength(req, ctx.binaryMime);
     let jsonPart: Uint8Array = body;
     let binary: Uint8Array = new Uint8Array(0);
     if (headerLength !== undefined) {
@@ -623,7 +653,9 @@ export function restHandler(ctx: RestContext) {
     const headers: Record<string, string | number> =
       chunks.length === 0
         ? { "content-type": "application/json" }
-        : { "content-type": "application/octet-stream", "inference-header-content-length": head.byteLength };
+        : ctx.binaryMime
+          ? { "content-type": `${ctx.binaryMime}${head.byteLength}` }
+          : { "content-type": "application/octet-stream", [HEADER_LENGTH]: head.byteLength };
     const coding = responseEncoding(req.headers["accept-encoding"]);
     if (coding) {
       // Inference-Header-Content-Length stays the uncompressed header's length: clients

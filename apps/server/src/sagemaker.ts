@@ -13,7 +13,7 @@
  *
  * Anything else (multi-model endpoints' /models routes among them) is 400.
  */
-import { forwardWithBinaryMime, type Handler, sendError } from "./cloud-endpoint.js";
+import { forwardTo, type Handler, sendError } from "./cloud-endpoint.js";
 
 export const SAGEMAKER_BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size=";
 
@@ -34,7 +34,7 @@ export function sageMakerOptionsFromEnv(env: NodeJS.ProcessEnv, ready: () => Pro
   return { model: env.SAGEMAKER_TRITON_DEFAULT_MODEL_NAME || undefined, pingMode, ready };
 }
 
-/** The SageMaker routes, handing inference to `rest` (the HTTP/REST frontend's handler). */
+/** The SageMaker routes, handing inference to `rest` (a REST handler made with SAGEMAKER_BINARY_MIME). */
 export function sageMakerHandler(rest: Handler, options: SageMakerOptions): Handler {
   return (req, res) => {
     const path = (req.url ?? "/").split("?")[0];
@@ -55,12 +55,6 @@ export function sageMakerHandler(rest: Handler, options: SageMakerOptions): Hand
       sendError(res, 400, "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is not set: no model to invoke");
       return;
     }
-    forwardWithBinaryMime(
-      rest,
-      req,
-      res,
-      `/v2/models/${encodeURIComponent(options.model)}/infer`,
-      SAGEMAKER_BINARY_MIME,
-    );
+    forwardTo(rest, req, res, `/v2/models/${encodeURIComponent(options.model)}/infer`);
   };
 }

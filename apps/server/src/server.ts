@@ -21,11 +21,11 @@ import {
   type TraceControl,
 } from "@trellis/stage";
 import { type GrpcConnectionOptions, manageGrpcConnection } from "./grpc-connections.js";
-import { DEFAULT_HTTP_MAX_INPUT_BYTES, restHandler } from "./http.js";
+import { DEFAULT_HTTP_MAX_INPUT_BYTES, type RestContext, restHandler } from "./http.js";
 import { createMetrics, type MetricsOptions } from "./metrics.js";
 import type { RepositoryManager } from "./repository.js";
-import { type SageMakerOptions, sageMakerHandler } from "./sagemaker.js";
-import { type VertexAiOptions, vertexAiHandler } from "./vertex-ai.js";
+import { SAGEMAKER_BINARY_MIME, type SageMakerOptions, sageMakerHandler } from "./sagemaker.js";
+import { VERTEX_AI_BINARY_MIME, type VertexAiOptions, vertexAiHandler } from "./vertex-ai.js";
 
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
 type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
@@ -168,7 +168,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   });
 
   // HTTP/1.1: REST, with the Connect routes mounted too (gRPC-Web / Connect over HTTP/1.1).
-  const rest = restHandler({
+  const restContext: RestContext = {
     registry: manager,
     serverName,
     serverVersion: SERVER_VERSION,
@@ -180,7 +180,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     sharedMemory: options.sharedMemory,
     restrictions: options.httpRestrictions,
     forwardHeaders: options.forwardHeaders?.http,
-  });
+  };
+  const rest = restHandler(restContext);
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
   const httpServer = http.createServer(
     connectNodeAdapter({
@@ -202,7 +203,9 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
 
   // SageMaker's routes, answered by the same REST handler, counted in flight like HTTP's.
   const sagemakerServer = options.sagemaker
-    ? http.createServer(sageMakerHandler(rest, options.sagemaker.options))
+    ? http.createServer(
+        sageMakerHandler(restHandler({ ...restContext, binaryMime: SAGEMAKER_BINARY_MIME }), options.sagemaker.options),
+      )
     : undefined;
   sagemakerServer?.on("request", (_req, res) => {
     active++;
@@ -230,7 +233,12 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   });
 
   const vertexAiServer = options.vertexAi
-    ? http.createServer(vertexAiHandler(rest, { ...options.vertexAi.options, metrics: () => metrics.scrape() }))
+    ? http.createServer(
+        vertexAiHandler(restHandler({ ...restContext, binaryMime: VERTEX_AI_BINARY_MIME }), {
+          ...options.vertexAi.options,
+          metrics: () => metrics.scrape(),
+        }),
+      )
     : undefined;
   vertexAiServer?.on("request", (_req, res) => {
     active++;

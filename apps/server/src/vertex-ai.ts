@@ -15,7 +15,7 @@
  *
  * Anything else is 400, as Triton answers.
  */
-import { forwardWithBinaryMime, type Handler, sendError } from "./cloud-endpoint.js";
+import { forwardTo, type Handler, sendError } from "./cloud-endpoint.js";
 
 export const VERTEX_AI_BINARY_MIME = "application/vnd.vertex-ai-triton.binary+json;json-header-size=";
 export const VERTEX_AI_REDIRECT_HEADER = "x-vertex-ai-triton-redirect";
@@ -43,6 +43,7 @@ export function vertexAiRoutes(env: NodeJS.ProcessEnv): { predictRoute: string; 
 const POSTED =
   /^\/v2\/(models\/[^/]+(\/versions\/[^/]+)?\/infer|repository\/.*|(system|cuda)sharedmemory\/.*\/(register|unregister)|logging|trace\/setting|models\/[^/]+\/trace\/setting)$/;
 
+/** The Vertex AI routes, handing requests to `rest` (a REST handler made with VERTEX_AI_BINARY_MIME). */
 export function vertexAiHandler(rest: Handler, options: VertexAiOptions): Handler {
   return (req, res) => {
     const path = (req.url ?? "/").split("?")[0];
@@ -70,13 +71,7 @@ export function vertexAiHandler(rest: Handler, options: VertexAiOptions): Handle
     }
     const redirect = req.headers[VERTEX_AI_REDIRECT_HEADER];
     if (typeof redirect !== "string") {
-      forwardWithBinaryMime(
-        rest,
-        req,
-        res,
-        `/v2/models/${encodeURIComponent(options.model())}/infer`,
-        VERTEX_AI_BINARY_MIME,
-      );
+      forwardTo(rest, req, res, `/v2/models/${encodeURIComponent(options.model())}/infer`);
       return;
     }
     const target = `/${redirect.replace(/^\/+/, "")}`;
@@ -95,6 +90,6 @@ export function vertexAiHandler(rest: Handler, options: VertexAiOptions): Handle
       return;
     }
     if (!POSTED.test(target)) req.method = "GET";
-    forwardWithBinaryMime(rest, req, res, target, VERTEX_AI_BINARY_MIME);
+    forwardTo(rest, req, res, target);
   };
 }
