@@ -4,7 +4,7 @@
  */
 import { copyFile, mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { MOBILENET_PATH, removeDir, startServerProcess } from "@trellis/testing";
+import { MOBILENET_PATH, removeDir, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { jsonOf, makeRepository } from "./helpers.js";
 
@@ -37,12 +37,12 @@ it("auto-completes max_batch_size with Triton's 4, or with --backend-config's de
 });
 
 it("refuses backend settings it does not have, naming the one it has", async () => {
-  const bad = await startServerProcess([
+  const bad = await startupRefusal([
     "--model-repository",
     repo,
     "--backend-config",
     "onnxruntime,enable-global-threadpool=1",
-  ]).catch((e: Error) => e);
+  ]);
   expect(String(bad)).toContain(
     "trellis-server: --backend-config onnxruntime,enable-global-threadpool=1: the supported setting is default-max-batch-size=<n>",
   );

@@ -6,7 +6,7 @@ import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
-import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CHAIN_CONFIG, echoConfig, floats, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
 
@@ -140,18 +140,11 @@ describe("without a server cache", () => {
   });
 
   it("refuses a --cache-config it cannot use, saying what it expects", async () => {
-    const memcached = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--cache-config",
-      "memcached,host=localhost",
-    ]).catch((e: Error) => e);
+    const memcached = await startupRefusal(["--model-repository", repo, "--cache-config", "memcached,host=localhost"]);
     expect(String(memcached)).toContain(
       '--cache-config memcached,host=localhost: the caches are local ("local,size=<bytes>") and redis',
     );
-    const noSize = await startServerProcess(["--model-repository", repo, "--cache-config", "local,size=lots"]).catch(
-      (e: Error) => e,
-    );
+    const noSize = await startupRefusal(["--model-repository", repo, "--cache-config", "local,size=lots"]);
     expect(String(noSize)).toContain("--cache-config local,size=lots: expected local,size=<bytes>");
   });
 });

@@ -13,6 +13,7 @@ import {
   type ModelInferRequest,
   ModelInferRequestSchema,
 } from "@trellis/protocol";
+import { frameBytes } from "@trellis/stage";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { echoConfig, makeRepository } from "./helpers.js";
@@ -33,13 +34,8 @@ afterAll(async () => {
   await removeDir(repo);
 });
 
-const element = (text: string) => {
-  const bytes = new TextEncoder().encode(text);
-  const raw = new Uint8Array(4 + bytes.byteLength);
-  new DataView(raw.buffer).setUint32(0, bytes.byteLength, true);
-  raw.set(bytes, 4);
-  return raw;
-};
+/** One BYTES element on the wire: its length, then its bytes. */
+const element = (text: string) => frameBytes([new TextEncoder().encode(text)]);
 
 function reflectRequest(id: string, final?: ReturnType<typeof create<typeof InferParameterSchema>>): ModelInferRequest {
   return create(ModelInferRequestSchema, {

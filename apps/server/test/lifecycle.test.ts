@@ -15,7 +15,7 @@ import {
   HealthCheckResponse_ServingStatus,
   ModelInferRequestSchema,
 } from "@trellis/protocol";
-import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   addModel,
@@ -506,14 +506,7 @@ describe("which listeners open (--allow-http / --allow-grpc / --allow-metrics)",
     } finally {
       expect(await server.stop()).toBe(0);
     }
-    const none = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--allow-http",
-      "false",
-      "--allow-grpc",
-      "false",
-    ]).catch((e: Error) => e);
+    const none = await startupRefusal(["--model-repository", repo, "--allow-http", "false", "--allow-grpc", "false"]);
     expect(String(none)).toContain("trellis-server: nothing to serve: --allow-http and --allow-grpc are both false");
   });
 });
@@ -635,12 +628,7 @@ describe("--log-file", () => {
       .map((l) => JSON.parse(l) as { msg: string });
     expect(lines.at(-1)?.msg).toBe("stopped");
     expect(stdout).toBe("");
-    const refused = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--log-file",
-      join(repo, "no", "x.log"),
-    ]).catch((e: Error) => e);
+    const refused = await startupRefusal(["--model-repository", repo, "--log-file", join(repo, "no", "x.log")]);
     expect(String(refused)).toContain(`trellis-server: --log-file ${join(repo, "no", "x.log")}: ENOENT`);
     await removeDir(repo);
   });

@@ -2,7 +2,7 @@
  * Triton's --metrics-config, black-box: latency summaries (quantiles per model)
  * in place of the cumulative latency counters.
  */
-import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CHAIN_CONFIG, echoConfig, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
 
@@ -74,12 +74,12 @@ describe("--metrics-config summary_latencies=true, counter_latencies=false, two 
 it("refuses to start with a --metrics-config it cannot use, naming it", async () => {
   const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
   try {
-    const bad = await startServerProcess([
+    const bad = await startupRefusal([
       "--model-repository",
       repo,
       "--metrics-config",
       "summary_quantiles=0.5:0.05,1.5:0.01",
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(bad)).toContain(
       'trellis-server: --metrics-config summary_quantiles=0.5:0.05,1.5:0.01: expected <quantile>:<error>,... with each between 0 and 1, got "1.5:0.01"',
     );

@@ -16,6 +16,7 @@ import {
   removeDir,
   type ServerProcess,
   startServerProcess,
+  startupRefusal,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { jsonOf, postBinary, postJson } from "./helpers.js";
@@ -233,25 +234,25 @@ it("logs what the collector refuses, and goes on serving", async () => {
 it("refuses trace mode opentelemetry settings it cannot use, in one line", async () => {
   const repo = await makeSeedRepository();
   try {
-    const badUrl = await startServerProcess([
+    const badUrl = await startupRefusal([
       "--model-repository",
       repo,
       "--trace-config",
       "mode=opentelemetry",
       "--trace-config",
       "opentelemetry,url=localhost:4318",
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(badUrl)).toContain(
       "trellis-server: --trace-config opentelemetry,url=localhost:4318: expected an http:// or https:// URL",
     );
-    const badBatch = await startServerProcess([
+    const badBatch = await startupRefusal([
       "--model-repository",
       repo,
       "--trace-config",
       "mode=opentelemetry",
       "--trace-config",
       "opentelemetry,bsp_max_export_batch_size=4096",
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(badBatch)).toContain("must not exceed opentelemetry,bsp_max_queue_size");
   } finally {
     await removeDir(repo);

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService } from "@trellis/protocol";
-import { MOBILENET_PATH, removeDir, startServerProcess } from "@trellis/testing";
+import { MOBILENET_PATH, removeDir, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { jsonOf, makeRepository } from "./helpers.js";
 
@@ -116,9 +116,7 @@ it("refuses a model whose instances need more of a resource than --rate-limit-re
   } finally {
     expect(await server.stop()).toBe(0);
   }
-  const bad = await startServerProcess(["--model-repository", repo, "--rate-limit-resource", "R:2:1"]).catch(
-    (e: Error) => e,
-  );
+  const bad = await startupRefusal(["--model-repository", repo, "--rate-limit-resource", "R:2:1"]);
   expect(String(bad)).toContain(
     "--rate-limit-resource R:2:1: this server keeps one count per resource, for device 0 (the host)",
   );

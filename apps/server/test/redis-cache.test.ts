@@ -10,7 +10,14 @@ import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { writeFile } from "node:fs/promises";
 import net from "node:net";
 import { join } from "node:path";
-import { removeDir, type ServerProcess, startServerProcess, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
+import {
+  removeDir,
+  type ServerProcess,
+  startServerProcess,
+  startupRefusal,
+  TLS_CERT_PATH,
+  TLS_KEY_PATH,
+} from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { echoConfig, freePort, makeRepository, postJson } from "./helpers.js";
 
@@ -129,12 +136,12 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
         expect(await server.stop()).toBe(0);
       }
       // Without the CA the certificate is not trusted: the cache is unusable, so the server does not start.
-      const untrusted = await startServerProcess([
+      const untrusted = await startupRefusal([
         "--model-repository",
         repo,
         ...redisTls,
         ...["--cache-config", "redis,tls_enabled=true"],
-      ]).catch((e: Error) => e);
+      ]);
       expect(String(untrusted)).toMatch(/--cache-config redis: cannot reach Redis at 127\.0\.0\.1:\d+: .*certificate/);
     } finally {
       tlsRedis.kill();
@@ -157,26 +164,21 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
   });
 
   it("stops at start when Redis cannot be reached, and refuses settings it does not know", async () => {
-    const nowhere = await startServerProcess([
+    const nowhere = await startupRefusal([
       "--model-repository",
       repo,
       ...["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${await freePort()}`],
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(nowhere)).toMatch(/trellis-server: --cache-config redis: cannot reach Redis at 127\.0\.0\.1:\d+: /);
-    const pool = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--cache-config",
-      "redis,max_connections=4",
-    ]).catch((e: Error) => e);
+    const pool = await startupRefusal(["--model-repository", repo, "--cache-config", "redis,max_connections=4"]);
     expect(String(pool)).toContain(
       "--cache-config redis,max_connections=4: the redis cache's settings here are host, port, user, password, wait_timeout_ms, tls_enabled, ca_cert, cert, key and sni",
     );
-    const both = await startServerProcess([
+    const both = await startupRefusal([
       "--model-repository",
       repo,
       ...["--cache-config", "local,size=1000000", "--cache-config", "redis,host=127.0.0.1"],
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(both)).toContain("--cache-config: one response cache, local or redis, not both");
   });
 });

@@ -14,6 +14,7 @@ import {
   removeDir,
   type ServerProcess,
   startServerProcess,
+  startupRefusal,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { echoConfig, jsonOf, makeRepository, postJson } from "./helpers.js";
@@ -94,9 +95,7 @@ describe("restricted APIs", () => {
   );
 
   it("refuses to start with a restriction it cannot read, saying why", async () => {
-    const bad = await startServerProcess(["--model-repository", repo, "--http-restricted-api", "models:k=v"]).catch(
-      (e: Error) => e,
-    );
+    const bad = await startupRefusal(["--model-repository", repo, "--http-restricted-api", "models:k=v"]);
     expect(String(bad)).toContain('trellis-server: --http-restricted-api "models:k=v": unknown category "models"');
   });
 });

@@ -14,6 +14,7 @@ import {
   removeDir,
   type ServerProcess,
   startServerProcess,
+  startupRefusal,
   TLS_CERT_PATH,
   TLS_KEY_PATH,
 } from "@trellis/testing";
@@ -116,15 +117,15 @@ describe("TLS set-up", () => {
   });
 
   it("refuses to start without the files TLS needs, saying which", async () => {
-    const missing = await startServerProcess(["--model-repository", repo, "--grpc-use-ssl"]).catch((e: Error) => e);
+    const missing = await startupRefusal(["--model-repository", repo, "--grpc-use-ssl"]);
     expect(String(missing)).toContain("trellis-server: --grpc-server-cert is required with --grpc-use-ssl");
-    const unreadable = await startServerProcess([
+    const unreadable = await startupRefusal([
       "--model-repository",
       repo,
       ...TLS_FLAGS.slice(0, 3),
       "--grpc-server-key",
       "/nonexistent/key.pem",
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(unreadable)).toMatch(/--grpc-server-key \/nonexistent\/key\.pem: ENOENT/);
   });
 });

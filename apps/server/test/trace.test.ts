@@ -20,6 +20,7 @@ import {
   removeDir,
   type ServerProcess,
   startServerProcess,
+  startupRefusal,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { summarizeTraces } from "../src/trace-summary.js";
@@ -398,35 +399,33 @@ describe("trace level TENSORS", () => {
 it("refuses to start with a --trace-config it cannot use, saying why in one line", async () => {
   const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
   try {
-    const noFile = await startServerProcess(["--model-repository", repo, "--trace-config", "level=TIMESTAMPS"]).catch(
-      (e: Error) => e,
-    );
+    const noFile = await startupRefusal(["--model-repository", repo, "--trace-config", "level=TIMESTAMPS"]);
     expect(String(noFile)).toContain(
       "trellis-server: --trace-config level=TIMESTAMPS needs a trace file: --trace-config triton,file=<path>",
     );
-    const otel = await startServerProcess([
+    const otel = await startupRefusal([
       "--model-repository",
       repo,
       "--trace-config",
       "opentelemetry,url=localhost:4318",
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(otel)).toContain(
       "trellis-server: --trace-config opentelemetry,<setting>=... needs --trace-config mode=opentelemetry",
     );
-    const otelTensors = await startServerProcess([
+    const otelTensors = await startupRefusal([
       "--model-repository",
       repo,
       ...["--trace-config", "mode=opentelemetry", "--trace-config", "level=TENSORS"],
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(otelTensors)).toContain(
       "trellis-server: --trace-config level=TENSORS writes tensors to trace files: it needs mode triton",
     );
-    const nowhere = await startServerProcess([
+    const nowhere = await startupRefusal([
       "--model-repository",
       repo,
       "--trace-config",
       "triton,file=/no/such/folder/trace.json",
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(nowhere)).toContain(
       "trellis-server: --trace-config triton,file=/no/such/folder/trace.json: cannot write in /no/such/folder: ENOENT",
     );

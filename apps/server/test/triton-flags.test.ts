@@ -15,10 +15,11 @@ import { join } from "node:path";
 import { gunzipSync, gzipSync, inflateSync } from "node:zlib";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
+import { compressedFlag, encodeEnvelope } from "@connectrpc/connect/protocol";
 import { compressionGzip, createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from "@trellis/protocol";
-import { compressionDeflate } from "@trellis/stage";
-import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { compressionDeflate, frameBytes } from "@trellis/stage";
+import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { addModel, echoConfig, freePort, makeRepository, postJson, scrape } from "./helpers.js";
 
@@ -33,15 +34,6 @@ async function until(check: () => boolean | Promise<boolean>, timeoutMs = 10_000
 }
 
 const warnings = (server: ServerProcess) => server.logs.filter((l) => l.level === 40).map((l) => String(l.msg));
-
-/** One gRPC message as it goes on the wire: the compressed flag, the length, the bytes. */
-function grpcFrame(message: Uint8Array, compressed = false): Buffer {
-  const frame = Buffer.alloc(5 + message.byteLength);
-  frame[0] = compressed ? 1 : 0;
-  frame.writeUInt32BE(message.byteLength, 1);
-  frame.set(message, 5);
-  return frame;
-}
 
 /** A gRPC ModelInfer of the echo model as raw HTTP/2 frames, held `delayMs` by the model. */
 function echoCall(session: http2.ClientHttp2Session, delayMs: number): Promise<{ grpcStatus?: string; error?: Error }> {
@@ -60,7 +52,7 @@ function echoCall(session: http2.ClientHttp2Session, delayMs: number): Promise<{
     "content-type": "application/grpc",
     te: "trailers",
   });
-  stream.end(grpcFrame(message));
+  stream.end(encodeEnvelope(0, message));
   stream.resume();
   return new Promise((resolve) => {
     let grpcStatus: string | undefined;
@@ -220,10 +212,10 @@ it("stops at start, saying why, for values asking for what it lacks or flags tha
       "--load-model=* loads every model: it must be the only --load-model",
     ],
   ] as const) {
-    const err = await startServerProcess(["--model-repository", repo, ...args]).catch((e: Error) => e);
+    const err = await startupRefusal(["--model-repository", repo, ...args]);
     expect(String(err), args.join(" ")).toContain(message);
   }
-  const none = await startServerProcess([]).catch((e: Error) => e);
+  const none = await startupRefusal([]);
   expect(String(none)).toContain("trellis-server: --model-repository <path> is required");
 });
 
@@ -558,10 +550,7 @@ describe("header forwarding", () => {
   };
   const overGrpc = async (transport: ReturnType<typeof createGrpcTransport>) => {
     const client = createClient(GRPCInferenceService, transport);
-    const element = new TextEncoder().encode("x");
-    const raw = new Uint8Array(4 + element.byteLength);
-    new DataView(raw.buffer).setUint32(0, element.byteLength, true);
-    raw.set(element, 4);
+    const raw = frameBytes([new TextEncoder().encode("x")]);
     const res = await client.modelInfer(
       {
         modelName: "reflect",
@@ -589,12 +578,7 @@ describe("header forwarding", () => {
   });
 
   it("stops at start on a pattern that is not a regular expression", async () => {
-    const err = await startServerProcess([
-      "--model-repository",
-      reflectRepo,
-      "--http-header-forward-pattern",
-      "PREFIX_(",
-    ]).catch((e: Error) => e);
+    const err = await startupRefusal(["--model-repository", reflectRepo, "--http-header-forward-pattern", "PREFIX_("]);
     expect(String(err)).toContain("argument 'PREFIX_(' is invalid. a regular expression (Invalid regular expression");
   });
 });
@@ -633,7 +617,7 @@ describe("--grpc-infer-response-compression-level", () => {
         ...(compressRequest ? { "grpc-encoding": "gzip" } : {}),
       });
       // A compressed request takes Connect's handler rather than the direct path.
-      stream.end(compressRequest ? grpcFrame(gzipSync(message), true) : grpcFrame(message));
+      stream.end(compressRequest ? encodeEnvelope(compressedFlag, gzipSync(message)) : encodeEnvelope(0, message));
       const chunks: Buffer[] = [];
       stream.on("data", (c: Buffer) => chunks.push(c));
       const [headers] = (await once(stream, "response")) as [http2.IncomingHttpHeaders];

@@ -5,22 +5,24 @@
  * header length in Vertex AI's content type), and redirects to other endpoints
  * through X-Vertex-Ai-Triton-Redirect; a default model it cannot find stops it at start.
  */
-import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { echoConfig, floats, makeRepository } from "./helpers.js";
 
 const BINARY = "application/vnd.vertex-ai-triton.binary+json;json-header-size=";
 const ROUTES = { AIP_PREDICT_ROUTE: "/v1/endpoints/e1/deployedModels/m1:predict", AIP_HEALTH_ROUTE: "/health" };
 
-/** Starts the server with Vertex AI's environment set, as the platform sets it for the container. */
-async function startWithRoutes(args: string[], env: Record<string, string> = ROUTES): Promise<ServerProcess> {
+/** Runs `start` with Vertex AI's environment set, as the platform sets it for the container. */
+async function withRoutes<T>(start: () => Promise<T>, env: Record<string, string> = ROUTES): Promise<T> {
   Object.assign(process.env, env);
   try {
-    return await startServerProcess(args);
+    return await start();
   } finally {
     for (const key of Object.keys(env)) delete process.env[key];
   }
 }
+const startWithRoutes = (args: string[]) => withRoutes(() => startServerProcess(args));
+const refusalWithRoutes = (args: string[], env?: Record<string, string>) => withRoutes(() => startupRefusal(args), env);
 
 let repo: string;
 let server: ServerProcess;
@@ -83,26 +85,20 @@ it("redirects a POST to the predict route to the endpoint X-Vertex-Ai-Triton-Red
 });
 
 it("stops at start without Vertex AI's routes, or without a default model it can find", async () => {
-  const noRoutes = await startWithRoutes(["--model-repository", repo, "--allow-vertex-ai"], {}).catch((e: Error) => e);
+  const noRoutes = await refusalWithRoutes(["--model-repository", repo, "--allow-vertex-ai"], {});
   expect(String(noRoutes)).toContain(
     "trellis-server: --allow-vertex-ai: AIP_PREDICT_ROUTE is not defined for the Vertex AI endpoint",
   );
   const two = await makeRepository({ a: { config: echoConfig("a") }, b: { config: echoConfig("b") } });
   try {
-    const vague = await startWithRoutes([
-      "--model-repository",
-      two,
-      "--allow-vertex-ai",
-      "--vertex-ai-port",
-      "0",
-    ]).catch((e: Error) => e);
+    const vague = await refusalWithRoutes(["--model-repository", two, "--allow-vertex-ai", "--vertex-ai-port", "0"]);
     expect(String(vague)).toContain(
       "--allow-vertex-ai: with 2 models loaded, name the one predictions go to: --vertex-ai-default-model <name>",
     );
-    const missing = await startWithRoutes([
+    const missing = await refusalWithRoutes([
       ...["--model-repository", two, "--allow-vertex-ai", "--vertex-ai-port", "0"],
       ...["--vertex-ai-default-model", "c"],
-    ]).catch((e: Error) => e);
+    ]);
     expect(String(missing)).toContain("--allow-vertex-ai: the default model 'c' is not loaded");
     const named = await startWithRoutes([
       ...["--model-repository", two, "--allow-vertex-ai", "--vertex-ai-port", "0"],

@@ -38,4 +38,4 @@ export {
   startPythonKServe,
 } from "./python-grpc.js";
 export { makeSeedRepository, removeDir, type SeedRepositoryOptions, seedModelNames } from "./seed.js";
-export { type ServerProcess, type ServerProcessOptions, startServerProcess } from "./server-process.js";
+export { type ServerProcess, type ServerProcessOptions, startServerProcess, startupRefusal } from "./server-process.js";

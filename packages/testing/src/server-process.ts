@@ -113,6 +113,21 @@ export async function startServerProcess(args: string[], options: ServerProcessO
   };
 }
 
+/**
+ * Why the server refuses to start with `args`: its error, as text (stderr included). A server
+ * that starts after all is stopped, and that is an error, so no test leaves one running.
+ */
+export async function startupRefusal(args: string[], options: ServerProcessOptions = {}): Promise<string> {
+  let server: ServerProcess;
+  try {
+    server = await startServerProcess(args, options);
+  } catch (err) {
+    return String(err);
+  }
+  await server.stop();
+  throw new Error(`the server started with ${args.join(" ")}; a refusal was expected`);
+}
+
 /** Calls `onLine` for each line appended to `path` (which may not exist yet) until `done` settles. */
 function followFile(path: string, onLine: (line: string) => void, done: Promise<unknown>): void {
   let offset = 0;
