@@ -149,10 +149,11 @@ export function grpcModelInferHandler(
 ): FastPath {
   return (req, res) => {
     if (!servedHere(req)) return false;
-    const algorithm = responseAlgorithm(
-      compression,
-      req.headers[headerAcceptEncoding.toLowerCase()] as string | undefined,
-    );
+    // Read only when compressing: the uncompressed default costs this path nothing.
+    const algorithm =
+      compression === "none"
+        ? undefined
+        : responseAlgorithm(compression, req.headers[headerAcceptEncoding.toLowerCase()] as string | undefined);
     const call: GrpcCallTimes = {
       readStartNs: nowNs(),
       readEndNs: 0,
