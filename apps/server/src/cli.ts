@@ -18,14 +18,17 @@ import {
   type ResponseCompressionLevel,
 } from "@trellis/stage";
 import { Command, InvalidArgumentError, Option } from "commander";
+import { type CacheChoice, readCacheConfig } from "./cache-config.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
 import type { MetricsOptions } from "./metrics.js";
 import { DEFAULT_OTEL_SETTINGS, type OtelSettings } from "./otel.js";
-import type { RedisCacheSettings } from "./redis-cache.js";
 import type { ControlMode } from "./repository.js";
 import { SERVER_VERSION } from "./server.js";
 import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "./tracing.js";
 import { addCompatFlags, compatWarnings } from "./triton-flags.js";
+import { splitSetting, UsageError } from "./usage.js";
+
+export { UsageError };
 
 const port = (v: string) => {
   const n = Number(v);
@@ -195,11 +198,14 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--cache-config <cache,key=value>",
-    "response cache, as tritonserver's: local,size=<bytes>, or a Redis server the replicas share: redis,host=<host>, redis,port=<port> (default localhost:6379), redis,user=, redis,password=, redis,wait_timeout_ms= (default 1000), redis,tls_enabled=true with redis,ca_cert=/cert=/key=/sni=; models opt in with response_cache { enable: true }; repeatable",
+    "response cache, as tritonserver's: local,size=<bytes>, or a Redis server the replicas share, with Triton's redis cache settings: redis,host=<host> and redis,port=<port> (both required), redis,user= / redis,password= (else $TRITONCACHE_REDIS_USERNAME / $TRITONCACHE_REDIS_PASSWORD), redis,db= (0), redis,connect_timeout= / redis,socket_timeout= (ms, 0: none), redis,pool_size= (1), redis,wait_timeout= (ms, 1000), redis,tls_enabled=true with redis,cacert= / cacert_dir= / cert= / key= / sni=; models opt in with response_cache { enable: true }; repeatable",
     collect,
     [],
   )
-  .option("--response-cache-byte-size <bytes>", "deprecated in tritonserver: --cache-config local,size=<bytes>")
+  .option(
+    "--response-cache-byte-size <bytes>",
+    "deprecated in tritonserver: --cache-config local,size=<bytes> (0: no cache); not with --cache-config",
+  )
   .option(
     "--http-restricted-api <categories:header=value>",
     `HTTP endpoint groups (${API_CATEGORIES.join(", ")}) that answer 403 unless the request has this header and value, e.g. model-repository,logging:admin-key=secret; repeatable`,
@@ -467,9 +473,6 @@ export interface Flags {
   fetchModels: boolean;
 }
 
-/** A bad flag or flag file: printed as one line, without a stack. */
-export class UsageError extends Error {}
-
 /** The file a flag names; one that cannot be read is a UsageError naming the flag. */
 function readFlagFile(option: string, path: string): Promise<Buffer> {
   return readFile(resolve(path)).catch((err: Error) => {
@@ -492,91 +495,6 @@ async function grpcTls(flags: Flags): Promise<GrpcServerTlsOptions | undefined> 
       ? { ca: await read("--grpc-root-cert", flags.grpcRootCert), requireClientCert: true }
       : {}),
   };
-}
-
-/**
- * One "[<scope>,]<key>=<value>" entry of tritonserver's --*-config flags ("local,size=1024",
- * "triton,file=/tmp/t.json", "rate=100"): the scope is what precedes a comma ahead of the first "=".
- */
-function splitSetting(entry: string): { scope?: string; key: string; value?: string } {
-  const eq = entry.indexOf("=");
-  const comma = entry.indexOf(",");
-  const scoped = comma >= 0 && (eq < 0 || comma < eq);
-  const rest = scoped ? entry.slice(comma + 1) : entry;
-  const at = rest.indexOf("=");
-  return {
-    ...(scoped ? { scope: entry.slice(0, comma) } : {}),
-    key: at < 0 ? rest : rest.slice(0, at),
-    ...(at < 0 ? {} : { value: rest.slice(at + 1) }),
-  };
-}
-
-/** The response cache the command line asks for: this process's, or a Redis server's. */
-export type CacheChoice = { kind: "local"; size: number } | { kind: "redis"; settings: RedisCacheSettings };
-
-const REDIS_DEFAULTS: RedisCacheSettings = { host: "localhost", port: 6379, waitTimeoutMs: 1000 };
-
-/**
- * The response cache from --cache-config (tritonserver's syntax: "<cache>,<key>=<value>",
- * repeatable): the local (in-process) cache, whose one setting is size in bytes, or Redis
- * (host, port, user, password, wait_timeout_ms). tritonserver's older
- * --response-cache-byte-size <n> is local,size=<n> (0: no cache); --cache-config wins over it.
- */
-function responseCache(flags: Flags): CacheChoice | undefined {
-  let size: number | undefined;
-  if (flags.responseCacheByteSize !== undefined) {
-    const n = Number(flags.responseCacheByteSize);
-    if (!Number.isSafeInteger(n) || n < 0) {
-      throw new UsageError(
-        `--response-cache-byte-size ${flags.responseCacheByteSize}: expected a whole number of bytes (0: no cache)`,
-      );
-    }
-    if (n > 0) size = n;
-  }
-  let redis: RedisCacheSettings | undefined;
-  const tlsFiles: NonNullable<RedisCacheSettings["tls"]> = {};
-  const whole = (entry: string, value: string | undefined, what: string) => {
-    const n = Number(value);
-    if (!value || !Number.isSafeInteger(n) || n < 1) throw new UsageError(`--cache-config ${entry}: expected ${what}`);
-    return n;
-  };
-  for (const entry of flags.cacheConfig) {
-    const { scope, key, value } = splitSetting(entry);
-    if (scope === "redis") {
-      redis ??= { ...REDIS_DEFAULTS };
-      if (key === "host" && value) redis.host = value;
-      else if (key === "port") redis.port = whole(entry, value, "a port number");
-      else if (key === "user" && value !== undefined) redis.user = value;
-      else if (key === "password" && value !== undefined) redis.password = value;
-      else if (key === "wait_timeout_ms") redis.waitTimeoutMs = whole(entry, value, "a number of milliseconds");
-      else if (key === "tls_enabled" && (value === "true" || value === "false")) {
-        if (value === "true") redis.tls ??= {};
-        else delete redis.tls;
-      } else if ((key === "ca_cert" || key === "cert" || key === "key" || key === "sni") && value) {
-        tlsFiles[key === "ca_cert" ? "caCert" : key] = value;
-      } else {
-        throw new UsageError(
-          `--cache-config ${entry}: the redis cache's settings here are host, port, user, password, wait_timeout_ms, tls_enabled, ca_cert, cert, key and sni`,
-        );
-      }
-      continue;
-    }
-    if ((scope ?? key) !== "local") {
-      throw new UsageError(
-        `--cache-config ${entry}: the caches are local ("local,size=<bytes>") and redis ("redis,host=<host>", "redis,port=<port>")`,
-      );
-    }
-    size = whole(entry, value && key === "size" ? value : undefined, "local,size=<bytes> with a whole number of bytes");
-  }
-  if (redis && size !== undefined) {
-    throw new UsageError("--cache-config: one response cache, local or redis, not both");
-  }
-  if (redis && Object.keys(tlsFiles).length > 0) {
-    if (!redis.tls) throw new UsageError("--cache-config redis,ca_cert/cert/key/sni need redis,tls_enabled=true");
-    redis.tls = tlsFiles;
-  }
-  if (redis) return { kind: "redis", settings: redis };
-  return size === undefined ? undefined : { kind: "local", size };
 }
 
 /**
@@ -871,7 +789,7 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     warnings,
     rateLimiter: rateLimiter(flags, warnings),
     endpointsTls: await endpointsTls(flags),
-    responseCache: responseCache(flags),
+    responseCache: readCacheConfig(flags.cacheConfig, flags.responseCacheByteSize, process.env),
     grpcTls: await grpcTls(flags),
     httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
     grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),

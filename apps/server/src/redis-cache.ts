@@ -7,7 +7,9 @@
  * cache hits, never requests: a failed lookup is a miss, a failed insert is
  * skipped, each logged.
  */
-import { readFile } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { ConnectionOptions } from "node:tls";
 import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import { ModelInferResponseSchema } from "@trellis/protocol";
 import {
@@ -18,17 +20,31 @@ import {
   type ResponseStore,
   type StageLogger,
 } from "@trellis/stage";
-import { Redis } from "ioredis";
+import { Redis, type RedisOptions } from "ioredis";
 
+/** Triton's redis cache settings (cache-config.ts reads them from the command line). */
 export interface RedisCacheSettings {
   host: string;
   port: number;
   user?: string;
   password?: string;
-  /** How long a command may take before it counts as failed (Triton's wait_timeout_ms). */
+  /** The database number (db). */
+  db: number;
+  /** How long connecting may take (connect_timeout; 0: no limit, Triton's default). */
+  connectTimeoutMs: number;
+  /** How long a command may wait for its answer (socket_timeout; 0: wait_timeout bounds it, below). */
+  socketTimeoutMs: number;
+  /** Connections to Redis (pool_size); commands take them in turn. */
+  poolSize: number;
+  /**
+   * wait_timeout: in Triton's redis cache (redis++), how long a request waits for one of the
+   * pool's connections. ioredis pipelines commands on its connections instead of lending them
+   * out, so here it bounds the wait for the command itself when socket_timeout sets no bound:
+   * a Redis that stops answering costs a request that long at most, as a miss.
+   */
   waitTimeoutMs: number;
-  /** TLS (Triton's tls_enabled): PEM files for the CA to trust (default the system's) and a client certificate. */
-  tls?: { caCert?: string; cert?: string; key?: string; sni?: string };
+  /** TLS (tls_enabled): the CA to trust as a PEM file and/or a folder of them (default the system's), a client certificate, SNI. */
+  tls?: { cacert?: string; cacertDir?: string; cert?: string; key?: string; sni?: string };
 }
 
 /** A TLS setting's file, read now: one that cannot be read names the setting. */
@@ -39,56 +55,96 @@ async function pem(setting: string, path: string | undefined): Promise<Buffer | 
   });
 }
 
+/** Every PEM certificate file in `dir` (OpenSSL's CApath holds them under hashed names; any name is read here). */
+async function pemDir(dir: string): Promise<Buffer[]> {
+  const names = await readdir(dir).catch((err: Error) => {
+    throw new Error(`cacert_dir=${dir}: ${err.message}`);
+  });
+  const files = await Promise.all(names.sort().map((n) => readFile(join(dir, n)).catch(() => undefined)));
+  const certs: Buffer[] = [];
+  for (const f of files) if (f?.includes("-----BEGIN CERTIFICATE-----")) certs.push(f);
+  if (certs.length === 0) throw new Error(`cacert_dir=${dir}: no PEM certificate in it`);
+  return certs;
+}
+
+async function tlsOptions(tls: NonNullable<RedisCacheSettings["tls"]>): Promise<ConnectionOptions> {
+  const ca = [
+    ...(tls.cacert ? [(await pem("cacert", tls.cacert)) as Buffer] : []),
+    ...(tls.cacertDir ? await pemDir(tls.cacertDir) : []),
+  ];
+  return {
+    ...(ca.length > 0 ? { ca } : {}),
+    ...(tls.cert ? { cert: await pem("cert", tls.cert) } : {}),
+    ...(tls.key ? { key: await pem("key", tls.key) } : {}),
+    ...(tls.sni ? { servername: tls.sni } : {}),
+  };
+}
+
 /** Where Trellis's entries live in the Redis keyspace. */
 const KEY_PREFIX = "trellis:response:";
 
 export class RedisResponseCache implements ResponseStore {
   readonly shared = true;
+  private turn = 0;
   private constructor(
-    private readonly redis: Redis,
+    private readonly pool: Redis[],
     private readonly log?: StageLogger,
   ) {}
 
-  /** Connects, and checks the server answers: one that cannot be reached stops the server at start. */
+  /** Opens the pool's connections and checks the server answers on each: one that cannot be reached stops the server at start. */
   static async connect(settings: RedisCacheSettings, log?: StageLogger): Promise<RedisResponseCache> {
-    const tls = settings.tls && {
-      ...(settings.tls.caCert ? { ca: await pem("ca_cert", settings.tls.caCert) } : {}),
-      ...(settings.tls.cert ? { cert: await pem("cert", settings.tls.cert) } : {}),
-      ...(settings.tls.key ? { key: await pem("key", settings.tls.key) } : {}),
-      ...(settings.tls.sni ? { servername: settings.tls.sni } : {}),
-    };
-    const redis = new Redis({
+    const tls = settings.tls && (await tlsOptions(settings.tls));
+    const options: RedisOptions = {
       host: settings.host,
       port: settings.port,
+      db: settings.db,
       ...(tls ? { tls } : {}),
       ...(settings.user ? { username: settings.user } : {}),
       ...(settings.password ? { password: settings.password } : {}),
-      commandTimeout: settings.waitTimeoutMs,
-      connectTimeout: settings.waitTimeoutMs,
+      commandTimeout: settings.socketTimeoutMs || settings.waitTimeoutMs,
+      // 0: no limit (ioredis sets no timer for 0).
+      connectTimeout: settings.connectTimeoutMs,
       lazyConnect: true,
       // Failing fast while disconnected: a request must not wait on the cache.
       enableOfflineQueue: false,
       maxRetriesPerRequest: 0,
-    });
-    // Errors surface through the commands that fail; the event tells why a connection failed.
-    let why: Error | undefined;
-    redis.on("error", (err: Error) => {
-      why = err;
-    });
+    };
+    const pool: Redis[] = [];
     try {
-      await redis.connect();
-      await redis.ping();
+      for (let i = 0; i < settings.poolSize; i++) {
+        const redis = new Redis(options);
+        pool.push(redis);
+        // Errors surface through the commands that fail; the event tells why a connection failed.
+        let why: Error | undefined;
+        redis.on("error", (err: Error) => {
+          why = err;
+        });
+        try {
+          await redis.connect();
+          await redis.ping();
+        } catch (err) {
+          throw new Error(
+            `cannot reach Redis at ${settings.host}:${settings.port}: ${(why ?? (err as Error)).message}`,
+          );
+        }
+      }
     } catch (err) {
-      redis.disconnect();
-      throw new Error(`cannot reach Redis at ${settings.host}:${settings.port}: ${(why ?? (err as Error)).message}`);
+      for (const redis of pool) redis.disconnect();
+      throw err;
     }
-    return new RedisResponseCache(redis, log);
+    return new RedisResponseCache(pool, log);
+  }
+
+  /** The pool's connections in turn. */
+  private next(): Redis {
+    this.turn = (this.turn + 1) % this.pool.length;
+    return this.pool[this.turn] as Redis;
   }
 
   async lookup(key: string, request: InferRequest): Promise<InferResponse | undefined> {
     let stored: Buffer | null;
     try {
-      stored = await this.redis.getBuffer(KEY_PREFIX + key);
+      stored = await this.next().getBuffer(KEY_PREFIX + key);
     } catch (err) {
       this.log?.warn({ err: (err as Error).message }, "Redis response cache lookup failed: treated as a miss");
       return undefined;
@@ -100,7 +156,7 @@ export class RedisResponseCache implements ResponseStore {
 
   async insert(key: string, response: InferResponse): Promise<void> {
     try {
-      await this.redis.set(
+      await this.next().set(
         KEY_PREFIX + key,
         Buffer.from(toBinary(ModelInferResponseSchema, inferResponseToWire(response))),
       );
@@ -110,6 +166,6 @@ export class RedisResponseCache implements ResponseStore {
   }
 
   close(): void {
-    this.redis.disconnect();
+    for (const redis of this.pool) redis.disconnect();
   }
 }

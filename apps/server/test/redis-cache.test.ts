@@ -7,8 +7,9 @@
  * except in CI, where it fails.
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { writeFile } from "node:fs/promises";
+import { copyFile, mkdtemp, writeFile } from "node:fs/promises";
 import net from "node:net";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   removeDir,
@@ -18,6 +19,7 @@ import {
   TLS_CERT_PATH,
   TLS_KEY_PATH,
 } from "@trellis/testing";
+import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { echoConfig, freePort, makeRepository, postJson } from "./helpers.js";
 
@@ -44,6 +46,33 @@ async function listening(port: number): Promise<void> {
   throw new Error(`nothing listens on ${port}`);
 }
 
+/** A redis-server of its own on a free port (no persistence; TLS with the test certificate), once it accepts connections. */
+async function redisServer(
+  options: { tls?: boolean; args?: string[] } = {},
+): Promise<{ proc: ChildProcess; port: number }> {
+  const port = await freePort();
+  const ports = options.tls
+    ? ["--port", "0", "--tls-port", String(port), "--tls-cert-file", TLS_CERT_PATH, "--tls-key-file", TLS_KEY_PATH]
+    : ["--port", String(port)];
+  const proc = spawn(
+    "redis-server",
+    [
+      ...ports,
+      ...(options.tls ? ["--tls-auth-clients", "no"] : []),
+      "--bind",
+      "127.0.0.1",
+      "--save",
+      "",
+      "--appendonly",
+      "no",
+      ...(options.args ?? []),
+    ],
+    { stdio: "ignore" },
+  );
+  await listening(port);
+  return { proc, port };
+}
+
 interface Stats {
   inference_stats: { cache_hit?: { count: number }; cache_miss?: { count: number } };
   execution_count: number;
@@ -60,11 +89,7 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
   let port: number;
   let repo: string;
   beforeAll(async () => {
-    port = await freePort();
-    redis = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], {
-      stdio: "ignore",
-    });
-    await listening(port);
+    ({ proc: redis, port } = await redisServer());
     repo = await makeRepository({
       cached: { config: echoConfig("cached", { extra: "response_cache { enable: true }", params: { scale: "3" } }) },
     });
@@ -110,41 +135,98 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
     }
   });
 
-  it("reaches a Redis over TLS with the CA given (tls_enabled, ca_cert), and stops at start without it", async () => {
-    const tlsPort = await freePort();
-    const tlsRedis = spawn(
-      "redis-server",
-      [
-        ...["--port", "0", "--tls-port", String(tlsPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        ...["--tls-cert-file", TLS_CERT_PATH, "--tls-key-file", TLS_KEY_PATH, "--tls-auth-clients", "no"],
-      ],
-      { stdio: "ignore" },
-    );
+  it("reaches a Redis over TLS with the CA given (tls_enabled with cacert or cacert_dir), and stops at start without it", async () => {
+    const tlsRedis = await redisServer({ tls: true });
+    const caDir = await mkdtemp(join(tmpdir(), "trellis-redis-ca-"));
     try {
-      await listening(tlsPort);
-      const redisTls = ["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${tlsPort}`];
+      await copyFile(TLS_CERT_PATH, join(caDir, "3a1f9c2e.0"));
+      await writeFile(join(caDir, "README"), "not a certificate: passed over");
+      const redisTls = [
+        ...["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${tlsRedis.port}`],
+        ...["--cache-config", "redis,tls_enabled=true"],
+      ];
+      for (const ca of [`redis,cacert=${TLS_CERT_PATH}`, `redis,cacert_dir=${caDir}`]) {
+        const server = await startServerProcess(["--model-repository", repo, ...redisTls, "--cache-config", ca]);
+        try {
+          // Each pass asks its own question: the first is a miss, the repeat a hit.
+          const values = ca.includes("cacert_dir") ? [8, 8, 8, 8] : [7, 7, 7, 7];
+          for (let i = 0; i < 2; i++) expect((await infer(server, values)).status).toBe(200);
+          expect(await stats(server)).toMatchObject({
+            execution_count: 1,
+            inference_stats: { cache_hit: { count: 1 } },
+          });
+        } finally {
+          expect(await server.stop()).toBe(0);
+        }
+      }
+      // Without the CA the certificate is not trusted: the cache is unusable, so the server does not start.
+      const untrusted = await startupRefusal(["--model-repository", repo, ...redisTls]);
+      expect(String(untrusted)).toMatch(/--cache-config redis: cannot reach Redis at 127\.0\.0\.1:\d+: .*certificate/);
+      const noCerts = await startupRefusal([
+        ...["--model-repository", repo, ...redisTls],
+        ...["--cache-config", `redis,cacert_dir=${repo}`],
+      ]);
+      expect(String(noCerts)).toContain(`--cache-config redis: cacert_dir=${repo}: no PEM certificate in it`);
+    } finally {
+      tlsRedis.proc.kill();
+      await removeDir(caDir);
+    }
+  });
+
+  it("keeps pool_size connections and its entries in the db given", async () => {
+    const probe = new Redis({ host: "127.0.0.1", port, lazyConnect: true });
+    await probe.connect();
+    const connections = async () => String(await probe.call("CLIENT", "LIST")).trim().split("\n").length;
+    try {
+      const before = await connections();
       const server = await startServerProcess([
         "--model-repository",
         repo,
-        ...redisTls,
-        ...["--cache-config", "redis,tls_enabled=true", "--cache-config", `redis,ca_cert=${TLS_CERT_PATH}`],
+        ...["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${port}`],
+        ...["--cache-config", "redis,pool_size=3", "--cache-config", "redis,db=5"],
       ]);
       try {
-        for (let i = 0; i < 2; i++) expect((await infer(server, [7, 7, 7, 7])).status).toBe(200);
-        expect(await stats(server)).toMatchObject({ execution_count: 1, inference_stats: { cache_hit: { count: 1 } } });
+        expect(await connections()).toBe(before + 3);
+        await probe.select(5);
+        const inDb5 = async () => (await probe.keys("trellis:response:*")).length;
+        const stored = await inDb5();
+        // Four requests go over the pool's connections in turn; each answer lands in db 5.
+        for (const v of [21, 22, 23, 24]) expect((await infer(server, [v, v, v, v])).status).toBe(200);
+        expect(await inDb5()).toBe(stored + 4);
+        await probe.select(0);
+        expect((await probe.keys("trellis:response:*")).length).toBeLessThan(stored + 4);
       } finally {
         expect(await server.stop()).toBe(0);
       }
-      // Without the CA the certificate is not trusted: the cache is unusable, so the server does not start.
-      const untrusted = await startupRefusal([
-        "--model-repository",
-        repo,
-        ...redisTls,
-        ...["--cache-config", "redis,tls_enabled=true"],
-      ]);
-      expect(String(untrusted)).toMatch(/--cache-config redis: cannot reach Redis at 127\.0\.0\.1:\d+: .*certificate/);
+      expect(await connections()).toBe(before);
     } finally {
-      tlsRedis.kill();
+      probe.disconnect();
+    }
+  });
+
+  it("authenticates with the flags' credentials or, as Triton, $TRITONCACHE_REDIS_USERNAME / _PASSWORD", async () => {
+    const locked = await redisServer({ args: ["--requirepass", "redis123!"] });
+    const endpoint = ["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${locked.port}`];
+    try {
+      const fromEnv = await startServerProcess(["--model-repository", repo, ...endpoint], {
+        env: { TRITONCACHE_REDIS_USERNAME: "default", TRITONCACHE_REDIS_PASSWORD: "redis123!" },
+      });
+      try {
+        for (let i = 0; i < 2; i++) expect((await infer(fromEnv, [9, 9, 9, 9])).status).toBe(200);
+        expect(await stats(fromEnv)).toMatchObject({ inference_stats: { cache_hit: { count: 1 } } });
+      } finally {
+        expect(await fromEnv.stop()).toBe(0);
+      }
+      // The flag wins over the environment.
+      const wrong = await startupRefusal(
+        ["--model-repository", repo, ...endpoint, "--cache-config", "redis,password=wrong"],
+        { env: { TRITONCACHE_REDIS_PASSWORD: "redis123!" } },
+      );
+      expect(String(wrong)).toMatch(/cannot reach Redis at 127\.0\.0\.1:\d+: WRONGPASS/);
+      const none = await startupRefusal(["--model-repository", repo, ...endpoint]);
+      expect(String(none)).toMatch(/cannot reach Redis at 127\.0\.0\.1:\d+: NOAUTH Authentication required/);
+    } finally {
+      locked.proc.kill();
     }
   });
 
@@ -163,22 +245,32 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
     }
   });
 
-  it("stops at start when Redis cannot be reached, and refuses settings it does not know", async () => {
+  it("stops at start when Redis cannot be reached, and refuses settings as Triton does or that it does not know", async () => {
     const nowhere = await startupRefusal([
       "--model-repository",
       repo,
       ...["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${await freePort()}`],
     ]);
     expect(String(nowhere)).toMatch(/trellis-server: --cache-config redis: cannot reach Redis at 127\.0\.0\.1:\d+: /);
-    const pool = await startupRefusal(["--model-repository", repo, "--cache-config", "redis,max_connections=4"]);
-    expect(String(pool)).toContain(
-      "--cache-config redis,max_connections=4: the redis cache's settings here are host, port, user, password, wait_timeout_ms, tls_enabled, ca_cert, cert, key and sni",
+    const refusal = async (...flags: string[]) => String(await startupRefusal(["--model-repository", repo, ...flags]));
+    const endpoint = ["--cache-config", "redis,host=127.0.0.1", "--cache-config", `redis,port=${port}`];
+    expect(await refusal("--cache-config", "redis,host=127.0.0.1")).toContain(
+      "--cache-config redis: host and port are both required, as in Triton",
     );
-    const both = await startupRefusal([
-      "--model-repository",
-      repo,
-      ...["--cache-config", "local,size=1000000", "--cache-config", "redis,host=127.0.0.1"],
-    ]);
-    expect(String(both)).toContain("--cache-config: one response cache, local or redis, not both");
+    expect(await refusal(...endpoint, "--cache-config", "redis,max_connections=4")).toContain(
+      "--cache-config redis,max_connections=4: the redis cache's settings are host, port, user, password, db, connect_timeout, socket_timeout, pool_size, wait_timeout, tls_enabled, cert, key, cacert, cacert_dir, sni",
+    );
+    expect(await refusal(...endpoint, "--cache-config", "redis,pool_size=0")).toContain(
+      "--cache-config redis,pool_size=0: expected a number of connections, 1 or more",
+    );
+    expect(await refusal(...endpoint, "--cache-config", `redis,cacert=${TLS_CERT_PATH}`)).toContain(
+      "--cache-config redis,cacert: TLS settings need --cache-config redis,tls_enabled=true",
+    );
+    expect(await refusal("--cache-config", "local,size=1000000", ...endpoint)).toContain(
+      "--cache-config: one response cache, local or redis, not both",
+    );
+    expect(await refusal("--response-cache-byte-size", "12345", "--cache-config", "local,size=67890")).toContain(
+      "incompatible flags --response-cache-byte-size and --cache-config",
+    );
   });
 });

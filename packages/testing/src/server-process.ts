@@ -30,6 +30,8 @@ export interface ServerProcessOptions {
   startTimeoutMs?: number;
   /** Where the server logs when started with --log-file: its lines are read from there instead of stdout. */
   logFile?: string;
+  /** Environment variables set for the server, over this process's own. */
+  env?: NodeJS.ProcessEnv;
 }
 
 /**
@@ -51,7 +53,11 @@ export async function startServerProcess(args: string[], options: ServerProcessO
       "--no-fetch-models",
       ...args,
     ],
-    { cwd: options.cwd ?? serverDir, stdio: ["ignore", "pipe", "pipe"] },
+    {
+      cwd: options.cwd ?? serverDir,
+      stdio: ["ignore", "pipe", "pipe"],
+      ...(options.env ? { env: { ...process.env, ...options.env } } : {}),
+    },
   );
   const logs: Record<string, unknown>[] = [];
   const ports: Record<string, number> = {};
