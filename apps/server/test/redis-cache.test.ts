@@ -176,7 +176,10 @@ describe.runIf(redisServerFound())("--cache-config redis", () => {
   it("keeps pool_size connections and its entries in the db given", async () => {
     const probe = new Redis({ host: "127.0.0.1", port, lazyConnect: true });
     await probe.connect();
-    const connections = async () => String(await probe.call("CLIENT", "LIST")).trim().split("\n").length;
+    const connections = async () =>
+      String(await probe.call("CLIENT", "LIST"))
+        .trim()
+        .split("\n").length;
     try {
       const before = await connections();
       const server = await startServerProcess([
