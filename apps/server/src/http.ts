@@ -445,7 +445,15 @@ export function restHandler(ctx: RestContext) {
         }
         await repo.load(name, { ...(config === undefined ? {} : { config }), ...(files ? { files } : {}) });
       } else {
-        await repo.unload(name);
+        const unloadDependents = body.parameters?.unload_dependents;
+        if (unloadDependents !== undefined && typeof unloadDependents !== "boolean") {
+          throw new StageError(
+            Code.InvalidArgument,
+            "",
+            `Unable to parse 'unload_dependents': expected a boolean, got ${JSON.stringify(unloadDependents)}`,
+          );
+        }
+        await repo.unload(name, { unloadDependents: unloadDependents === true });
       }
       return sendEmpty(res, 200);
     }

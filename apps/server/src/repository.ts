@@ -17,6 +17,7 @@ import {
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
+  type ModelUnloadOptions,
   type RateLimiter,
   type ResponseStore,
   type Stage,
@@ -82,6 +83,8 @@ interface ModelEntry {
   queue: Promise<void>;
   /** What the model was last loaded from (see sourceOf): a load or poll reloads only when it changed. */
   loadedFrom?: string;
+  /** The models the loaded ensemble calls (its steps; none for other models): what unload_dependents unloads. */
+  steps: string[];
 }
 
 const isEnsemble = (config: ModelConfig) => config.schedulingChoice.case === "ensembleScheduling";
@@ -92,6 +95,9 @@ function ensembleSteps(config: ModelConfig): { model: string; version: bigint }[
     ? s.value.step.map((st) => ({ model: st.modelName, version: st.modelVersion }))
     : [];
 }
+
+/** A version of the model is loaded, or loading. */
+const isLoaded = (e: ModelEntry) => [...e.versions.values()].some((v) => v.state === "READY" || v.state === "LOADING");
 
 const byVersion = (a: string, b: string) => Number(a) - Number(b) || a.localeCompare(b);
 
@@ -149,7 +155,7 @@ export class RepositoryManager implements ModelRegistry {
     this.repository = {
       index: (readyOnly) => this.index(readyOnly),
       load: (name, options) => this.requestControl(() => this.load(name, true, options)),
-      unload: (name) => this.requestControl(() => this.unload(name)),
+      unload: (name, options) => this.requestControl(() => this.unload(name, options)),
     };
   }
 
@@ -305,7 +311,7 @@ export class RepositoryManager implements ModelRegistry {
   private entry(name: string): ModelEntry {
     let e = this.models.get(name);
     if (!e) {
-      e = { name, versions: new Map(), queue: Promise.resolve() };
+      e = { name, versions: new Map(), queue: Promise.resolve(), steps: [] };
       this.models.set(name, e);
     }
     return e;
@@ -492,6 +498,7 @@ export class RepositoryManager implements ModelRegistry {
     );
     // A failed reload is retried by the next load or poll; a failed first load too.
     e.loadedFrom = failures.length === 0 ? source : undefined;
+    if (isLoaded(e)) e.steps = ensembleSteps(model.config).map((step) => step.model);
     return failures;
   }
 
@@ -614,10 +621,32 @@ export class RepositoryManager implements ModelRegistry {
     };
   }
 
-  async unload(name: string): Promise<void> {
+  /**
+   * Unloads `name`; with unloadDependents (Triton's unload_dependents) an ensemble's steps
+   * go too, and theirs in turn, except those another loaded model still calls.
+   */
+  async unload(name: string, options: ModelUnloadOptions = {}): Promise<void> {
     const e = this.models.get(name);
     if (!e) throw new StageError(Code.NotFound, "", `failed to unload '${name}': no such model`);
     await this.enqueue(e, () => this.unloadEntry(e));
+    if (options.unloadDependents) await this.unloadUnusedSteps(e.steps, new Set([name]));
+  }
+
+  private async unloadUnusedSteps(steps: string[], seen: Set<string>): Promise<void> {
+    for (const name of steps) {
+      // Remote steps (--endpoints) are another server's models, not this one's to unload.
+      if (seen.has(name) || this.opts.endpoints[name]) continue;
+      seen.add(name);
+      const step = this.models.get(name);
+      if (!step || !isLoaded(step) || this.calledByLoadedModel(name)) continue;
+      await this.enqueue(step, () => this.unloadEntry(step));
+      await this.unloadUnusedSteps(step.steps, seen);
+    }
+  }
+
+  private calledByLoadedModel(name: string): boolean {
+    for (const e of this.models.values()) if (isLoaded(e) && e.steps.includes(name)) return true;
+    return false;
   }
 
   private async unloadEntry(e: ModelEntry): Promise<void> {

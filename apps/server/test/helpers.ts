@@ -67,6 +67,17 @@ ensemble_scheduling { step [
 ] }
 `;
 
+/** An ensemble of one step: OUT = echo10(IN). */
+export const TENFOLD_CONFIG = `name: "tenfold"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "echo10" model_version: -1 input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "OUT" } }
+] }
+`;
+
 /** A metric's value for {model, version} from Prometheus text (0 when absent). */
 export function metricValue(text: string, name: string, model: string, version = "1"): number {
   for (const line of text.split("\n")) {

@@ -7,7 +7,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { mkdir, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import {
   GRPCInferenceService,
@@ -26,6 +26,7 @@ import {
   metricValue,
   postJson,
   scrape,
+  TENFOLD_CONFIG,
 } from "./helpers.js";
 
 const slowRequest = (delayMs: number, values = [1, 2, 3, 4]) => ({
@@ -53,6 +54,8 @@ describe("explicit model control", () => {
       echo: { config: echoConfig("echo") },
       echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
       chain: { config: CHAIN_CONFIG },
+      // A second ensemble sharing chain's step echo10: what unload_dependents must leave loaded.
+      tenfold: { config: TENFOLD_CONFIG },
       other: { config: echoConfig("other", { params: { scale: "2" } }) },
       serial: { config: echoConfig("serial", { params: { serial: "1" } }) },
       broken: { config: echoConfig("broken", { params: { module: "./missing.js" } }) },
@@ -90,6 +93,7 @@ describe("explicit model control", () => {
       { name: "echo10", version: "1", state: "READY" },
       { name: "other" },
       { name: "serial" },
+      { name: "tenfold" },
     ]);
     const res = await postJson(`${server.http}/v2/models/other/infer`, slowRequest(0));
     expect(res.status).toBe(400);
@@ -176,6 +180,58 @@ describe("explicit model control", () => {
       inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data: [1, 1, 1, 1] }],
     });
     expect(back.json.outputs[0].data).toEqual([10, 10, 10, 10]);
+  });
+
+  it("with unload_dependents unloads an ensemble's steps too, except those another loaded model calls", async () => {
+    const state = async (name: string) => (await index()).find((m) => m.name === name)?.state;
+    const states = async () =>
+      Object.fromEntries(
+        await Promise.all(["chain", "tenfold", "echo", "echo10"].map(async (n) => [n, await state(n)])),
+      );
+    expect((await postJson(`${server.http}/v2/repository/models/tenfold/load`, {})).status).toBe(200);
+    expect(await states()).toEqual({ chain: "READY", tenfold: "READY", echo: "READY", echo10: "READY" });
+
+    // Over HTTP: chain and echo go; echo10 stays, tenfold still calling it.
+    const unload = (name: string, parameters: unknown) =>
+      postJson(`${server.http}/v2/repository/models/${name}/unload`, { parameters });
+    expect((await unload("chain", { unload_dependents: true })).status).toBe(200);
+    expect(await states()).toEqual({ chain: "UNAVAILABLE", tenfold: "READY", echo: "UNAVAILABLE", echo10: "READY" });
+    const tenfold = await postJson(`${server.http}/v2/models/tenfold/infer`, {
+      inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+    });
+    expect(tenfold.json.outputs[0].data).toEqual([10, 20, 30, 40]);
+
+    // Over gRPC: tenfold's last caller gone, echo10 goes with it.
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const flag = (value: boolean) => ({ parameterChoice: { case: "boolParam" as const, value } });
+    await client.repositoryModelUnload({ modelName: "tenfold", parameters: { unload_dependents: flag(true) } });
+    expect(await states()).toEqual({
+      chain: "UNAVAILABLE",
+      tenfold: "UNAVAILABLE",
+      echo: "UNAVAILABLE",
+      echo10: "UNAVAILABLE",
+    });
+
+    // Without it (or false), the steps stay, as in Triton.
+    expect((await postJson(`${server.http}/v2/repository/models/chain/load`, {})).status).toBe(200);
+    await client.repositoryModelUnload({ modelName: "chain", parameters: { unload_dependents: flag(false) } });
+    expect(await states()).toMatchObject({ chain: "UNAVAILABLE", echo: "READY", echo10: "READY" });
+
+    // A value that is not a bool is refused, naming the parameter, and unloads nothing.
+    expect((await postJson(`${server.http}/v2/repository/models/chain/load`, {})).status).toBe(200);
+    const bad = await unload("chain", { unload_dependents: "yes" });
+    expect(bad.status).toBe(400);
+    expect(bad.json.error).toBe(`Unable to parse 'unload_dependents': expected a boolean, got "yes"`);
+    await expect(
+      client.repositoryModelUnload({
+        modelName: "chain",
+        parameters: { unload_dependents: { parameterChoice: { case: "int64Param", value: 1n } } },
+      }),
+    ).rejects.toMatchObject({
+      code: Code.InvalidArgument,
+      rawMessage: "invalid value type for 'unload_dependents' parameter, expected bool_param.",
+    });
+    expect(await states()).toMatchObject({ chain: "READY", echo: "READY", echo10: "READY" });
   });
 });
 

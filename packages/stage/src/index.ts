@@ -62,6 +62,7 @@ export {
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
+  type ModelUnloadOptions,
   stageRegistry,
 } from "./registry.js";
 export { ResponseCache, type ResponseCacheStats, type ResponseStore, responseCacheKey } from "./response-cache.js";

@@ -25,10 +25,18 @@ export interface ModelLoadOptions {
   files?: Record<string, Uint8Array>;
 }
 
+export interface ModelUnloadOptions {
+  /**
+   * Triton's "unload_dependents": an ensemble's composing models are unloaded too (nested
+   * ensembles' as well), except those another loaded model still uses.
+   */
+  unloadDependents?: boolean;
+}
+
 export interface ModelRepositoryControl {
   index(readyOnly: boolean): ModelIndexEntry[] | Promise<ModelIndexEntry[]>;
   load(name: string, options?: ModelLoadOptions): Promise<void>;
-  unload(name: string): Promise<void>;
+  unload(name: string, options?: ModelUnloadOptions): Promise<void>;
 }
 
 export interface ModelRegistry {

@@ -44,7 +44,7 @@ import {
 } from "./grpc-model-infer.js";
 import { forwardedHeaders, withForwardedHeaders } from "./header-forwarding.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
-import { type ModelLoadOptions, type ModelRegistry, stageRegistry } from "./registry.js";
+import { type ModelLoadOptions, type ModelRegistry, type ModelUnloadOptions, stageRegistry } from "./registry.js";
 import { type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
 import {
@@ -394,7 +394,7 @@ export function inferenceService(
       return {};
     },
     repositoryModelUnload: async (req) => {
-      await repo().unload(req.modelName);
+      await repo().unload(req.modelName, unloadOptions(req.parameters));
       return {};
     },
     systemSharedMemoryStatus: (req) => {
@@ -483,6 +483,20 @@ function loadOptions(parameters: { [key: string]: ModelRepositoryParameter }): M
     }
   }
   return options;
+}
+
+/** The unload request's parameters, read as Triton's gRPC frontend reads them. */
+function unloadOptions(parameters: { [key: string]: ModelRepositoryParameter }): ModelUnloadOptions {
+  const flag = parameters.unload_dependents;
+  if (!flag) return {};
+  if (flag.parameterChoice.case !== "boolParam") {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      "invalid value type for 'unload_dependents' parameter, expected bool_param.",
+    );
+  }
+  return { unloadDependents: flag.parameterChoice.value };
 }
 
 export function healthService(registry: ModelRegistry): Partial<ServiceImpl<typeof Health>> {
