@@ -239,7 +239,7 @@ export const program = new Command("trellis-server")
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
   .option(
     "--allow-sagemaker [bool]",
-    "serve SageMaker's GET /ping and POST /invocations (for the model SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names) on --sagemaker-port",
+    "serve SageMaker's GET /ping and POST /invocations (for the model SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names), and its multi-model endpoint's /models routes (explicit mode), on --sagemaker-port",
     flag,
     false,
   )

@@ -13,7 +13,7 @@ import { createServerLogger } from "./logging.js";
 import { OtelExport } from "./otel.js";
 import { RedisResponseCache } from "./redis-cache.js";
 import { RepositoryManager } from "./repository.js";
-import { type SageMakerOptions, sageMakerOptionsFromEnv } from "./sagemaker.js";
+import { type SageMakerModelHost, type SageMakerOptions, sageMakerOptionsFromEnv } from "./sagemaker.js";
 import { startServer } from "./server.js";
 import { Tracer } from "./tracing.js";
 import { type VertexAiOptions, vertexAiRoutes } from "./vertex-ai.js";
@@ -67,7 +67,14 @@ async function main(): Promise<void> {
   let sagemaker: { port: number; options: SageMakerOptions } | undefined;
   if (flags.allowSagemaker) {
     try {
-      sagemaker = { port: flags.sagemakerPort, options: sageMakerOptionsFromEnv(process.env, () => manager.isReady()) };
+      sagemaker = {
+        port: flags.sagemakerPort,
+        options: {
+          ...sageMakerOptionsFromEnv(process.env, () => manager.isReady()),
+          models: sageMakerModels(manager),
+          ...(settings.httpRestrictions ? { restrictions: settings.httpRestrictions } : {}),
+        },
+      };
     } catch (err) {
       throw new UsageError(`--allow-sagemaker: ${(err as Error).message}`);
     }
@@ -192,3 +199,27 @@ main().catch((err) => {
   console.error(err instanceof UsageError ? `trellis-server: ${err.message}` : err instanceof Error ? err.stack : err);
   process.exit(1);
 });
+
+/**
+ * SageMaker's multi-model endpoint on the repository manager, as Triton's frontend does it:
+ * each model's folder a repository registered for it (its folder served under SageMaker's
+ * name), loaded, and on unload (or a failed load) unloaded with its steps and unregistered.
+ */
+function sageMakerModels(manager: RepositoryManager): SageMakerModelHost {
+  return {
+    async load(name, repository, folder) {
+      await manager.registerRepository(repository, { [folder]: name });
+      try {
+        await manager.load(name);
+      } catch (err) {
+        await manager.unregisterRepository(repository);
+        throw err;
+      }
+    },
+    async unload(name, repository) {
+      await manager.unload(name, { unloadDependents: true });
+      await manager.unregisterRepository(repository);
+    },
+    isReady: (name) => manager.readyVersions(name).length > 0,
+  };
+}

@@ -9,7 +9,7 @@ import { createReadStream } from "node:fs";
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, isAbsolute, join, resolve, sep } from "node:path";
-import type { LoadStageOptions, RepositoryModel, RepositoryScan } from "@trellis/ensemble-runner";
+import type { LoadStageOptions, RepositoryModel, RepositoryScan, RepositorySource } from "@trellis/ensemble-runner";
 import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
 import {
   Code,
@@ -29,7 +29,7 @@ import { ManagedStage, type ModelCache } from "./managed.js";
 
 /** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
 export interface ModelLoader {
-  scanRepository(repositories: string[]): Promise<RepositoryScan>;
+  scanRepository(repositories: RepositorySource[]): Promise<RepositoryScan>;
   loadStage(model: RepositoryModel, options: LoadStageOptions): Promise<Stage>;
   /** A remote model over KServe v2 gRPC (for ensemble steps only reachable through --endpoints). */
   connectRemote(name: string, url: string, version?: string): Promise<Stage>;
@@ -138,6 +138,8 @@ export class RepositoryManager implements ModelRegistry {
   private readonly remoteSteps = new Map<string, Promise<Stage>>();
   /** Bounds the model loads under way (--model-load-thread-count). */
   private readonly loadSlots: LimitFunction;
+  /** The repositories scanned: the command line's, then those registered at run time. */
+  private readonly repositories: RepositorySource[];
   readonly repository: ModelRepositoryControl;
 
   constructor(options: RepositoryManagerOptions) {
@@ -152,6 +154,7 @@ export class RepositoryManager implements ModelRegistry {
       endpoints: options.endpoints ?? {},
     };
     this.loadSlots = pLimit(options.loadConcurrency ?? 4);
+    this.repositories = options.repositories.map((path) => ({ path }));
     this.repository = {
       index: (readyOnly) => this.index(readyOnly),
       load: (name, options) => this.requestControl(() => this.load(name, true, options)),
@@ -290,8 +293,52 @@ export class RepositoryManager implements ModelRegistry {
     return fn();
   }
 
+  /**
+   * Triton's repository registration (explicit mode): `path` joins the repositories scanned,
+   * its folders named in `names` served under those names (folder -> name). A path already
+   * registered, or a name a model already has, is refused (ALREADY_EXISTS).
+   */
+  async registerRepository(path: string, names: Record<string, string> = {}): Promise<void> {
+    if (this.opts.mode !== "explicit") {
+      throw new StageError(
+        Code.Unavailable,
+        "",
+        "repository registration is not allowed if model control mode is not EXPLICIT",
+      );
+    }
+    if (this.repositories.some((r) => r.path === path)) {
+      throw new StageError(Code.AlreadyExists, "", `model repository '${path}' has already been registered`);
+    }
+    for (const name of Object.values(names)) {
+      if (this.models.get(name)?.model) {
+        throw new StageError(Code.AlreadyExists, "", `failed to register '${path}': a model named '${name}' exists`);
+      }
+    }
+    this.repositories.push({ path, names });
+  }
+
+  /**
+   * Takes a registered repository away: its models still loaded are unloaded (ensembles
+   * first; in-flight requests finish) and all of its models leave the index.
+   */
+  async unregisterRepository(path: string): Promise<void> {
+    const at = this.repositories.findIndex((r) => r.path === path);
+    if (at < this.opts.repositories.length) {
+      throw new StageError(Code.InvalidArgument, "", `failed to unregister '${path}': not a registered repository`);
+    }
+    this.repositories.splice(at, 1);
+    // Rescanned first: a model of another repository that clashed with one of this one's is its own again.
+    await this.scan();
+    const own = [...this.models.values()].filter((e) => e.model?.repository === path);
+    own.sort((a, b) => Number(b.steps.length > 0) - Number(a.steps.length > 0));
+    for (const e of own) {
+      await this.enqueue(e, () => this.unloadEntry(e));
+      this.models.delete(e.name);
+    }
+  }
+
   private async scan(): Promise<RepositoryScan> {
-    const scan = await this.opts.loader.scanRepository(this.opts.repositories);
+    const scan = await this.opts.loader.scanRepository(this.repositories);
     for (const m of scan.models) {
       const e = this.entry(m.name);
       e.model = m;
@@ -512,7 +559,7 @@ export class RepositoryManager implements ModelRegistry {
       const stage = await this.opts.loader.loadStage(model, {
         version,
         resolveStep: (step, stepVersion) => this.stepStage(step, stepVersion),
-        repositories: this.opts.repositories,
+        repositories: this.repositories,
         endpoints: this.opts.endpoints,
         strictModelConfig: this.opts.strictModelConfig,
         ...(this.opts.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize } : {}),

@@ -8,4 +8,10 @@ export {
 } from "./ensemble.js";
 export { connectRemote, type LoadStageOptions, loadStage } from "./loader.js";
 export type { EnsemblePlan, Producer, StepPlan } from "./plan.js";
-export { type RepositoryModel, type RepositoryScan, readEndpointsFile, scanRepository } from "./repository.js";
+export {
+  type RepositoryModel,
+  type RepositoryScan,
+  type RepositorySource,
+  readEndpointsFile,
+  scanRepository,
+} from "./repository.js";

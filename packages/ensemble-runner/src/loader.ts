@@ -20,7 +20,7 @@ import {
   type StageLogger,
 } from "@trellis/stage";
 import { createEnsemble, type ResolveStep } from "./ensemble.js";
-import { type RepositoryModel, scanRepository } from "./repository.js";
+import { type RepositoryModel, type RepositorySource, scanRepository } from "./repository.js";
 
 export interface LoadStageOptions {
   /** Version folder to load. */
@@ -28,7 +28,7 @@ export interface LoadStageOptions {
   /** How an ensemble reaches its steps; default: load them from `repositories` (and `endpoints`). */
   resolveStep?: ResolveStep;
   /** Repositories for the default resolveStep. */
-  repositories?: string[];
+  repositories?: (string | RepositorySource)[];
   /** Model name -> KServe v2 gRPC base URL: that model is a remote stage. */
   endpoints?: Record<string, string>;
   /** TLS for https:// endpoints: the CA to trust instead of the system's, a client certificate for mutual TLS. */
@@ -225,7 +225,7 @@ function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions
           throw new StageError(
             Code.NotFound,
             name,
-            `unknown model "${name}" (not in ${repositories.join(", ")} nor the endpoint map)`,
+            `unknown model "${name}" (not in ${repositories.map((r) => (typeof r === "string" ? r : r.path)).join(", ")} nor the endpoint map)`,
           );
         }
         const v = version >= 0n ? String(version) : model.versions.at(-1);

@@ -26,6 +26,16 @@ export interface RepositoryScan {
   errors: { name: string; modelDir: string; error: Error }[];
 }
 
+/**
+ * A repository to scan, with models served under other names than their folders'
+ * (folder -> name), as Triton's repository registration maps them (SageMaker's
+ * multi-model endpoint serves a folder under the name of the archive it came from).
+ */
+export interface RepositorySource {
+  path: string;
+  names?: Record<string, string>;
+}
+
 const isDir = async (path: string) => (await stat(path).catch(() => undefined))?.isDirectory() ?? false;
 
 /**
@@ -34,16 +44,18 @@ const isDir = async (path: string) => (await stat(path).catch(() => undefined))?
  * reported in `errors`, not thrown. A folder with neither a config.pbtxt nor
  * a version folder is not a model and is listed in `skipped`.
  */
-export async function scanRepository(repositories: string[]): Promise<RepositoryScan> {
+export async function scanRepository(repositories: (string | RepositorySource)[]): Promise<RepositoryScan> {
   const models: RepositoryModel[] = [];
   const errors: RepositoryScan["errors"] = [];
   const skipped: string[] = [];
-  for (const repository of repositories) {
+  for (const source of repositories) {
+    const { path: repository, names = {} } = typeof source === "string" ? { path: source } : source;
     const entries = await readdir(repository, { withFileTypes: true });
     for (const entry of entries.sort((a, b) => a.name.localeCompare(b.name))) {
       if (!entry.isDirectory() || entry.name.startsWith(".")) continue;
-      const name = entry.name;
-      const modelDir = join(repository, name);
+      const mapped = Object.hasOwn(names, entry.name);
+      const name = mapped ? (names[entry.name] as string) : entry.name;
+      const modelDir = join(repository, entry.name);
       const configPath = join(modelDir, "config.pbtxt");
       const versions: string[] = [];
       for (const v of await readdir(modelDir)) {
@@ -59,7 +71,8 @@ export async function scanRepository(repositories: string[]): Promise<Repository
         if (!hasConfig) throw new Error(`${configPath}: no config.pbtxt`);
         const configText = await readFile(configPath, "utf8");
         const config = parseModelConfig(configText, configPath);
-        if (!config.name) config.name = name;
+        // A mapped folder is served under the name it is mapped to, whatever its config calls it.
+        if (!config.name || mapped) config.name = name;
         if (config.name !== name) {
           throw new Error(`${configPath}: config name "${config.name}" does not match its directory "${name}"`);
         }

@@ -142,6 +142,24 @@ describe("scanRepository", () => {
       await rm(second, { recursive: true, force: true });
     }
   });
+
+  it("serves a mapped folder under its mapped name, whatever its config calls it; the others keep theirs", async () => {
+    const second = await mkdtemp(join(tmpdir(), "trellis-repo2-"));
+    try {
+      await mkdir(join(second, "model", "1"), { recursive: true });
+      await writeFile(join(second, "model", "config.pbtxt"), unary("resnet", ""));
+      await mkdir(join(second, "step", "1"), { recursive: true });
+      await writeFile(join(second, "step", "config.pbtxt"), unary("step", ""));
+      const { models, errors } = await scanRepository([{ path: second, names: { model: "resnet.tar.gz" } }]);
+      expect(errors).toEqual([]);
+      const mapped = models.find((m) => m.name === "resnet.tar.gz");
+      expect(mapped?.config.name).toBe("resnet.tar.gz");
+      expect(mapped?.modelDir).toBe(join(second, "model"));
+      expect(models.map((m) => m.name).sort()).toEqual(["resnet.tar.gz", "step"]);
+    } finally {
+      await rm(second, { recursive: true, force: true });
+    }
+  });
 });
 
 describe("loadStage", () => {
