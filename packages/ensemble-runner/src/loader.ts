@@ -143,6 +143,15 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   }
   const versionDir = join(model.modelDir, version);
 
+  if (config.modelTransactionPolicy?.decoupled) {
+    // Served as if coupled, a model meant to answer many times (or none) would be misread: refused.
+    throw new StageError(
+      Code.InvalidArgument,
+      model.name,
+      "model_transaction_policy { decoupled: true } is not supported: every model here answers each request exactly once (decoupled models send any number of responses over ModelStreamInfer); serve it from a Triton server named in the endpoint map",
+    );
+  }
+
   if (config.platform === "ensemble") {
     const ownsSteps = !options.resolveStep;
     const resolveStep = options.resolveStep ?? repositoryResolver(model, options);

@@ -231,6 +231,42 @@ describe("loadStage", () => {
     }
   });
 
+  it("refuses a decoupled model (ONNX, TypeScript or ensemble) rather than answering once for it", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "trellis-decoupled-"));
+    try {
+      const decoupled = "model_transaction_policy { decoupled: true }";
+      for (const [name, kind] of [
+        ["decoupled_onnx", 'platform: "onnxruntime_onnx"'],
+        ["decoupled_ts", 'backend: "typescript"'],
+        ["decoupled_ensemble", 'platform: "ensemble"'],
+      ] as const) {
+        await mkdir(join(dir, name, "1"), { recursive: true });
+        await writeFile(join(dir, name, "config.pbtxt"), unary(name, `${kind}\n${decoupled}`));
+      }
+      await writeFile(join(dir, "decoupled_ts", "1", "model.js"), userStage("v"));
+      const { models } = await scanRepository([dir]);
+      for (const m of models) {
+        const refused = await loadStage(m, { version: "1" }).catch((e) => e);
+        expect(refused.code).toBe(Code.InvalidArgument);
+        expect(refused.rawMessage).toBe(
+          `${m.name}: model_transaction_policy { decoupled: true } is not supported: every model here answers each request exactly once (decoupled models send any number of responses over ModelStreamInfer); serve it from a Triton server named in the endpoint map`,
+        );
+      }
+      expect(models).toHaveLength(3);
+      // decoupled: false is the default, and loads.
+      await writeFile(
+        join(dir, "decoupled_ts", "config.pbtxt"),
+        unary("decoupled_ts", 'backend: "typescript"\nmodel_transaction_policy { decoupled: false }'),
+      );
+      const coupled = (await scanRepository([dir])).models.find((m) => m.name === "decoupled_ts")!;
+      const stage = await loadStage(coupled, { version: "1" });
+      expect(await stage.isReady()).toBe(true);
+      await stage.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("refuses python and unknown backends with directions", async () => {
     const py = await loadStage(await find("legacy"), { version: "1" }).catch((e) => e);
     expect(py.code).toBe(Code.InvalidArgument);
