@@ -15,6 +15,7 @@ import {
 } from "@trellis/protocol";
 import {
   Code,
+  decoupledRefusal,
   type InferOptions,
   type InferRequest,
   type InferResponse,
@@ -44,13 +45,18 @@ export class ManagedStage implements Stage {
    * @param labels class labels per output name (from config `label_filename`), for classification.
    * @param cache the response cache, when the server has one and the model's config enables it.
    */
+  /** A decoupled model's responses (the inner stage's), counted in flight until the last; absent for other models. */
+  readonly inferStream?: (request: InferRequest, options?: InferOptions) => AsyncIterable<InferResponse>;
+
   constructor(
     readonly inner: Stage,
     private readonly labels: ReadonlyMap<string, string[]> = new Map(),
     /** Every version of this model being served, for metadata (Triton lists them all). */
     private readonly versions?: () => string[],
     private readonly cache?: ModelCache,
-  ) {}
+  ) {
+    if (inner.inferStream) this.inferStream = (request, options) => this.stream(request, options);
+  }
 
   get name(): string {
     return this.inner.name;
@@ -100,6 +106,8 @@ export class ManagedStage implements Stage {
   }
 
   async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+    // Every frontend's one-answer call (HTTP, gRPC ModelInfer, SageMaker, Vertex AI) is refused alike.
+    if (this.inferStream) throw decoupledRefusal(this.name);
     const trace = options?.trace;
     if (!trace) return this.answer(request, options);
     trace.stamp("REQUEST_START", nowNs());
@@ -113,12 +121,43 @@ export class ManagedStage implements Stage {
     }
   }
 
+  private async *stream(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
+    const trace = options?.trace;
+    trace?.stamp("REQUEST_START", nowNs());
+    for (const input of request.inputs) trace?.tensor("TENSOR_QUEUE_INPUT", input);
+    const classify = classificationRequests(this.name, request.outputs);
+    this.started();
+    try {
+      for await (const response of (this.inner.inferStream as NonNullable<Stage["inferStream"]>)(request, options)) {
+        const answer = this.classified(response, classify);
+        for (const output of answer.outputs) trace?.tensor("TENSOR_BACKEND_OUTPUT", output);
+        yield answer;
+      }
+    } finally {
+      trace?.stamp("REQUEST_END", nowNs());
+      this.finished();
+    }
+  }
+
+  private started(): void {
+    this.inflightCount++;
+  }
+
+  private finished(): void {
+    this.inflightCount--;
+    if (this.inflightCount === 0) {
+      const waiters = this.idleWaiters;
+      this.idleWaiters = [];
+      for (const w of waiters) w();
+    }
+  }
+
   /**
    * From the response cache when it holds the answer, else by running the stage. The request
    * counts as in flight from here, a shared cache's round trip included, so an unload waits for it.
    */
   private async answer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
-    this.inflightCount++;
+    this.started();
     try {
       if (!this.cache) return await this.run(request, options);
       const { store, scope } = this.cache;
@@ -139,20 +178,21 @@ export class ManagedStage implements Stage {
       this.cacheMisses.ns += lookupNs + (nowNs() - inserting);
       return response;
     } finally {
-      this.inflightCount--;
-      if (this.inflightCount === 0) {
-        const waiters = this.idleWaiters;
-        this.idleWaiters = [];
-        for (const w of waiters) w();
-      }
+      this.finished();
     }
   }
 
   private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     const classify = classificationRequests(this.name, request.outputs);
-    // The request goes through unchanged: a stage that implements classification itself
-    // (postprocess does, on its probabilities) answers with BYTES and is left alone.
-    const response = await this.inner.infer(request, options);
+    return this.classified(await this.inner.infer(request, options), classify);
+  }
+
+  /**
+   * The response with the outputs `classify` names as Triton's classification. The request went
+   * through unchanged: a stage that implements classification itself (postprocess does, on its
+   * probabilities) answers with BYTES and is left alone.
+   */
+  private classified(response: InferResponse, classify: Map<string, number>): InferResponse {
     if (classify.size === 0) return response;
     const batched = this.config.maxBatchSize > 0;
     return {

@@ -11,6 +11,7 @@ import {
   type InferOptions,
   type InferRequest,
   type InferResponse,
+  isDecoupled,
   metadataFromConfig,
   nowNs,
   type RequestedOutput,
@@ -115,6 +116,15 @@ export async function createEnsemble(options: CreateEnsembleOptions): Promise<En
     if (failed >= 0) {
       const reason = (settled[failed] as PromiseRejectedResult).reason;
       throw stepError(name, { index: failed, model: spec.step[failed]!.modelName } as StepPlan, reason);
+    }
+    const decoupledStep = stages.findIndex((s) => isDecoupled(s.config) || s.inferStream !== undefined);
+    if (decoupledStep >= 0) {
+      const step = spec.step[decoupledStep]!;
+      throw new StageError(
+        Code.InvalidArgument,
+        name,
+        `step ${decoupledStep} (${step.modelName}) is a decoupled model: ensembles here run steps that answer each request once`,
+      );
     }
     const metas = await Promise.all(stages.map((s) => s.metadata()));
     const plan = planEnsemble(config, stages, metas);

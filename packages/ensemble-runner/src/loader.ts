@@ -12,6 +12,7 @@ import {
   connectStage,
   type GrpcTlsOptions,
   grpcTransport,
+  isDecoupled,
   type RateLimiter,
   type Stage,
   StageError,
@@ -143,13 +144,17 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   }
   const versionDir = join(model.modelDir, version);
 
-  if (config.modelTransactionPolicy?.decoupled) {
+  if (isDecoupled(config)) {
     // Served as if coupled, a model meant to answer many times (or none) would be misread: refused.
-    throw new StageError(
-      Code.InvalidArgument,
-      model.name,
-      "model_transaction_policy { decoupled: true } is not supported: every model here answers each request exactly once (decoupled models send any number of responses over ModelStreamInfer); serve it from a Triton server named in the endpoint map",
-    );
+    const refuse = (why: string) =>
+      new StageError(Code.InvalidArgument, model.name, `model_transaction_policy { decoupled: true }: ${why}`);
+    if (config.platform === "ensemble") {
+      throw refuse("an ensemble here answers each request once (its steps must not be decoupled either)");
+    }
+    if (config.backend === "onnxruntime" || config.platform === "onnxruntime_onnx") {
+      throw refuse("an ONNX Runtime model answers each request once");
+    }
+    if (config.responseCache?.enable) throw refuse("the response cache does not support decoupled models");
   }
 
   if (config.platform === "ensemble") {
@@ -183,7 +188,18 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
     };
     return factoryOf(mod, ONNX_PACKAGE, model.name)(onnxOptions);
   }
-  if (backend === "typescript") return (await typescriptFactory(model, versionDir))(factoryOptions);
+  if (backend === "typescript") {
+    const stage = await (await typescriptFactory(model, versionDir))(factoryOptions);
+    if (isDecoupled(config) && !stage.inferStream) {
+      await stage.close();
+      throw new StageError(
+        Code.InvalidArgument,
+        model.name,
+        "model_transaction_policy { decoupled: true }, but the stage has no inferStream to send its responses (defineStage: give computeStream)",
+      );
+    }
+    return stage;
+  }
   if (backend === "python") {
     throw new StageError(
       Code.InvalidArgument,

@@ -231,36 +231,80 @@ describe("loadStage", () => {
     }
   });
 
-  it("refuses a decoupled model (ONNX, TypeScript or ensemble) rather than answering once for it", async () => {
+  it("loads a decoupled TypeScript stage with inferStream; refuses decoupled ONNX models, ensembles, cached ones, and stages without inferStream", async () => {
     const dir = await mkdtemp(join(tmpdir(), "trellis-decoupled-"));
     try {
       const decoupled = "model_transaction_policy { decoupled: true }";
-      for (const [name, kind] of [
-        ["decoupled_onnx", 'platform: "onnxruntime_onnx"'],
-        ["decoupled_ts", 'backend: "typescript"'],
-        ["decoupled_ensemble", 'platform: "ensemble"'],
-      ] as const) {
+      const models: [string, string][] = [
+        ["decoupled_onnx", `platform: "onnxruntime_onnx"\n${decoupled}`],
+        ["decoupled_ensemble", `platform: "ensemble"\n${decoupled}`],
+        ["decoupled_cached", `backend: "typescript"\n${decoupled}\nresponse_cache { enable: true }`],
+        ["decoupled_once", `backend: "typescript"\n${decoupled}`],
+        ["decoupled_ts", `backend: "typescript"\n${decoupled}`],
+      ];
+      for (const [name, extra] of models) {
         await mkdir(join(dir, name, "1"), { recursive: true });
-        await writeFile(join(dir, name, "config.pbtxt"), unary(name, `${kind}\n${decoupled}`));
+        await writeFile(join(dir, name, "config.pbtxt"), unary(name, extra));
       }
-      await writeFile(join(dir, "decoupled_ts", "1", "model.js"), userStage("v"));
-      const { models } = await scanRepository([dir]);
-      for (const m of models) {
-        const refused = await loadStage(m, { version: "1" }).catch((e) => e);
-        expect(refused.code).toBe(Code.InvalidArgument);
-        expect(refused.rawMessage).toBe(
-          `${m.name}: model_transaction_policy { decoupled: true } is not supported: every model here answers each request exactly once (decoupled models send any number of responses over ModelStreamInfer); serve it from a Triton server named in the endpoint map`,
-        );
-      }
-      expect(models).toHaveLength(3);
-      // decoupled: false is the default, and loads.
+      // decoupled_once answers once (no inferStream); decoupled_ts streams its input back element by element.
+      await writeFile(join(dir, "decoupled_once", "1", "model.js"), userStage("v"));
       await writeFile(
-        join(dir, "decoupled_ts", "config.pbtxt"),
-        unary("decoupled_ts", 'backend: "typescript"\nmodel_transaction_policy { decoupled: false }'),
+        join(dir, "decoupled_ts", "1", "model.js"),
+        // The temporary folder has no node_modules: @trellis/stage by its resolved URL.
+        `import { defineStage } from "${import.meta.resolve("@trellis/stage")}";
+export const createStage = ({ config, version }) => defineStage({ config, version, async *computeStream(request) {
+  for (const v of request.inputs[0].data) yield [{ name: "OUT", datatype: "FP32", shape: [1, 1], data: Float32Array.of(v) }];
+} });
+`,
       );
-      const coupled = (await scanRepository([dir])).models.find((m) => m.name === "decoupled_ts")!;
-      const stage = await loadStage(coupled, { version: "1" });
-      expect(await stage.isReady()).toBe(true);
+      await mkdir(join(dir, "uses_decoupled", "1"), { recursive: true });
+      await writeFile(
+        join(dir, "uses_decoupled", "config.pbtxt"),
+        `name: "uses_decoupled"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1, 1 ] } ]
+ensemble_scheduling { step [ { model_name: "decoupled_ts" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
+`,
+      );
+      const { models: scanned } = await scanRepository([dir]);
+      const byName = (name: string) => scanned.find((m) => m.name === name)!;
+      const refusal = async (name: string) => {
+        const err = await loadStage(byName(name), { version: "1" }).catch((e) => e);
+        expect(err.code, err.rawMessage).toBe(Code.InvalidArgument);
+        return err.rawMessage as string;
+      };
+      const why = (name: string, reason: string) => `${name}: model_transaction_policy { decoupled: true }: ${reason}`;
+      expect(await refusal("decoupled_onnx")).toBe(
+        why("decoupled_onnx", "an ONNX Runtime model answers each request once"),
+      );
+      expect(await refusal("decoupled_ensemble")).toBe(
+        why(
+          "decoupled_ensemble",
+          "an ensemble here answers each request once (its steps must not be decoupled either)",
+        ),
+      );
+      expect(await refusal("decoupled_cached")).toBe(
+        why("decoupled_cached", "the response cache does not support decoupled models"),
+      );
+      expect(await refusal("decoupled_once")).toBe(
+        "decoupled_once: model_transaction_policy { decoupled: true }, but the stage has no inferStream to send its responses (defineStage: give computeStream)",
+      );
+      expect(await refusal("uses_decoupled")).toContain(
+        "step 0 (decoupled_ts) is a decoupled model: ensembles here run steps that answer each request once",
+      );
+
+      const stage = await loadStage(byName("decoupled_ts"), { version: "1" });
+      const request = { inputs: [{ ...x(1, 2, 3, 4), name: "IN" }] };
+      const answers: number[] = [];
+      for await (const r of stage.inferStream!(request)) answers.push((r.outputs[0]!.data as Float32Array)[0]!);
+      expect(answers).toEqual([1, 2, 3, 4]);
+      const once = await stage.infer(request).catch((e) => e);
+      expect(once.code).toBe(Code.Unimplemented);
+      expect(once.rawMessage).toBe(
+        "decoupled_ts: the model is decoupled (model_transaction_policy): it sends its responses over the ModelStreamInfer stream, not one per call",
+      );
       await stage.close();
     } finally {
       await rm(dir, { recursive: true, force: true });

@@ -6,11 +6,18 @@
 import type http2 from "node:http2";
 import { type Client, ConnectError, createClient, createRouterTransport, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { GRPCInferenceService, type ModelConfig } from "@trellis/protocol";
+import { GRPCInferenceService, type ModelConfig, type ModelStreamInferResponse } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
 import type { ModelRegistry } from "./registry.js";
 import { HTTP2_SETTINGS, serveStage, widenSessionWindow } from "./serve.js";
-import type { InferOptions, InferRequest, InferResponse, Stage, StageMetadata } from "./stage.js";
+import {
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  isDecoupled,
+  type Stage,
+  type StageMetadata,
+} from "./stage.js";
 import { describeTransportError, isConnectionLost } from "./transport-errors.js";
 import { inferRequestToWire, inferResponseFromWire, metadataFromWire } from "./wire.js";
 
@@ -99,7 +106,8 @@ export function remoteError(err: unknown, model: string, remoteLabel: string): S
 
 /**
  * Reads the remote model's config and metadata, then returns a Stage whose
- * infer() is a ModelInfer call. Tensors travel as raw_* contents.
+ * infer() is a ModelInfer call (and, for a decoupled model, whose inferStream()
+ * is a ModelStreamInfer stream). Tensors travel as raw_* contents.
  */
 export async function connectStage(
   transport: Transport,
@@ -121,7 +129,7 @@ export async function connectStage(
   if (!config) throw new StageError(Code.Internal, name, `remote model ${name} returned no config`);
   const metadata: StageMetadata = metadataFromWire(await call(() => client.modelMetadata({ name, version })));
   const servedVersion = version || metadata.versions.at(-1) || "1";
-  return {
+  const stage: Stage = {
     name,
     version: servedVersion,
     config,
@@ -163,4 +171,28 @@ export async function connectStage(
     },
     close: async () => {},
   };
+  if (isDecoupled(config)) {
+    // A decoupled model's responses come over ModelStreamInfer: the request alone on a stream of
+    // its own, half-closed at once, so the stream ends with the model's last response.
+    stage.inferStream = async function* (request: InferRequest, opts?: InferOptions) {
+      const wire = inferRequestToWire(request, name, version);
+      async function* alone() {
+        yield wire;
+      }
+      try {
+        const answers: AsyncIterable<ModelStreamInferResponse> = client.modelStreamInfer(alone(), {
+          signal: opts?.signal,
+          timeoutMs: options.timeoutMs,
+        });
+        for await (const answer of answers) {
+          // A stream answer's error carries no code (KServe v2 sends only its message).
+          if (answer.errorMessage) throw new ConnectError(answer.errorMessage, Code.Unknown);
+          if (answer.inferResponse) yield inferResponseFromWire(answer.inferResponse, name);
+        }
+      } catch (err) {
+        throw remoteError(err, name, label);
+      }
+    };
+  }
+  return stage;
 }

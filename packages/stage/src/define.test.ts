@@ -4,6 +4,7 @@ import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
 import { defineStage } from "./define.js";
 import { Code, StageError } from "./errors.js";
+import type { InferResponse } from "./stage.js";
 import { type Tensor, tensor } from "./tensor.js";
 
 const config = parseModelConfig(`name: "double" backend: "typescript" max_batch_size: 8
@@ -95,5 +96,77 @@ describe("defineStage", () => {
     expect(await stage.isReady()).toBe(false);
     const err = await rejectionOf(stage.infer({ inputs: [] }), StageError);
     expect(err.code).toBe(Code.Unavailable);
+  });
+
+  describe("a decoupled model (computeStream)", () => {
+    const decoupled = parseModelConfig(`name: "ticks" backend: "typescript" max_batch_size: 0
+      input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+      output [ { name: "T" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "U" data_type: TYPE_INT32 dims: [ 1 ] } ]
+      model_transaction_policy { decoupled: true }`);
+    const ticks = () =>
+      defineStage({
+        config: decoupled,
+        async *computeStream(request) {
+          const n = Number(request.inputs[0]?.data[0] ?? 0);
+          for (let i = 1; i <= n; i++) {
+            if (n === 99) throw new Error("too many");
+            yield [tensor("T", "INT32", [1], Int32Array.of(i)), tensor("U", "INT32", [1], Int32Array.of(-i))];
+          }
+        },
+      });
+    const n = (v: number) => ({ id: "r", inputs: [tensor("N", "INT32", [1], Int32Array.of(v))] });
+    const collect = async (stream: AsyncIterable<InferResponse>) => {
+      const out: InferResponse[] = [];
+      for await (const r of stream) out.push(r);
+      return out;
+    };
+
+    it("sends each yield as a response with the requested outputs, and refuses the one-answer call", async () => {
+      const stage = ticks();
+      const responses = await collect(stage.inferStream!({ ...n(3), outputs: [{ name: "T" }] }));
+      expect(responses.map((r) => [r.id, r.outputs.map((t) => [t.name, (t.data as Int32Array)[0]])])).toEqual([
+        ["r", [["T", 1]]],
+        ["r", [["T", 2]]],
+        ["r", [["T", 3]]],
+      ]);
+      const once = await rejectionOf(stage.infer(n(1)), StageError);
+      expect([once.code, once.rawMessage]).toEqual([
+        Code.Unimplemented,
+        "ticks: the model is decoupled (model_transaction_policy): it sends its responses over the ModelStreamInfer stream, not one per call",
+      ]);
+    });
+
+    it("counts one execution and success per request however many responses, and names a failure", async () => {
+      const stage = ticks();
+      await collect(stage.inferStream!(n(4)));
+      await collect(stage.inferStream!(n(0)));
+      const failure = await rejectionOf(collect(stage.inferStream!(n(99))), StageError);
+      expect([failure.code, failure.rawMessage]).toEqual([Code.Internal, "ticks: too many"]);
+      const s = await stage.statistics();
+      expect([s.executionCount, s.inferenceStats?.success?.count, s.inferenceStats?.fail?.count]).toEqual([2n, 2n, 1n]);
+    });
+
+    it("is defined with computeStream for a decoupled config and compute otherwise, saying which is missing", () => {
+      const missingStream = (() => {
+        try {
+          defineStage({ config: decoupled, compute: () => [] });
+        } catch (err) {
+          return err as StageError;
+        }
+      })();
+      expect(missingStream?.rawMessage).toBe(
+        "ticks: the config is decoupled (model_transaction_policy { decoupled: true }): define computeStream, yielding each response's tensors",
+      );
+      const missingCompute = (() => {
+        try {
+          defineStage({ config, async *computeStream() {} });
+        } catch (err) {
+          return err as StageError;
+        }
+      })();
+      expect(missingCompute?.code).toBe(Code.InvalidArgument);
+      expect(missingCompute?.rawMessage).toContain("double: define compute");
+      expect(doubling().stage.inferStream).toBeUndefined();
+    });
   });
 });

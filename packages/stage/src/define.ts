@@ -6,7 +6,14 @@
 import { ConnectError } from "@connectrpc/connect";
 import type { ModelConfig } from "@trellis/protocol";
 import { Code, StageError, toConnectError } from "./errors.js";
-import type { InferOptions, InferRequest, InferResponse, Stage } from "./stage.js";
+import {
+  decoupledRefusal,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  isDecoupled,
+  type Stage,
+} from "./stage.js";
 import { nowNs, StatisticsRecorder } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
 import { traceExecution } from "./trace.js";
@@ -22,7 +29,14 @@ export interface StageDefinition {
    * it is, another ConnectError keeps its code under this stage's name, and
    * anything else is reported as INTERNAL, naming this stage.
    */
-  compute(request: InferRequest, options?: InferOptions): Tensor[] | Promise<Tensor[]>;
+  compute?(request: InferRequest, options?: InferOptions): Tensor[] | Promise<Tensor[]>;
+  /**
+   * A decoupled model's responses (config model_transaction_policy { decoupled: true }, which
+   * needs this instead of `compute`): each yield is one response's output tensors, sent as it
+   * comes; returning ends the request. Errors are named as `compute`'s; `options.signal` aborts
+   * when the client goes away.
+   */
+  computeStream?(request: InferRequest, options?: InferOptions): AsyncIterable<Tensor[]>;
   /** Readiness (default: ready until closed). */
   isReady?(): boolean | Promise<boolean>;
   /** Releases what `compute` holds; close() calls it once. */
@@ -33,11 +47,23 @@ export interface StageDefinition {
  * The Stage for `definition`. Each request is one execution: statistics count
  * it with its batch size (the first input's first dimension when the config
  * batches) and its time as compute time; requested outputs are picked from
- * what `compute` returns.
+ * what `compute` returns (or, for a decoupled model, from each response
+ * `computeStream` yields: the request's time runs to its last).
  */
 export function defineStage(definition: StageDefinition): Stage {
   const { config, version = "1" } = definition;
   const name = config.name;
+  const decoupled = isDecoupled(config);
+  const { compute, computeStream } = definition;
+  if (decoupled ? !computeStream : !compute) {
+    throw new StageError(
+      Code.InvalidArgument,
+      name,
+      decoupled
+        ? "the config is decoupled (model_transaction_policy { decoupled: true }): define computeStream, yielding each response's tensors"
+        : "define compute, returning the output tensors (computeStream is for decoupled models: model_transaction_policy { decoupled: true })",
+    );
+  }
   const recorder = new StatisticsRecorder(name, version);
   const metadata = metadataFromConfig(config, [version]);
   let closed: Promise<void> | undefined;
@@ -53,30 +79,40 @@ export function defineStage(definition: StageDefinition): Stage {
       return found;
     });
   };
+  const open = () => {
+    if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
+  };
+  const succeeded = (request: InferRequest, options: InferOptions | undefined, start: number) => {
+    const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
+    const end = nowNs();
+    const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
+    recorder.executed(batch, times);
+    recorder.requestSucceeded(end - start, batch, 0, times);
+    traceExecution(options?.trace, start, start, end, times);
+  };
+  const failed = (err: unknown, start: number): ConnectError => {
+    recorder.requestFailed(nowNs() - start);
+    if (err instanceof StageError) return err;
+    if (err instanceof ConnectError) return new StageError(err.code, name, err.rawMessage, { cause: err });
+    return toConnectError(err, name);
+  };
 
-  return {
+  const stage: Stage = {
     name,
     version,
     config,
     isReady: () => (closed ? false : (definition.isReady?.() ?? true)),
     metadata: () => metadata,
     async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+      if (decoupled || !compute) throw decoupledRefusal(name);
       const start = nowNs();
       try {
-        if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
-        const outputs = pick(request, await definition.compute(request, options));
-        const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
-        const end = nowNs();
-        const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
-        recorder.executed(batch, times);
-        recorder.requestSucceeded(end - start, batch, 0, times);
-        traceExecution(options?.trace, start, start, end, times);
+        open();
+        const outputs = pick(request, await compute(request, options));
+        succeeded(request, options, start);
         return { id: request.id, modelName: name, modelVersion: version, outputs };
       } catch (err) {
-        recorder.requestFailed(nowNs() - start);
-        if (err instanceof StageError) throw err;
-        if (err instanceof ConnectError) throw new StageError(err.code, name, err.rawMessage, { cause: err });
-        throw toConnectError(err, name);
+        throw failed(err, start);
       }
     },
     statistics: () => recorder.snapshot(),
@@ -85,4 +121,20 @@ export function defineStage(definition: StageDefinition): Stage {
       return closed;
     },
   };
+  if (decoupled && computeStream) {
+    // One execution per request, however many responses it sends; it succeeds once the last is sent.
+    stage.inferStream = async function* (request: InferRequest, options?: InferOptions) {
+      const start = nowNs();
+      try {
+        open();
+        for await (const outputs of computeStream(request, options)) {
+          yield { id: request.id, modelName: name, modelVersion: version, outputs: pick(request, outputs) };
+        }
+        succeeded(request, options, start);
+      } catch (err) {
+        throw failed(err, start);
+      }
+    };
+  }
+  return stage;
 }

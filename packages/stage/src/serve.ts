@@ -21,6 +21,7 @@ import {
   type ModelInferRequest,
   ModelInferRequestSchema,
   type ModelInferResponse,
+  ModelInferResponseSchema,
   type ModelRepositoryParameter,
   type ModelStatistics,
   ModelStatisticsResponseSchema,
@@ -56,7 +57,7 @@ import {
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";
-import type { InferOptions, InferRequest, Parameters, Stage } from "./stage.js";
+import type { InferOptions, InferRequest, InferResponse, Parameters, Stage } from "./stage.js";
 import { answerTraceSettings, type TraceControl } from "./trace.js";
 import { refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import {
@@ -157,8 +158,45 @@ export async function handleModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
-  { tracing, call, header, sharedMemory, forwarded }: ModelInferContext = {},
+  context: ModelInferContext = {},
 ): Promise<ModelInferResponse> {
+  const call = prepareModelInfer(registry, msg, signal, context);
+  try {
+    return call.encode(await call.stage.infer(call.request, call.options));
+  } finally {
+    if (!context.call) call.options.trace?.end();
+  }
+}
+
+/**
+ * One ModelStreamInfer request's answers: a decoupled model's responses as it sends them
+ * (Stage.inferStream), else the one response handleModelInfer gives.
+ */
+export async function* streamModelInfer(
+  registry: ModelRegistry,
+  msg: ModelInferRequest,
+  signal: AbortSignal,
+  context: ModelInferContext = {},
+): AsyncGenerator<ModelInferResponse> {
+  const call = prepareModelInfer(registry, msg, signal, context);
+  try {
+    if (!call.stage.inferStream) {
+      yield call.encode(await call.stage.infer(call.request, call.options));
+      return;
+    }
+    for await (const response of call.stage.inferStream(call.request, call.options)) yield call.encode(response);
+  } finally {
+    if (!context.call) call.options.trace?.end();
+  }
+}
+
+/** A ModelInfer request read for its stage (shared memory, forwarded headers, trace), and how its answers go back. */
+function prepareModelInfer(
+  registry: ModelRegistry,
+  msg: ModelInferRequest,
+  signal: AbortSignal,
+  { tracing, call, header, sharedMemory, forwarded }: ModelInferContext,
+): { stage: Stage; request: InferRequest; options: InferOptions; encode(response: InferResponse): ModelInferResponse } {
   const stage = registry.resolve(msg.modelName, msg.modelVersion);
   const shm = withSharedMemoryInputs(msg, sharedMemory);
   const request = inferRequestFromWire(shm.msg, stage.name);
@@ -174,13 +212,12 @@ export async function handleModelInfer(
       call.trace = trace;
     }
   }
-  try {
-    const response = inferResponseToWire(await stage.infer(request, options));
+  const encode = (answer: InferResponse) => {
+    const response = inferResponseToWire(answer);
     if (sharedMemory && shm.outputs.size > 0) writeSharedMemoryOutputs(response, shm.outputs, sharedMemory);
     return response;
-  } finally {
-    if (!call) trace?.end();
-  }
+  };
+  return { stage, request, options, encode };
 }
 
 /**
@@ -307,57 +344,66 @@ export function inferenceService(
         forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
       }),
     // As Triton does: every request on the stream runs as soon as it arrives (so they can
-    // batch together), and each is answered as it completes, in completion order; a failed
-    // one is answered with its error (and its id) and the stream goes on.
+    // batch together), and each is answered as it completes, in completion order (a decoupled
+    // model's responses as it sends them); a failed one is answered with its error (and its
+    // id) and the stream goes on.
     async *modelStreamInfer(requests, ctx) {
       const answered: ModelStreamInferResponse[] = [];
       let running = 0;
       let inputEnded = false;
       let inputError: unknown;
       let wake: (() => void) | undefined;
-      const answer = (response: ModelStreamInferResponse) => {
-        running--;
+      const send = (response: ModelStreamInferResponse) => {
         answered.push(response);
         wake?.();
+      };
+      const finalFlag = (value: boolean) => ({
+        [FINAL_RESPONSE]: create(InferParameterSchema, { parameterChoice: { case: "boolParam", value } }),
+      });
+      const answerAll = async (msg: ModelInferRequest) => {
+        // Triton's triton_enable_empty_final_response: each answer says whether it is the request's
+        // last, as streaming clients wait for. A model answering once says so on its answer; a
+        // decoupled one's answers say false, and an empty answer saying true follows the last.
+        const asked = msg.parameters[EMPTY_FINAL_RESPONSE]?.parameterChoice;
+        const flagged = asked?.case === "boolParam" && asked.value;
+        const empty = () =>
+          create(ModelInferResponseSchema, {
+            id: msg.id,
+            modelName: msg.modelName,
+            modelVersion: msg.modelVersion,
+            ...(flagged ? { parameters: finalFlag(true) } : {}),
+          });
+        let decoupled = false;
+        try {
+          decoupled = registry.resolve(msg.modelName, msg.modelVersion).inferStream !== undefined;
+          const responses = streamModelInfer(registry, msg, ctx.signal, {
+            tracing: options.tracing,
+            sharedMemory: options.sharedMemory,
+            header: (name) => ctx.requestHeader.get(name) ?? undefined,
+            forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
+          });
+          for await (const inferResponse of responses) {
+            if (flagged) Object.assign(inferResponse.parameters, finalFlag(!decoupled));
+            send(create(ModelStreamInferResponseSchema, { inferResponse }));
+          }
+          if (decoupled && flagged) send(create(ModelStreamInferResponseSchema, { inferResponse: empty() }));
+        } catch (err) {
+          send(
+            create(ModelStreamInferResponseSchema, {
+              errorMessage: toConnectError(err).rawMessage,
+              inferResponse: empty(),
+            }),
+          );
+        }
       };
       void (async () => {
         try {
           for await (const msg of requests) {
             running++;
-            // Triton's triton_enable_empty_final_response: each request's last answer says it is the
-            // last (here every request has one answer, so that one), as streaming clients wait for.
-            const asked = msg.parameters[EMPTY_FINAL_RESPONSE]?.parameterChoice;
-            const finalFlag =
-              asked?.case === "boolParam" && asked.value
-                ? {
-                    [FINAL_RESPONSE]: create(InferParameterSchema, {
-                      parameterChoice: { case: "boolParam", value: true },
-                    }),
-                  }
-                : undefined;
-            handleModelInfer(registry, msg, ctx.signal, {
-              tracing: options.tracing,
-              sharedMemory: options.sharedMemory,
-              header: (name) => ctx.requestHeader.get(name) ?? undefined,
-              forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
-            }).then(
-              (inferResponse) => {
-                if (finalFlag) Object.assign(inferResponse.parameters, finalFlag);
-                answer(create(ModelStreamInferResponseSchema, { inferResponse }));
-              },
-              (err) =>
-                answer(
-                  create(ModelStreamInferResponseSchema, {
-                    errorMessage: toConnectError(err).rawMessage,
-                    inferResponse: {
-                      id: msg.id,
-                      modelName: msg.modelName,
-                      modelVersion: msg.modelVersion,
-                      parameters: finalFlag ?? {},
-                    },
-                  }),
-                ),
-            );
+            void answerAll(msg).finally(() => {
+              running--;
+              wake?.();
+            });
           }
         } catch (err) {
           inputError = err;

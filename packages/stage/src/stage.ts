@@ -71,6 +71,13 @@ export interface Stage {
   isReady(): boolean | Promise<boolean>;
   metadata(): StageMetadata | Promise<StageMetadata>;
   infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
+  /**
+   * A decoupled model's responses to one request (its config sets model_transaction_policy
+   * { decoupled: true }): any number of them, in order, as the model sends them; the request
+   * is done when the iteration ends. Only decoupled stages have it, and their `infer` refuses
+   * (UNIMPLEMENTED): clients reach them over ModelStreamInfer, as Triton's do.
+   */
+  inferStream?(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
   statistics(): ModelStatistics | Promise<ModelStatistics>;
   /**
    * Requests accepted but not yet executing: waiting for an instance or a
@@ -81,6 +88,18 @@ export interface Stage {
   pendingRequests?(): number;
   /** Releases sessions, workers and connections. */
   close(): Promise<void>;
+}
+
+/** Whether `config` makes a decoupled model (model_transaction_policy { decoupled: true }). */
+export const isDecoupled = (config: ModelConfig): boolean => config.modelTransactionPolicy?.decoupled === true;
+
+/** What a decoupled stage's `infer` answers: its responses come over a stream, not one per call. */
+export function decoupledRefusal(model: string): StageError {
+  return new StageError(
+    Code.Unimplemented,
+    model,
+    "the model is decoupled (model_transaction_policy): it sends its responses over the ModelStreamInfer stream, not one per call",
+  );
 }
 
 /**

@@ -48,7 +48,14 @@ export interface GrpcJsInferenceClient {
   modelReady(request: { name: string; version?: string }): Promise<{ ready: boolean }>;
   modelMetadata(request: { name: string; version?: string }): Promise<GrpcJsModelMetadata>;
   modelInfer(request: GrpcJsInferRequest): Promise<GrpcJsInferResponse>;
+  /** A ModelStreamInfer stream: write requests, read answers (each with error_message and infer_response). */
+  modelStreamInfer(): grpc.ClientDuplexStream<GrpcJsInferRequest, GrpcJsStreamResponse>;
   close(): void;
+}
+
+export interface GrpcJsStreamResponse {
+  error_message: string;
+  infer_response: GrpcJsInferResponse;
 }
 
 type Unary = (request: object, callback: (err: grpc.ServiceError | null, response: unknown) => void) => void;
@@ -88,6 +95,8 @@ export function grpcJsInferenceClient(address: string): GrpcJsInferenceClient {
     modelReady: call("ModelReady"),
     modelMetadata: call("ModelMetadata"),
     modelInfer: call("ModelInfer"),
+    modelStreamInfer: () =>
+      (client.ModelStreamInfer as () => grpc.ClientDuplexStream<GrpcJsInferRequest, GrpcJsStreamResponse>).call(client),
     close: () => client.close(),
   };
 }

@@ -5,6 +5,7 @@ export {
   type GrpcJsInferRequest,
   type GrpcJsInferResponse,
   type GrpcJsModelMetadata,
+  type GrpcJsStreamResponse,
   type GrpcJsTensor,
   grpcJsInferenceClient,
 } from "./grpc-js.js";
