@@ -6,7 +6,7 @@
  * one-answer endpoints refusing; statistics; an unload waiting for a request
  * still sending.
  */
-import { create } from "@bufbuild/protobuf";
+import { create, fromJson, toJson } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import {
@@ -15,10 +15,13 @@ import {
   type ModelInferRequest,
   ModelInferRequestSchema,
   type ModelStreamInferResponse,
+  ModelStreamInferResponseSchema,
 } from "@trellis/protocol";
 import {
   type GrpcJsStreamResponse,
   grpcJsInferenceClient,
+  pythonGrpcCalls,
+  pythonGrpcRequired,
   removeDir,
   type ServerProcess,
   startServerProcess,
@@ -147,6 +150,22 @@ describe("a decoupled model over ModelStreamInfer", () => {
     } finally {
       foreign.close();
     }
+  });
+});
+
+describe.runIf(pythonGrpcRequired())("a decoupled model to a C-core client (grpcio, as tritonclient.grpc)", () => {
+  it("reaches grpcio's stream response by response, the empty final one last", async () => {
+    const [stream] = await pythonGrpcCalls(`127.0.0.1:${server.grpcPort}`, [
+      {
+        method: "ModelStreamInfer",
+        requests: [
+          toJson(ModelInferRequestSchema, countdown("py", 3, { triton_enable_empty_final_response: bool(true) })),
+        ],
+      },
+    ]);
+    expect(stream?.error).toBeUndefined();
+    const answers = (stream?.responses ?? []).map((r) => read(fromJson(ModelStreamInferResponseSchema, r)));
+    expect(answers).toEqual(["py 3 final=false", "py 2 final=false", "py 1 final=false", "py empty final=true"]);
   });
 });
 
