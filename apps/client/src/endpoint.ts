@@ -7,7 +7,9 @@ import { create, fromJson } from "@bufbuild/protobuf";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import {
   GRPCInferenceService,
+  InferParameterSchema,
   type ModelInferRequest,
+  type ModelInferResponse,
   ModelInferResponseSchema,
   type ModelStatistics,
   ModelStatisticsSchema,
@@ -33,7 +35,16 @@ import {
 
 export type Protocol = "grpc" | "http";
 
-/** One gRPC ModelStreamInfer stream, used one request at a time (perf_analyzer's --streaming). */
+/** Triton's request parameter asking each stream answer to say whether it is the request's last, and that flag. */
+const EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response";
+const FINAL_RESPONSE = "triton_final_response";
+
+/**
+ * One gRPC ModelStreamInfer stream, used one request at a time (perf_analyzer's --streaming).
+ * Each request asks for Triton's final-response flag and is done at the answer carrying it, so a
+ * decoupled model's requests (several answers each, then an empty final one) are timed to their
+ * end, as perf_analyzer times them; infer() gives the request's last answer with outputs.
+ */
 export interface InferStream {
   infer(request: InferRequest): Promise<InferResponse>;
   close(): void;
@@ -97,12 +108,25 @@ function grpcEndpoint(url: string): Endpoint {
       return {
         infer: (request) =>
           call(model, async () => {
-            requests.push(inferRequestToWire(request, model, version));
-            const next = await responses.next();
-            if (next.done) throw new StageError(Code.Unavailable, "", `${label}: the stream ended`);
-            const { errorMessage, inferResponse } = next.value;
-            if (errorMessage) throw new StageError(Code.Unknown, "", errorMessage);
-            return inferResponseFromWire(inferResponse ?? create(ModelInferResponseSchema), model);
+            const wire = inferRequestToWire(request, model, version);
+            wire.parameters[EMPTY_FINAL_RESPONSE] = create(InferParameterSchema, {
+              parameterChoice: { case: "boolParam", value: true },
+            });
+            requests.push(wire);
+            let last: ModelInferResponse | undefined;
+            for (;;) {
+              const next = await responses.next();
+              if (next.done) throw new StageError(Code.Unavailable, "", `${label}: the stream ended`);
+              const { errorMessage, inferResponse } = next.value;
+              if (errorMessage) throw new StageError(Code.Unknown, "", errorMessage);
+              if (inferResponse && (inferResponse.outputs.length > 0 || !last)) last = inferResponse;
+              const final = inferResponse?.parameters[FINAL_RESPONSE]?.parameterChoice;
+              if (final?.case === "boolParam" && final.value) break;
+            }
+            const answer = last ?? create(ModelInferResponseSchema);
+            // The flag is the stream's, not the model's answer.
+            delete answer.parameters[FINAL_RESPONSE];
+            return inferResponseFromWire(answer, model);
           }),
         close: () => requests.end(),
       };

@@ -4,7 +4,7 @@
  * library, and the trellis-client command as users run it.
  */
 import { execFile } from "node:child_process";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -53,8 +53,33 @@ let server: ServerProcess;
 const url = (protocol: "grpc" | "http") =>
   `127.0.0.1:${protocol === "grpc" ? server.grpcPort : new URL(server.http).port}`;
 
+/** A decoupled model (model_transaction_policy { decoupled: true }): for N it answers N, N-1, ..., 1. */
+async function addCountdown(repository: string): Promise<void> {
+  await mkdir(join(repository, "countdown", "1"), { recursive: true });
+  await writeFile(
+    join(repository, "countdown", "config.pbtxt"),
+    `name: "countdown"
+backend: "typescript"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+`,
+  );
+  // The repository is a temporary folder without node_modules: @trellis/stage by its resolved URL.
+  await writeFile(
+    join(repository, "countdown", "1", "model.js"),
+    `import { defineStage } from "${import.meta.resolve("@trellis/stage")}";
+export const createStage = ({ config, version }) => defineStage({ config, version, async *computeStream(request) {
+  for (let i = Number(request.inputs[0].data[0]); i >= 1; i--) yield [{ name: "OUT", datatype: "INT32", shape: [1], data: Int32Array.of(i) }];
+} });
+`,
+  );
+}
+
 beforeAll(async () => {
   repo = await makeSeedRepository();
+  await addCountdown(repo);
   server = await startServerProcess(["--model-repository", repo]);
 });
 afterAll(async () => {
@@ -238,6 +263,39 @@ describe("perf", () => {
       expect(new TextDecoder().decode(answer.outputs[0]!.data[0] as Uint8Array)).toContain(top1(photos[0]!));
     } finally {
       real.close();
+    }
+  });
+
+  it("with streaming, times a decoupled model's request to its final answer, the stream kept in step", async () => {
+    const endpoint = connectEndpoint(url("grpc"), "grpc");
+    const ask = (id: string, n: number) => ({
+      id,
+      inputs: [{ name: "IN", datatype: "INT32" as const, shape: [1], data: Int32Array.of(n) }],
+    });
+    try {
+      // Each request's answers are read to its final one: the next request gets its own.
+      const stream = endpoint.openStream!("countdown");
+      const first = await stream.infer(ask("a", 3));
+      const second = await stream.infer(ask("b", 2));
+      stream.close();
+      expect([first.id, Number(first.outputs[0]?.data[0]), second.id]).toEqual(["a", 1, "b"]);
+      expect(first.parameters?.triton_final_response).toBeUndefined();
+      const r = await measure(endpoint, {
+        model: "countdown",
+        requests: [ask("", 3)],
+        batch: 1,
+        concurrency: 2,
+        windowMs: 600,
+        warmupMs: 100,
+        streaming: true,
+      });
+      // One measured request per request the server completed (not one per answer), give or take the window's edges.
+      const served = r.server.find((s) => s.model === "countdown")!;
+      expect(r.requests).toBeGreaterThan(0);
+      expect(served.requests - r.requests).toBeGreaterThanOrEqual(0);
+      expect(served.requests - r.requests).toBeLessThanOrEqual(2 * 2 + 2);
+    } finally {
+      endpoint.close();
     }
   });
 
