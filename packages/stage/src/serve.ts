@@ -383,6 +383,8 @@ export function inferenceService(
             forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
           });
           for await (const inferResponse of responses) {
+            // The client went away: stop the model's responses (its iterator is returned) rather than queue them unread.
+            if (ctx.signal.aborted) return;
             if (flagged) Object.assign(inferResponse.parameters, finalFlag(!decoupled));
             send(create(ModelStreamInferResponseSchema, { inferResponse }));
           }

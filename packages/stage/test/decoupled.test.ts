@@ -77,6 +77,46 @@ describe("a decoupled stage, remote", () => {
     expect(failed.rawMessage).toBe(`count: remote model count at ${server.url}: count: unlucky`);
   });
 
+  it("stops a model's responses when the client goes away, even one that does not watch its signal", async () => {
+    let sent = 0;
+    let stopped = false;
+    const endless = defineStage({
+      config,
+      async *computeStream() {
+        try {
+          for (;;) {
+            await new Promise((r) => setTimeout(r, 5));
+            sent++;
+            yield [tensor("I", "INT32", [1], Int32Array.of(sent))];
+          }
+        } finally {
+          stopped = true;
+        }
+      },
+    });
+    const own = await listenStage(endless);
+    try {
+      const remote = await connectStage(grpcTransport(own.url), "count");
+      const controller = new AbortController();
+      let read = 0;
+      await rejectionOf(
+        (async () => {
+          for await (const _ of remote.inferStream!(asking(1), { signal: controller.signal })) {
+            if (++read === 3) controller.abort();
+          }
+        })(),
+        StageError,
+      );
+      for (let i = 0; i < 100 && !stopped; i++) await new Promise((r) => setTimeout(r, 10));
+      expect(stopped).toBe(true);
+      const after = sent;
+      await new Promise((r) => setTimeout(r, 50));
+      expect(sent).toBe(after);
+    } finally {
+      await own.close();
+    }
+  });
+
   it("refuses the one-answer call remotely as in-process: UNIMPLEMENTED", async () => {
     const remote = await connectStage(grpcTransport(server.url), "count");
     const err = await rejectionOf(remote.infer(asking(2)), StageError);
