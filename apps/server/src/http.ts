@@ -17,6 +17,7 @@ import {
   forwardedHeaders,
   type InferOptions,
   type InferRequest,
+  type InferResponse,
   inflateDeflate,
   type LogSettings,
   type LogSettingsControl,
@@ -38,6 +39,7 @@ import {
   withForwardedHeaders,
   withoutSharedMemory,
 } from "@trellis/stage";
+import { generateAnswer, generateRequest } from "./generate.js";
 import {
   type JsonInferRequest,
   parametersFromJson,
@@ -270,7 +272,8 @@ export function configToJson(config: ModelConfig): unknown {
   return numbersForInt64(toJson(ModelConfigSchema, config, { useProtoFieldName: true, alwaysEmitImplicit: true }));
 }
 
-const MODEL_ROUTE = /^\/v2\/models\/([^/]+)(?:\/versions\/([^/]+))?(?:\/(ready|config|stats|infer))?$/;
+const MODEL_ROUTE =
+  /^\/v2\/models\/([^/]+)(?:\/versions\/([^/]+))?(?:\/(ready|config|stats|infer|generate|generate_stream))?$/;
 const SHARED_MEMORY_ROUTE = /^\/v2\/(system|cuda)sharedmemory(?:\/region\/([^/]+))?\/(status|register|unregister)$/;
 const TRACE_ROUTE = /^\/v2\/(?:models\/([^/]+)\/)?trace\/setting$/;
 const REPO_ROUTE = /^\/v2\/repository\/models\/([^/]+)\/(load|unload)$/;
@@ -298,7 +301,7 @@ function httpCategory(path: string): ApiCategory | undefined {
       ? "model-config"
       : action === "stats"
         ? "statistics"
-        : action === "infer"
+        : action === "infer" || action === "generate" || action === "generate_stream"
           ? "inference"
           : "metadata";
 }
@@ -464,6 +467,10 @@ export function restHandler(ctx: RestContext) {
         requireMethod(req, "POST");
         return infer(req, res, name, version);
       }
+      if (action === "generate" || action === "generate_stream") {
+        requireMethod(req, "POST");
+        return generate(req, res, name, version, action === "generate_stream");
+      }
       requireMethod(req, "GET");
       if (action === "ready") {
         let ready = false;
@@ -507,6 +514,66 @@ export function restHandler(ctx: RestContext) {
         numbersForInt64(toJson(ModelStatisticsSchema, s, { useProtoFieldName: true, alwaysEmitImplicit: true })),
       ),
     });
+  }
+
+  /**
+   * Triton's generate extension (see generate.ts). /generate answers once, as JSON; a decoupled
+   * model must send exactly one response there. /generate_stream answers with Server-Sent Events,
+   * one "data:" event per response; a failure before the first is an ordinary error answer, one
+   * after it an {"error": ...} event, since the status has gone out with the first.
+   */
+  async function generate(
+    req: IncomingMessage,
+    res: ServerResponse,
+    model: string,
+    version: string,
+    streaming: boolean,
+  ): Promise<void> {
+    const stage = registry.resolve(model, version);
+    const body = parseJson(await readBody(req, maxInputBytes), "generate request");
+    const request = generateRequest(body, await stage.metadata(), stage.config.maxBatchSize > 0);
+    if (ctx.forwardHeaders) {
+      request.parameters = withForwardedHeaders(
+        request.parameters,
+        forwardedHeaders(ctx.forwardHeaders, Object.entries(req.headers)),
+      );
+    }
+    const abort = new AbortController();
+    res.on("close", () => {
+      if (!res.writableFinished) abort.abort(new StageError(Code.Canceled, model, "client closed the connection"));
+    });
+    const options: InferOptions = { signal: abort.signal };
+    const responses: AsyncIterable<InferResponse> = stage.inferStream
+      ? stage.inferStream(request, options)
+      : (async function* () {
+          yield await stage.infer(request, options);
+        })();
+    if (!streaming) {
+      const answers: InferResponse[] = [];
+      for await (const r of responses) answers.push(r);
+      if (answers.length !== 1) {
+        throw new StageError(
+          Code.InvalidArgument,
+          model,
+          `generate answers with one response, and the model sent ${answers.length}: use generate_stream`,
+        );
+      }
+      return sendJson(res, 200, generateAnswer(answers[0] as InferResponse));
+    }
+    const event = (answer: unknown) => `data: ${stringifyJson(answer)}\n\n`;
+    try {
+      for await (const r of responses) {
+        if (!res.headersSent) {
+          res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" });
+        }
+        res.write(event(generateAnswer(r)));
+      }
+    } catch (err) {
+      if (!res.headersSent) throw err;
+      res.write(event({ error: toConnectError(err).rawMessage }));
+    }
+    if (!res.headersSent) res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8" });
+    res.end();
   }
 
   async function infer(req: IncomingMessage, res: ServerResponse, model: string, version: string): Promise<void> {
