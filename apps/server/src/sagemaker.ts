@@ -9,7 +9,8 @@
  *   by the HTTP/REST frontend's own code: JSON tensors, or the binary tensor
  *   extension with the JSON header's length carried in the content type
  *   ("application/vnd.sagemaker-triton.binary+json;json-header-size=<n>"),
- *   as SageMaker passes bodies through without Triton's own header.
+ *   as SageMaker passes bodies through without Triton's own header; or, as
+ *   SAGEMAKER_TRITON_INFERENCE_TYPE says, a generate or generate_stream request.
  *
  * Multi-model endpoints (SageMaker loads and unloads models as they are called),
  * as Triton's frontend answers them, in explicit model control mode:
@@ -34,6 +35,10 @@ import { type ApiRestrictions, Code, restrictionError, toConnectError } from "@t
 import { forwardTo, type Handler, sendError } from "./cloud-endpoint.js";
 import { sendJson } from "./http.js";
 
+/** What /invocations runs (SAGEMAKER_TRITON_INFERENCE_TYPE): KServe v2 infer, or the generate extension's routes. */
+const INFERENCE_TYPES = ["infer", "generate", "generate_stream"] as const;
+export type InferenceType = (typeof INFERENCE_TYPES)[number];
+
 export const SAGEMAKER_BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size=";
 const TARGET_MODEL_HEADER = "x-amzn-sagemaker-target-model";
 /** A load request is a short JSON object. */
@@ -53,6 +58,8 @@ export interface SageMakerOptions {
   model?: string;
   /** SAGEMAKER_TRITON_PING_MODE: "ready" (default) or "live". */
   pingMode: "ready" | "live";
+  /** SAGEMAKER_TRITON_INFERENCE_TYPE: what /invocations runs: "infer" (default), "generate" or "generate_stream". */
+  inferenceType: InferenceType;
   ready(): Promise<boolean>;
   /** The multi-model endpoint's host (undefined: /models routes say there is none). */
   models?: SageMakerModelHost;
@@ -64,12 +71,21 @@ export interface SageMakerOptions {
 export function sageMakerOptionsFromEnv(
   env: NodeJS.ProcessEnv,
   ready: () => Promise<boolean>,
-): Pick<SageMakerOptions, "model" | "pingMode" | "ready"> {
+): Pick<SageMakerOptions, "model" | "pingMode" | "inferenceType" | "ready"> {
   const pingMode = env.SAGEMAKER_TRITON_PING_MODE ?? "ready";
   if (pingMode !== "ready" && pingMode !== "live") {
     throw new Error(`SAGEMAKER_TRITON_PING_MODE=${pingMode}: expected ready or live`);
   }
-  return { model: env.SAGEMAKER_TRITON_DEFAULT_MODEL_NAME || undefined, pingMode, ready };
+  const inferenceType = env.SAGEMAKER_TRITON_INFERENCE_TYPE ?? "infer";
+  if (!(INFERENCE_TYPES as readonly string[]).includes(inferenceType)) {
+    throw new Error(`Invalid SAGEMAKER_TRITON_INFERENCE_TYPE=${inferenceType}: expected ${INFERENCE_TYPES.join(", ")}`);
+  }
+  return {
+    model: env.SAGEMAKER_TRITON_DEFAULT_MODEL_NAME || undefined,
+    pingMode,
+    inferenceType: inferenceType as InferenceType,
+    ready,
+  };
 }
 
 /** A model loaded through the multi-model endpoint: the name it is served under, and the repository registered for it. */
@@ -249,6 +265,6 @@ export function sageMakerHandler(rest: Handler, options: SageMakerOptions): Hand
       sendError(res, 400, "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is not set: no model to invoke");
       return;
     }
-    forwardTo(rest, req, res, `/v2/models/${encodeURIComponent(options.model)}/infer`);
+    forwardTo(rest, req, res, `/v2/models/${encodeURIComponent(options.model)}/${options.inferenceType}`);
   };
 }

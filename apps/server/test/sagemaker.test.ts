@@ -8,7 +8,7 @@
 import { cp, mkdir, mkdtemp, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { addModel, CHAIN_CONFIG, echoConfig, floats, makeRepository, postJson } from "./helpers.js";
 
@@ -276,5 +276,45 @@ describe("multi-model endpoint (/models)", () => {
       body: JSON.stringify({ inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data: [1, 1, 1, 1] }] }),
     });
     expect(invoked.status).toBe(200);
+  });
+});
+
+describe("SAGEMAKER_TRITON_INFERENCE_TYPE", () => {
+  it("runs /invocations as generate_stream when it says so, and refuses at start a type it does not know", async () => {
+    const countdown = new URL("./fixtures/countdown-stage.js", import.meta.url).pathname;
+    const llm = await makeRepository({
+      countdown: {
+        config: `name: "countdown"
+backend: "typescript"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+parameters { key: "module" value: { string_value: "${countdown}" } }
+`,
+      },
+    });
+    const args = ["--model-repository", llm, "--allow-sagemaker", "--sagemaker-port", "0"];
+    try {
+      const streaming = await startServerProcess(args, {
+        env: { SAGEMAKER_TRITON_DEFAULT_MODEL_NAME: "countdown", SAGEMAKER_TRITON_INFERENCE_TYPE: "generate_stream" },
+      });
+      try {
+        const port = streaming.logs.find((l) => l.msg === "listening" && l.protocol === "sagemaker")?.port;
+        const res = await fetch(`http://127.0.0.1:${port}/invocations`, { method: "POST", body: '{"IN": 2}' });
+        expect(res.headers.get("content-type")).toBe("text/event-stream; charset=utf-8");
+        expect(await res.text()).toBe(
+          'data: {"model_name":"countdown","model_version":"1","OUT":2}\n\ndata: {"model_name":"countdown","model_version":"1","OUT":1}\n\n',
+        );
+      } finally {
+        expect(await streaming.stop()).toBe(0);
+      }
+      const refused = await startupRefusal(args, { env: { SAGEMAKER_TRITON_INFERENCE_TYPE: "chat" } });
+      expect(refused).toContain(
+        "--allow-sagemaker: Invalid SAGEMAKER_TRITON_INFERENCE_TYPE=chat: expected infer, generate, generate_stream",
+      );
+    } finally {
+      await removeDir(llm);
+    }
   });
 });
