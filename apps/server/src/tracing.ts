@@ -7,7 +7,7 @@
  * traces of their own whose parent_id is the ensemble's); in mode
  * "opentelemetry", spans over OTLP (otel.ts).
  */
-import { writeFile } from "node:fs/promises";
+import { rename, writeFile } from "node:fs/promises";
 import {
   Code,
   float16ArrayToFloat32,
@@ -295,13 +295,18 @@ class TraceFile {
     this.pendingTraces = 0;
   }
 
+  /**
+   * Writes the file whole under a temporary name, then renames it into place: whoever
+   * watches for `<file>.<n>` (a collector, a test) never reads one half written.
+   */
   private write(path: string, entries: object[]): void {
     const text = JSON.stringify(entries);
+    const partial = `${path}.partial`;
     this.writing = this.writing.then(
       () =>
-        writeFile(path, text).catch((err: Error) =>
-          this.log?.error({ file: path, err: err.message }, "could not write the trace file"),
-        ),
+        writeFile(partial, text)
+          .then(() => rename(partial, path))
+          .catch((err: Error) => this.log?.error({ file: path, err: err.message }, "could not write the trace file")),
       () => undefined,
     );
   }

@@ -27,23 +27,12 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { makeRepository, postJson } from "./helpers.js";
-
-const COUNTDOWN = new URL("./fixtures/countdown-stage.js", import.meta.url).pathname;
-
-const countdownConfig = `name: "countdown"
-backend: "typescript"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-model_transaction_policy { decoupled: true }
-parameters { key: "module" value: { string_value: "${COUNTDOWN}" } }
-`;
+import { COUNTDOWN_CONFIG, makeRepository, postJson } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
 beforeAll(async () => {
-  repo = await makeRepository({ countdown: { config: countdownConfig } });
+  repo = await makeRepository({ countdown: { config: COUNTDOWN_CONFIG } });
   server = await startServerProcess([
     "--model-repository",
     repo,

@@ -6,9 +6,7 @@
  */
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, makeRepository, postJson } from "./helpers.js";
-
-const COUNTDOWN = new URL("./fixtures/countdown-stage.js", import.meta.url).pathname;
+import { COUNTDOWN_CONFIG, echoConfig, makeRepository, postJson } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -19,16 +17,7 @@ beforeAll(async () => {
     reflect: {
       config: echoConfig("reflect", { datatype: "TYPE_STRING", dims: [1], params: { reflect_parameters: "1" } }),
     },
-    countdown: {
-      config: `name: "countdown"
-backend: "typescript"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-model_transaction_policy { decoupled: true }
-parameters { key: "module" value: { string_value: "${COUNTDOWN}" } }
-`,
-    },
+    countdown: { config: COUNTDOWN_CONFIG },
   });
   server = await startServerProcess(["--model-repository", repo]);
 });

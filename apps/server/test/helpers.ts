@@ -12,6 +12,19 @@ import type { ServerProcess } from "@trellis/testing";
 
 export const ECHO_STAGE = join(import.meta.dirname, "fixtures", "echo-stage.js");
 
+/**
+ * config.pbtxt of the decoupled countdown test model (test/fixtures/countdown-stage.js): for an
+ * INT32 input IN = N it sends N responses, OUT = N, N-1, ..., 1.
+ */
+export const COUNTDOWN_CONFIG = `name: "countdown"
+backend: "typescript"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+parameters { key: "module" value: { string_value: "${join(import.meta.dirname, "fixtures", "countdown-stage.js")}" } }
+`;
+
 export interface ModelSpec {
   /** config.pbtxt text. */
   config: string;

@@ -10,7 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { addModel, CHAIN_CONFIG, echoConfig, floats, makeRepository, postJson } from "./helpers.js";
+import { addModel, CHAIN_CONFIG, COUNTDOWN_CONFIG, echoConfig, floats, makeRepository, postJson } from "./helpers.js";
 
 const BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size=";
 
@@ -281,19 +281,7 @@ describe("multi-model endpoint (/models)", () => {
 
 describe("SAGEMAKER_TRITON_INFERENCE_TYPE", () => {
   it("runs /invocations as generate_stream when it says so, and refuses at start a type it does not know", async () => {
-    const countdown = new URL("./fixtures/countdown-stage.js", import.meta.url).pathname;
-    const llm = await makeRepository({
-      countdown: {
-        config: `name: "countdown"
-backend: "typescript"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-model_transaction_policy { decoupled: true }
-parameters { key: "module" value: { string_value: "${countdown}" } }
-`,
-      },
-    });
+    const llm = await makeRepository({ countdown: { config: COUNTDOWN_CONFIG } });
     const args = ["--model-repository", llm, "--allow-sagemaker", "--sagemaker-port", "0"];
     try {
       const streaming = await startServerProcess(args, {
