@@ -41,7 +41,7 @@ export function vertexAiRoutes(env: NodeJS.ProcessEnv): { predictRoute: string; 
 
 /** Endpoints a redirect may name that take a POST; every other one is read with a GET. */
 const POSTED =
-  /^\/v2\/(models\/[^/]+(\/versions\/[^/]+)?\/infer|repository\/.*|(system|cuda)sharedmemory\/.*\/(register|unregister)|logging|trace\/setting|models\/[^/]+\/trace\/setting)$/;
+  /^\/v2\/(models\/[^/]+(\/versions\/[^/]+)?\/(infer|generate|generate_stream)|repository\/.*|(system|cuda)sharedmemory\/.*\/(register|unregister)|logging|trace\/setting|models\/[^/]+\/trace\/setting)$/;
 
 /** The Vertex AI routes, handing requests to `rest` (a REST handler made with VERTEX_AI_BINARY_MIME). */
 export function vertexAiHandler(rest: Handler, options: VertexAiOptions): Handler {

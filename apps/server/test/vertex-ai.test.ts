@@ -78,6 +78,9 @@ it("redirects a POST to the predict route to the endpoint X-Vertex-Ai-Triton-Red
   expect(((await config.json()) as { name: string }).name).toBe("echo");
   const index = await redirect("v2/repository/index", "{}");
   expect(((await index.json()) as { name: string }[]).map((m) => m.name)).toEqual(["echo"]);
+  // The generate extension's routes are POSTs too.
+  const generated = await redirect("v2/models/echo/generate", JSON.stringify({ INPUT: [1, 2, 3, 4] }));
+  expect(await generated.json()).toEqual({ model_name: "echo", model_version: "1", OUTPUT: [2, 4, 6, 8] });
   const metrics = await redirect("metrics");
   expect(await metrics.text()).toContain('nv_inference_request_success{model="echo",version="1"}');
   expect((await redirect("nowhere")).status).toBe(400);
