@@ -563,6 +563,8 @@ export function restHandler(ctx: RestContext) {
     const event = (answer: unknown) => `data: ${stringifyJson(answer)}\n\n`;
     try {
       for await (const r of responses) {
+        // The client went away: stop the model's responses (its iterator is returned).
+        if (abort.signal.aborted) break;
         if (!res.headersSent) {
           res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" });
         }
