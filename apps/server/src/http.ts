@@ -530,7 +530,9 @@ export function restHandler(ctx: RestContext) {
     streaming: boolean,
   ): Promise<void> {
     const stage = registry.resolve(model, version);
+    const recvStartNs = nowNs();
     const body = parseJson(await readBody(req, maxInputBytes), "generate request");
+    const recvEndNs = nowNs();
     const request = generateRequest(body, await stage.metadata(), stage.config.maxBatchSize > 0);
     if (ctx.forwardHeaders) {
       request.parameters = withForwardedHeaders(
@@ -543,6 +545,14 @@ export function restHandler(ctx: RestContext) {
       if (!res.writableFinished) abort.abort(new StageError(Code.Canceled, model, "client closed the connection"));
     });
     const options: InferOptions = { signal: abort.signal };
+    const trace = ctx.tracing?.begin(stage.name, stage.version, undefined, (h) => headerOf(req, h));
+    if (trace) {
+      trace.stamp("HTTP_RECV_START", recvStartNs);
+      trace.stamp("HTTP_RECV_END", recvEndNs);
+      options.trace = trace;
+      res.once("finish", () => trace.stamp("HTTP_SEND_END", nowNs()));
+      res.once("close", () => trace.end());
+    }
     const responses: AsyncIterable<InferResponse> = stage.inferStream
       ? stage.inferStream(request, options)
       : (async function* () {
@@ -558,6 +568,7 @@ export function restHandler(ctx: RestContext) {
           `generate answers with one response, and the model sent ${answers.length}: use generate_stream`,
         );
       }
+      trace?.stamp("HTTP_SEND_START");
       return sendJson(res, 200, generateAnswer(answers[0] as InferResponse));
     }
     const event = (answer: unknown) => `data: ${stringifyJson(answer)}\n\n`;
@@ -566,6 +577,7 @@ export function restHandler(ctx: RestContext) {
         // The client went away: stop the model's responses (its iterator is returned).
         if (abort.signal.aborted) break;
         if (!res.headersSent) {
+          trace?.stamp("HTTP_SEND_START");
           res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" });
         }
         res.write(event(generateAnswer(r)));

@@ -4,6 +4,9 @@
  * decoupled one, the request's fields mapped to inputs and parameters, and
  * what is refused.
  */
+import { mkdtemp, readFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { COUNTDOWN_CONFIG, echoConfig, makeRepository, postJson } from "./helpers.js";
@@ -108,5 +111,45 @@ describe("generate_stream", () => {
     expect(early.status).toBe(400);
     expect(early.headers.get("content-type")).toBe("application/json");
     expect(await early.json()).toEqual({ error: "countdown: asked to fail at 2" });
+  });
+});
+
+describe("tracing", () => {
+  it("traces a generate_stream request as an infer one: received, each model's activity, sent", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "trellis-generate-trace-"));
+    const file = join(dir, "trace.json");
+    const traced = await startServerProcess([
+      ...["--model-repository", repo, "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1"],
+      ...["--trace-config", `triton,file=${file}`],
+    ]);
+    try {
+      const res = await fetch(`${traced.http}/v2/models/countdown/generate_stream`, {
+        method: "POST",
+        body: JSON.stringify({ IN: 2 }),
+      });
+      expect(await events(res)).toHaveLength(2);
+    } finally {
+      expect(await traced.stop()).toBe(0);
+    }
+    try {
+      const entries = JSON.parse(await readFile(file, "utf8")) as {
+        model_name?: string;
+        timestamps?: { name: string }[];
+      }[];
+      expect(entries.filter((e) => e.model_name).map((e) => e.model_name)).toEqual(["countdown"]);
+      const names = entries.flatMap((e) => e.timestamps ?? []).map((t) => t.name);
+      for (const stamp of [
+        "HTTP_RECV_START",
+        "HTTP_RECV_END",
+        "REQUEST_START",
+        "REQUEST_END",
+        "HTTP_SEND_START",
+        "HTTP_SEND_END",
+      ]) {
+        expect(names).toContain(stamp);
+      }
+    } finally {
+      await removeDir(dir);
+    }
   });
 });
