@@ -378,7 +378,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--metrics-config <setting>",
-    "latency metrics, as tritonserver's: counter_latencies=<bool> (the *_duration_us counters; default true), summary_latencies=<bool> (*_summary_us quantiles over the last 60 s; default false), summary_quantiles=<q>:<error>,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001); repeatable",
+    "latency metrics, as tritonserver's: counter_latencies=<bool> (the *_duration_us counters; default true), summary_latencies=<bool> (*_summary_us quantiles over the last 60 s; default false), summary_quantiles=<q>:<error>,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001), histogram_latencies=<bool> (nv_inference_first_response_histogram_ms for decoupled models; default false); repeatable",
     collect,
     [],
   )
@@ -551,6 +551,7 @@ function metricsOptions(flags: Flags): MetricsOptions {
     };
     if (key === "counter_latencies") options.counterLatencies = bool();
     else if (key === "summary_latencies") options.summaryLatencies = bool();
+    else if (key === "histogram_latencies") options.histogramLatencies = bool();
     else if (key === "summary_quantiles") {
       options.summaryQuantiles = value.split(",").map((pair) => {
         const [q, error = "0"] = pair.split(":");
@@ -565,7 +566,7 @@ function metricsOptions(flags: Flags): MetricsOptions {
       });
     } else {
       throw new UsageError(
-        `--metrics-config ${entry}: expected counter_latencies=, summary_latencies= or summary_quantiles=<value>`,
+        `--metrics-config ${entry}: expected counter_latencies=, summary_latencies=, summary_quantiles= or histogram_latencies=<value>`,
       );
     }
   }

@@ -5,7 +5,7 @@
  */
 import { cpus, freemem, totalmem } from "node:os";
 import type { ModelStatistics } from "@trellis/protocol";
-import { observeRequests } from "@trellis/stage";
+import { observeFirstResponses, observeRequests } from "@trellis/stage";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
 import type { ManagedStage } from "./managed.js";
 
@@ -33,6 +33,8 @@ export interface MetricsOptions {
   summaryLatencies?: boolean;
   /** summary_quantiles: the quantiles the summaries give (default Triton's). */
   summaryQuantiles?: number[];
+  /** histogram_latencies (default false): nv_inference_first_response_histogram_ms, for decoupled models. */
+  histogramLatencies?: boolean;
   /** The host's CPU utilization and memory, nv_cpu_* (default true; tritonserver's --allow-cpu-metrics). */
   cpuMetrics?: boolean;
   /** How often per-interval metrics are sampled, in ms (default 2000; tritonserver's --metrics-interval-ms). */
@@ -121,6 +123,7 @@ export function createMetrics(
   const stopSummaries = options.summaryLatencies
     ? latencySummaries(register, source, options.summaryQuantiles ?? DEFAULT_SUMMARY_QUANTILES)
     : () => undefined;
+  const stopHistograms = options.histogramLatencies ? firstResponseHistograms(register, source) : () => undefined;
   counter("nv_cache_num_hits_per_model", "Number of response cache hits per model", (s) =>
     Number(s.inferenceStats?.cacheHit?.count ?? 0n),
   );
@@ -152,6 +155,7 @@ export function createMetrics(
     register,
     close() {
       stopSummaries();
+      stopHistograms();
       stopHost();
     },
     scrape: async () => {
@@ -213,6 +217,84 @@ function latencySummaries(register: Registry, source: MetricsSource, percentiles
     input.observe(labels, times.computeInputNs / 1000);
     infer.observe(labels, times.computeInferNs / 1000);
     output.observe(labels, times.computeOutputNs / 1000);
+  });
+}
+
+/** Triton's default buckets for nv_inference_first_response_histogram_ms, in ms. */
+export const DEFAULT_FIRST_RESPONSE_BUCKETS = [100, 500, 2000, 5000];
+const FIRST_RESPONSE = "nv_inference_first_response_histogram_ms";
+
+/** The buckets a model's config gives the histogram (model_metrics' metric_control), else Triton's defaults. */
+function firstResponseBuckets(stage: ManagedStage | undefined): number[] {
+  for (const control of stage?.config.modelMetrics?.metricControl ?? []) {
+    const options = control.metricOptions;
+    if (control.metricIdentifier?.family === FIRST_RESPONSE && options.case === "histogramOptions") {
+      return [...options.value.buckets].sort((a, b) => a - b);
+    }
+  }
+  return DEFAULT_FIRST_RESPONSE_BUCKETS;
+}
+
+interface FirstResponseSeries {
+  labels: { model: string; version: string };
+  buckets: number[];
+  /** Observations at or under each bucket's bound (cumulative, as Prometheus reads them). */
+  counts: number[];
+  count: number;
+  sum: number;
+}
+
+/**
+ * Triton's nv_inference_first_response_histogram_ms (--metrics-config histogram_latencies=true):
+ * per decoupled model, the time from a request to its first response, in ms, in buckets the
+ * model's config may set (model_metrics { metric_control { metric_identifier { family } histogram_options { buckets } } }),
+ * else Triton's defaults. prom-client keeps one bucket list per metric, so this one renders its
+ * series itself. A model no longer served is dropped at the next scrape. Returns the stop.
+ */
+function firstResponseHistograms(register: Registry, source: MetricsSource): () => void {
+  const series = new Map<string, FirstResponseSeries>();
+  register.registerMetric({
+    name: FIRST_RESPONSE,
+    help: "Duration from request to first response in milliseconds",
+    type: "histogram",
+    aggregator: "sum",
+    get: async () => {
+      const live = new Set(source.list().map((stage) => `${stage.name}/${stage.version}`));
+      for (const key of series.keys()) if (!live.has(key)) series.delete(key);
+      const values = [...series.values()].flatMap((s) => [
+        ...s.buckets.map((le, i) => ({
+          metricName: `${FIRST_RESPONSE}_bucket`,
+          labels: { ...s.labels, le },
+          value: s.counts[i] as number,
+        })),
+        { metricName: `${FIRST_RESPONSE}_bucket`, labels: { ...s.labels, le: "+Inf" }, value: s.count },
+        { metricName: `${FIRST_RESPONSE}_sum`, labels: s.labels, value: s.sum },
+        { metricName: `${FIRST_RESPONSE}_count`, labels: s.labels, value: s.count },
+      ]);
+      return {
+        name: FIRST_RESPONSE,
+        help: "Duration from request to first response in milliseconds",
+        type: "histogram",
+        aggregator: "sum",
+        values,
+      };
+    },
+  } as unknown as Parameters<Registry["registerMetric"]>[0]);
+  return observeFirstResponses(({ model, version, ns }) => {
+    const key = `${model}/${version}`;
+    let s = series.get(key);
+    if (!s) {
+      const stage = source.list().find((st) => st.name === model && st.version === version);
+      const buckets = firstResponseBuckets(stage);
+      s = { labels: { model, version }, buckets, counts: buckets.map(() => 0), count: 0, sum: 0 };
+      series.set(key, s);
+    }
+    const ms = ns / 1e6;
+    s.buckets.forEach((le, i) => {
+      if (ms <= le) (s.counts[i] as number)++;
+    });
+    s.count++;
+    s.sum += ms;
   });
 }
 

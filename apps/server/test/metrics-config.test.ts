@@ -1,10 +1,23 @@
 /**
  * Triton's --metrics-config, black-box: latency summaries (quantiles per model)
- * in place of the cumulative latency counters.
+ * in place of the cumulative latency counters; the first-response histogram of
+ * decoupled models.
  */
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { GRPCInferenceService, InferParameterSchema, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CHAIN_CONFIG, echoConfig, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
+import {
+  CHAIN_CONFIG,
+  COUNTDOWN_CONFIG,
+  echoConfig,
+  makeRepository,
+  metricValue,
+  postJson,
+  scrape,
+} from "./helpers.js";
 
 /** The quantile labels a summary reports for a model. */
 const quantilesOf = (text: string, name: string, model: string) =>
@@ -86,4 +99,91 @@ it("refuses to start with a --metrics-config it cannot use, naming it", async ()
   } finally {
     await removeDir(repo);
   }
+});
+
+describe("--metrics-config histogram_latencies=true", () => {
+  let repo: string;
+  let server: ServerProcess;
+  /** The countdown model again, its histogram's buckets set in its config (model_metrics). */
+  const tunedConfig = `${COUNTDOWN_CONFIG.replace('name: "countdown"', 'name: "tuned"')}
+model_metrics { metric_control: [ { metric_identifier: { family: "nv_inference_first_response_histogram_ms" } histogram_options: { buckets: [ 10, 50 ] } } ] }
+`;
+  beforeAll(async () => {
+    repo = await makeRepository({
+      countdown: { config: COUNTDOWN_CONFIG },
+      tuned: { config: tunedConfig },
+      echo: { config: echoConfig("echo") },
+    });
+    server = await startServerProcess(["--model-repository", repo, "--metrics-config", "histogram_latencies=true"]);
+  });
+  afterAll(async () => {
+    expect(await server?.stop()).toBe(0);
+    await removeDir(repo);
+  });
+
+  /** Each line of the histogram for `model`: "<suffix>{le}" -> value. */
+  const histogram = (text: string, model: string) =>
+    Object.fromEntries(
+      text
+        .split("\n")
+        .filter((l) => l.startsWith("nv_inference_first_response_histogram_ms_") && l.includes(`model="${model}"`))
+        .map((l) => {
+          const suffix = /^nv_inference_first_response_histogram_ms_(\w+)/.exec(l)?.[1];
+          const le = /le="([^"]+)"/.exec(l)?.[1];
+          return [le ? `${suffix}{${le}}` : suffix, Number(l.split(" ").at(-1))];
+        }),
+    );
+
+  it("times each decoupled request to its first response, in Triton's buckets or the model's own", async () => {
+    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const request = (model: string, delay: bigint) =>
+      create(ModelInferRequestSchema, {
+        modelName: model,
+        inputs: [{ name: "IN", datatype: "INT32", shape: [1n] }],
+        rawInputContents: [new Uint8Array(Int32Array.of(2).buffer)],
+        parameters: {
+          delay_ms: create(InferParameterSchema, { parameterChoice: { case: "int64Param", value: delay } }),
+        },
+      });
+    async function* requests() {
+      // The first response comes after delay_ms: 30 ms each for countdown, 20 ms for tuned.
+      for (let i = 0; i < 3; i++) yield request("countdown", 30n);
+      yield request("tuned", 20n);
+    }
+    for await (const _ of client.modelStreamInfer(requests())) {
+      // drained
+    }
+    expect(
+      (
+        await postJson(`${server.http}/v2/models/echo/infer`, {
+          inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],
+        })
+      ).status,
+    ).toBe(200);
+    const text = await scrape(server);
+    const countdown = histogram(text, "countdown");
+    expect(countdown).toMatchObject({
+      "bucket{100}": 3,
+      "bucket{500}": 3,
+      "bucket{2000}": 3,
+      "bucket{5000}": 3,
+      "bucket{+Inf}": 3,
+      count: 3,
+    });
+    expect(Object.keys(countdown)).toHaveLength(7);
+    expect(countdown.sum).toBeGreaterThanOrEqual(3 * 30);
+    expect(countdown.sum).toBeLessThan(3 * 100);
+    expect(histogram(text, "tuned")).toMatchObject({ "bucket{10}": 0, "bucket{50}": 1, "bucket{+Inf}": 1, count: 1 });
+    // A model that answers once has no first-response histogram, as in Triton.
+    expect(histogram(text, "echo")).toEqual({});
+  });
+
+  it("is off by default", async () => {
+    const plain = await startServerProcess(["--model-repository", repo]);
+    try {
+      expect(await scrape(plain)).not.toContain("nv_inference_first_response_histogram_ms");
+    } finally {
+      expect(await plain.stop()).toBe(0);
+    }
+  });
 });

@@ -127,7 +127,10 @@ export function defineStage(definition: StageDefinition): Stage {
       const start = nowNs();
       try {
         open();
+        let first = true;
         for await (const outputs of computeStream(request, options)) {
+          if (first) recorder.firstResponse(nowNs() - start);
+          first = false;
           yield { id: request.id, modelName: name, modelVersion: version, outputs: pick(request, outputs) };
         }
         succeeded(request, options, start);

@@ -127,7 +127,9 @@ export type {
 export { configInteger, configParameter, decoupledRefusal, isDecoupled } from "./stage.js";
 export {
   type ExecutionTimes,
+  type FirstResponseSample,
   nowNs,
+  observeFirstResponses,
   observeRequests,
   type RequestObserver,
   type RequestSample,

@@ -55,6 +55,24 @@ export function observeRequests(observer: RequestObserver): () => void {
   return () => observers.delete(observer);
 }
 
+/** A decoupled model's first response to one request: how long after the request it went (nanoseconds). */
+export interface FirstResponseSample {
+  model: string;
+  version: string;
+  ns: number;
+}
+
+const firstResponseObservers = new Set<(sample: FirstResponseSample) => void>();
+
+/**
+ * Hears every decoupled model's first response to each request in this process
+ * (Triton's nv_inference_first_response_histogram_ms). Returns the function that stops it.
+ */
+export function observeFirstResponses(observer: (sample: FirstResponseSample) => void): () => void {
+  firstResponseObservers.add(observer);
+  return () => firstResponseObservers.delete(observer);
+}
+
 export class StatisticsRecorder {
   private lastInference = 0;
   private inferenceCount = 0;
@@ -93,6 +111,12 @@ export class StatisticsRecorder {
       const sample = { model: this.name, version: this.version, totalNs, queueNs, times };
       for (const observer of observers) observer(sample);
     }
+  }
+
+  /** A decoupled model sent its first response to a request, `ns` after the request came. */
+  firstResponse(ns: number): void {
+    if (!this.observed) return;
+    for (const observer of firstResponseObservers) observer({ model: this.name, version: this.version, ns });
   }
 
   requestFailed(totalNs: number): void {
