@@ -25,6 +25,7 @@ import {
   nowNs,
   type Parameters,
   type RequestedOutput,
+  type RequestTrace,
   refuseSharedMemoryRegister,
   restrictionError,
   type SharedMemoryRef,
@@ -517,6 +518,29 @@ export function restHandler(ctx: RestContext) {
   }
 
   /**
+   * The request's trace when it is sampled: its receipt stamped, handed to the stage through
+   * `options`, its send end stamped and the trace ended as the answer goes.
+   */
+  function beginTrace(
+    req: IncomingMessage,
+    res: ServerResponse,
+    stage: { name: string; version: string },
+    requestId: string | undefined,
+    recvStartNs: number,
+    recvEndNs: number,
+    options: InferOptions,
+  ): RequestTrace | undefined {
+    const trace = ctx.tracing?.begin(stage.name, stage.version, requestId, (h) => headerOf(req, h));
+    if (!trace) return undefined;
+    trace.stamp("HTTP_RECV_START", recvStartNs);
+    trace.stamp("HTTP_RECV_END", recvEndNs);
+    options.trace = trace;
+    res.once("finish", () => trace.stamp("HTTP_SEND_END", nowNs()));
+    res.once("close", () => trace.end());
+    return trace;
+  }
+
+  /**
    * Triton's generate extension (see generate.ts). /generate answers once, as JSON; a decoupled
    * model must send exactly one response there. /generate_stream answers with Server-Sent Events,
    * one "data:" event per response; a failure before the first is an ordinary error answer, one
@@ -545,14 +569,7 @@ export function restHandler(ctx: RestContext) {
       if (!res.writableFinished) abort.abort(new StageError(Code.Canceled, model, "client closed the connection"));
     });
     const options: InferOptions = { signal: abort.signal };
-    const trace = ctx.tracing?.begin(stage.name, stage.version, undefined, (h) => headerOf(req, h));
-    if (trace) {
-      trace.stamp("HTTP_RECV_START", recvStartNs);
-      trace.stamp("HTTP_RECV_END", recvEndNs);
-      options.trace = trace;
-      res.once("finish", () => trace.stamp("HTTP_SEND_END", nowNs()));
-      res.once("close", () => trace.end());
-    }
+    const trace = beginTrace(req, res, stage, undefined, recvStartNs, recvEndNs, options);
     const responses: AsyncIterable<InferResponse> = stage.inferStream
       ? stage.inferStream(request, options)
       : (async function* () {
@@ -700,14 +717,7 @@ export function restHandler(ctx: RestContext) {
     // The model may have been unloaded or reloaded while the body arrived: use what is loaded now.
     const stage = resolve();
     if (!stage) return;
-    const trace = ctx.tracing?.begin(stage.name, stage.version, request.id, (h) => headerOf(req, h));
-    if (trace) {
-      trace.stamp("HTTP_RECV_START", recvStartNs);
-      trace.stamp("HTTP_RECV_END", recvEndNs);
-      options.trace = trace;
-      res.once("finish", () => trace.stamp("HTTP_SEND_END", nowNs()));
-      res.once("close", () => trace.end());
-    }
+    const trace = beginTrace(req, res, stage, request.id, recvStartNs, recvEndNs, options);
     const response = await stage.infer(request, options);
     trace?.stamp("HTTP_SEND_START");
 
