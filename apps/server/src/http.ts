@@ -12,6 +12,7 @@ import {
   type ApiCategory,
   type ApiRestrictions,
   answerLogSettings,
+  answersOf,
   answerTraceSettings,
   Code,
   forwardedHeaders,
@@ -570,11 +571,7 @@ export function restHandler(ctx: RestContext) {
     });
     const options: InferOptions = { signal: abort.signal };
     const trace = beginTrace(req, res, stage, undefined, recvStartNs, recvEndNs, options);
-    const responses: AsyncIterable<InferResponse> = stage.inferStream
-      ? stage.inferStream(request, options)
-      : (async function* () {
-          yield await stage.infer(request, options);
-        })();
+    const responses = answersOf(stage, request, options);
     if (!streaming) {
       const answers: InferResponse[] = [];
       for await (const r of responses) answers.push(r);

@@ -124,7 +124,7 @@ export type {
   StageMetadata,
   TensorMetadata,
 } from "./stage.js";
-export { configInteger, configParameter, decoupledRefusal, isDecoupled } from "./stage.js";
+export { answersOf, configInteger, configParameter, decoupledRefusal, isDecoupled } from "./stage.js";
 export {
   type ExecutionTimes,
   type FirstResponseSample,

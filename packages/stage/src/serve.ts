@@ -57,7 +57,14 @@ import {
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";
-import type { InferOptions, InferRequest, InferResponse, Parameters, Stage } from "./stage.js";
+import {
+  answersOf,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  type Parameters,
+  type Stage,
+} from "./stage.js";
 import { answerTraceSettings, type TraceControl } from "./trace.js";
 import { refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import {
@@ -170,24 +177,24 @@ export async function handleModelInfer(
 
 /**
  * One ModelStreamInfer request's answers: a decoupled model's responses as it sends them
- * (Stage.inferStream), else the one response handleModelInfer gives.
+ * (Stage.inferStream), else its one answer. Whether the model is decoupled is known before
+ * the first answer, for the stream's final-response flags.
  */
-export async function* streamModelInfer(
+function streamModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
-  context: ModelInferContext = {},
-): AsyncGenerator<ModelInferResponse> {
-  const call = prepareModelInfer(registry, msg, signal, context);
-  try {
-    if (!call.stage.inferStream) {
-      yield call.encode(await call.stage.infer(call.request, call.options));
-      return;
+  context: ModelInferContext,
+): { decoupled: boolean; responses: AsyncGenerator<ModelInferResponse> } {
+  const { stage, request, options, encode } = prepareModelInfer(registry, msg, signal, context);
+  async function* encoded() {
+    try {
+      for await (const answer of answersOf(stage, request, options)) yield encode(answer);
+    } finally {
+      if (!context.call) options.trace?.end();
     }
-    for await (const response of call.stage.inferStream(call.request, call.options)) yield call.encode(response);
-  } finally {
-    if (!context.call) call.options.trace?.end();
   }
+  return { decoupled: stage.inferStream !== undefined, responses: encoded() };
 }
 
 /** A ModelInfer request read for its stage (shared memory, forwarded headers, trace), and how its answers go back. */
@@ -373,10 +380,8 @@ export function inferenceService(
             modelVersion: msg.modelVersion,
             ...(flagged ? { parameters: finalFlag(true) } : {}),
           });
-        let decoupled = false;
         try {
-          decoupled = registry.resolve(msg.modelName, msg.modelVersion).inferStream !== undefined;
-          const responses = streamModelInfer(registry, msg, ctx.signal, {
+          const { decoupled, responses } = streamModelInfer(registry, msg, ctx.signal, {
             tracing: options.tracing,
             sharedMemory: options.sharedMemory,
             header: (name) => ctx.requestHeader.get(name) ?? undefined,

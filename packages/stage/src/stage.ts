@@ -93,6 +93,16 @@ export interface Stage {
 /** Whether `config` makes a decoupled model (model_transaction_policy { decoupled: true }). */
 export const isDecoupled = (config: ModelConfig): boolean => config.modelTransactionPolicy?.decoupled === true;
 
+/** A stage's answers to one request: a decoupled stage's responses (inferStream), else its one answer. */
+export async function* answersOf(
+  stage: Stage,
+  request: InferRequest,
+  options?: InferOptions,
+): AsyncGenerator<InferResponse> {
+  if (stage.inferStream) yield* stage.inferStream(request, options);
+  else yield await stage.infer(request, options);
+}
+
 /** What a decoupled stage's `infer` answers: its responses come over a stream, not one per call. */
 export function decoupledRefusal(model: string): StageError {
   return new StageError(
