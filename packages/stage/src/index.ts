@@ -82,6 +82,15 @@ export {
   restrictionInterceptor,
 } from "./restrictions.js";
 export {
+  createSequenceBatcher,
+  type SequenceBatcher,
+  type SequenceBatcherOptions,
+  type SequenceTensorSpec,
+  sequenceFlags,
+  sequenceTensors,
+  withSequenceBatching,
+} from "./sequence-batcher.js";
+export {
   createGrpcServer,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   type GrpcServer,

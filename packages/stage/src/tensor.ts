@@ -52,7 +52,7 @@ export interface Tensor<D extends DataType = DataType> {
   data: TensorDataMap[D];
 }
 
-type NumericType = Exclude<DataType, "BYTES">;
+export type NumericType = Exclude<DataType, "BYTES">;
 
 interface TypedArrayCtor {
   readonly BYTES_PER_ELEMENT: number;
