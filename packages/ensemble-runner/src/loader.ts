@@ -19,6 +19,7 @@ import {
   type StageFactory,
   type StageFactoryOptions,
   type StageLogger,
+  withSequenceBatching,
 } from "@trellis/stage";
 import { createEnsemble, type ResolveStep } from "./ensemble.js";
 import { type RepositoryModel, type RepositorySource, scanRepository } from "./repository.js";
@@ -164,14 +165,12 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   }
 
   const onnx = config.backend === "onnxruntime" || config.platform === "onnxruntime_onnx";
-  if (config.schedulingChoice.case === "sequenceBatching") {
-    const why =
-      "sequence_batching (a stateful model) is not implemented: a sequence's requests are neither kept on one instance nor held in order, and no state is carried between them";
-    // An ONNX model with state tensors would answer, wrongly: it is not loaded.
-    if (onnx) throw new StageError(Code.InvalidArgument, model.name, why);
-    logger?.warn(
-      { model: model.name, version },
-      `${why}; this TypeScript stage gets sequence_id, sequence_start and sequence_end as request parameters and must keep its own state`,
+  const sequence = config.schedulingChoice.case === "sequenceBatching";
+  if (sequence && isDecoupled(config)) {
+    throw new StageError(
+      Code.InvalidArgument,
+      model.name,
+      "sequence_batching with model_transaction_policy { decoupled: true } is not supported: a sequence's requests here are answered once each",
     );
   }
 
@@ -198,7 +197,13 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
         "model_transaction_policy { decoupled: true }, but the stage has no inferStream to send its responses (defineStage: give computeStream)",
       );
     }
-    return stage;
+    if (!sequence) return stage;
+    // The ONNX stage applies sequence_batching itself (ORT needs the control tensors); a TypeScript one is wrapped.
+    const instances = config.instanceGroup.reduce((n, g) => n + Math.max(1, g.count), 0) || 1;
+    return withSequenceBatching(stage, { modelDir: model.modelDir, instances }).catch(async (err: unknown) => {
+      await stage.close();
+      throw err;
+    });
   }
   if (backend === "python") {
     throw new StageError(

@@ -193,39 +193,39 @@ describe("loadStage", () => {
     expect(err.rawMessage).toContain("step 1 missing: NOT_FOUND: unknown model");
   });
 
-  it("refuses an ONNX model with sequence_batching, and loads a TypeScript one with a warning saying what it must do", async () => {
+  it("loads a TypeScript stage with sequence_batching behind the sequence batcher; refuses decoupled sequence models", async () => {
     const dir = await mkdtemp(join(tmpdir(), "trellis-sequence-"));
     try {
-      const sequence = "sequence_batching { max_sequence_idle_microseconds: 5000000 }";
-      await mkdir(join(dir, "stateful_onnx", "1"), { recursive: true });
-      await writeFile(
-        join(dir, "stateful_onnx", "config.pbtxt"),
-        unary("stateful_onnx", `platform: "onnxruntime_onnx"\n${sequence}`),
-      );
+      const sequence = `sequence_batching { max_sequence_idle_microseconds: 5000000
+        control_input [ { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] } ] }`;
       await mkdir(join(dir, "stateful_ts", "1"), { recursive: true });
       await writeFile(
         join(dir, "stateful_ts", "config.pbtxt"),
         unary("stateful_ts", `backend: "typescript"\n${sequence}`),
       );
-      await writeFile(join(dir, "stateful_ts", "1", "model.js"), userStage("v"));
+      await writeFile(join(dir, "stateful_ts", "1", "model.js"), userStage("v + 1"));
+      await mkdir(join(dir, "stateful_decoupled", "1"), { recursive: true });
+      await writeFile(
+        join(dir, "stateful_decoupled", "config.pbtxt"),
+        unary("stateful_decoupled", `backend: "typescript"\nmodel_transaction_policy { decoupled: true }\n${sequence}`),
+      );
       const { models } = await scanRepository([dir]);
       const byName = (name: string) => models.find((m) => m.name === name)!;
-      const refused = await loadStage(byName("stateful_onnx"), { version: "1" }).catch((e) => e);
-      expect(refused.code).toBe(Code.InvalidArgument);
-      expect(refused.rawMessage).toBe(
-        "stateful_onnx: sequence_batching (a stateful model) is not implemented: a sequence's requests are neither kept on one instance nor held in order, and no state is carried between them",
-      );
-      const warnings: string[] = [];
-      const logger = {
-        info: () => undefined,
-        warn: (_: object, msg?: string) => warnings.push(msg ?? ""),
-        error: () => undefined,
-      };
-      const stage = await loadStage(byName("stateful_ts"), { version: "1", logger });
-      expect(await stage.isReady()).toBe(true);
-      expect(warnings).toHaveLength(1);
-      expect(warnings[0]).toContain("this TypeScript stage gets sequence_id, sequence_start and sequence_end");
+      const stage = await loadStage(byName("stateful_ts"), { version: "1" });
+      const input = tensor("IN", "FP32", [1, 4], Float32Array.of(1, 2, 3, 4));
+      // The loader put the sequence batcher in front: a request outside a sequence is refused as Triton refuses it.
+      const outside = await stage.infer({ inputs: [input] }).catch((e) => e);
+      expect([outside.code, outside.rawMessage]).toEqual([
+        Code.InvalidArgument,
+        "stateful_ts: inference request to model 'stateful_ts' must specify a non-zero or non-empty correlation ID",
+      ]);
+      const res = await stage.infer({ inputs: [input], parameters: { sequence_id: 12, sequence_start: true } });
+      expect(Array.from(res.outputs[0]!.data as Float32Array)).toEqual([2, 3, 4, 5]);
       await stage.close();
+      const refused = await loadStage(byName("stateful_decoupled"), { version: "1" }).catch((e) => e);
+      expect(refused.rawMessage).toContain(
+        "sequence_batching with model_transaction_policy { decoupled: true } is not supported",
+      );
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

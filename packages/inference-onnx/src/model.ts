@@ -12,7 +12,16 @@ import {
   ModelInputSchema,
   ModelOutputSchema,
 } from "@trellis/protocol";
-import { Code, type DataType, datatypeFromConfig, datatypeToConfig, formatShape, StageError } from "@trellis/stage";
+import {
+  Code,
+  type DataType,
+  datatypeFromConfig,
+  datatypeToConfig,
+  formatShape,
+  type SequenceTensorSpec,
+  StageError,
+  sequenceTensors,
+} from "@trellis/stage";
 import type { ModelTensorInfo } from "./protocol.js";
 
 const ORT_TO_KSERVE: Record<string, DataType> = {
@@ -116,8 +125,29 @@ export function checkConfigAgainstModel(config: ModelConfig, model: ModelIO): vo
   };
   check("input", config.input, model.inputs);
   check("output", config.output, model.outputs);
+  // sequence_batching's control and state tensors are model tensors the config does not list as inputs.
+  const sequence = sequenceTensors(config);
+  const checkSequence = (side: Side, specs: SequenceTensorSpec[], modelList: ModelTensorInfo[]) => {
+    for (const s of specs) {
+      const m = modelList.find((x) => x.name === s.name);
+      const role = `sequence_batching ${side} ${s.name}`;
+      if (!m) {
+        throw fail(
+          `${role} is not a model ${side}; the model's ${side}s are ${modelList.map((x) => x.name).join(", ")}`,
+        );
+      }
+      const got = modelDatatype(stage, side, m);
+      if (got !== s.datatype) throw fail(`${role}: config datatype ${s.datatype}, model datatype ${got}`);
+      const shape = batching ? [-1, ...s.dims] : s.dims;
+      const fits =
+        m.shape.length === shape.length && m.shape.every((d, i) => d === -1 || shape[i] === -1 || d === shape[i]);
+      if (!fits) throw fail(`${role}: expected shape ${formatShape(shape)}, model shape ${formatShape(m.shape)}`);
+    }
+  };
+  checkSequence("input", sequence.inputs, model.inputs);
+  checkSequence("output", sequence.outputs, model.outputs);
   for (const m of model.inputs) {
-    if (!config.input.some((c) => c.name === m.name)) {
+    if (!config.input.some((c) => c.name === m.name) && !sequence.inputs.some((s) => s.name === m.name)) {
       throw fail(`model input ${m.name} (${m.type} ${formatShape(m.shape)}) is missing from the config's inputs`);
     }
   }
@@ -144,6 +174,13 @@ export function autoCompleteConfig(
   const fillInputs = out.input.length === 0;
   const fillOutputs = out.output.length === 0;
   if (!fillInputs && !fillOutputs) return out;
+  // The sequence batcher's control and state tensors are not the config's inputs and outputs.
+  const sequence = sequenceTensors(config);
+  const skip = new Set([...sequence.inputs, ...sequence.outputs].map((s) => s.name));
+  model = {
+    inputs: model.inputs.filter((t) => !skip.has(t.name)),
+    outputs: model.outputs.filter((t) => !skip.has(t.name)),
+  };
   const all = [...model.inputs, ...model.outputs];
   const canBatch = all.length > 0 && all.every((t) => t.shape.length > 0 && t.shape[0] === -1);
   if (out.maxBatchSize === 0 && canBatch && fillInputs && fillOutputs) {

@@ -7,12 +7,14 @@
 import { existsSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
-import type { ModelConfig } from "@trellis/protocol";
+import { create } from "@bufbuild/protobuf";
+import { type ModelConfig, type ModelDynamicBatching, ModelDynamicBatchingSchema } from "@trellis/protocol";
 import {
   allocate,
   bytesOf,
   Code,
   createDynamicBatcher,
+  createSequenceBatcher,
   type DataType,
   datatypeFromConfig,
   elementCount,
@@ -25,12 +27,14 @@ import {
   type RateLimiter,
   type RateLimiterSlot,
   randomData,
+  type SequenceBatcher,
   type Stage,
   StageError,
   type StageFactoryOptions,
   type StageLogger,
   type StageMetadata,
   StatisticsRecorder,
+  sequenceTensors,
   type Tensor,
   type TensorData,
   viewAs,
@@ -104,13 +108,18 @@ async function resolveModelPath(stage: string, versionDir: string, filename: str
 function requestValidator(config: ModelConfig): (request: InferRequest) => void {
   const stage = config.name;
   const batching = config.maxBatchSize > 0;
-  const specs = config.input.map((c) => ({
-    name: c.name,
-    datatype: datatypeFromConfig(c.dataType),
-    shape: [...(batching ? [-1] : []), ...c.dims.map(Number)],
-    optional: c.optional,
-  }));
-  const outputNames = config.output.map((o) => o.name);
+  // A sequence model also takes the control and state tensors its sequence batcher adds.
+  const sequence = sequenceTensors(config);
+  const specs = [
+    ...config.input.map((c) => ({
+      name: c.name,
+      datatype: datatypeFromConfig(c.dataType),
+      dims: c.dims.map(Number),
+      optional: c.optional,
+    })),
+    ...sequence.inputs.map((s) => ({ ...s, optional: false })),
+  ].map((s) => ({ ...s, shape: [...(batching ? [-1] : []), ...s.dims] }));
+  const outputNames = [...config.output.map((o) => o.name), ...sequence.outputs.map((o) => o.name)];
   const bad = (msg: string) => new StageError(Code.InvalidArgument, stage, msg);
   return (request) => {
     const seen = new Set<string>();
@@ -328,8 +337,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   const recorder = new StatisticsRecorder(name, version);
   const gate = processCpuGate();
   const gateAdmit = exclusive ? () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) : undefined;
-  const dynamicBatching =
-    config.schedulingChoice.case === "dynamicBatching" ? config.schedulingChoice.value : undefined;
+  const dynamicBatching = batchingOf(config);
   const batcher = createDynamicBatcher({
     name,
     version,
@@ -388,6 +396,24 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     );
   }
 
+  // sequence_batching: a sequence's requests reach the batcher one at a time, control and state tensors added.
+  let sequencer: SequenceBatcher | undefined;
+  if (config.schedulingChoice.case === "sequenceBatching") {
+    try {
+      sequencer = await createSequenceBatcher({
+        config,
+        modelDir: options.modelDir,
+        instances: workers.length,
+        run: (request, opts) => batcher.infer(request, opts),
+      });
+    } catch (err) {
+      await batcher.close();
+      unregister();
+      await Promise.all(workers.map((w) => w.close()));
+      throw err;
+    }
+  }
+
   let closed = false;
   log?.info(
     {
@@ -409,17 +435,33 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     modelPath,
     isReady: () => !closed && workers.every((w) => w.alive),
     metadata: () => metadata,
-    infer: (request, opts) => batcher.infer(request, opts),
-    pendingRequests: () => batcher.queued,
+    infer: (request, opts) => (sequencer ?? batcher).infer(request, opts),
+    pendingRequests: () => batcher.queued + (sequencer?.queued ?? 0),
     statistics: () => recorder.snapshot(),
     async close() {
       if (closed) return;
       closed = true;
+      sequencer?.close();
       await batcher.close();
       unregister();
       await Promise.all(workers.map((w) => w.close()));
     },
   };
+}
+
+/**
+ * The batching the dynamic batcher does: dynamic_batching's, or for a sequence model the
+ * strategy's delay and preferred sizes, so heads of different sequences batch together.
+ */
+function batchingOf(config: ModelConfig): ModelDynamicBatching | undefined {
+  const choice = config.schedulingChoice;
+  if (choice.case === "dynamicBatching") return choice.value;
+  if (choice.case !== "sequenceBatching") return undefined;
+  const strategy = choice.value.strategyChoice;
+  return create(ModelDynamicBatchingSchema, {
+    maxQueueDelayMicroseconds: strategy.value?.maxQueueDelayMicroseconds ?? 0n,
+    preferredBatchSize: strategy.case === "oldest" ? strategy.value.preferredBatchSize : [],
+  });
 }
 
 type Release = () => void;

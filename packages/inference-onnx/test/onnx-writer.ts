@@ -1,12 +1,15 @@
 /**
- * Hand-encodes tiny ONNX models (Identity graphs) so tests can exercise
- * datatypes, fixed batch dims and metadata_props without model files.
+ * Hand-encodes tiny ONNX models (Identity graphs, or a few nodes) so tests can
+ * exercise datatypes, fixed batch dims, metadata_props and stateful models
+ * without model files.
  */
 
 const ELEM: Record<string, number> = {
   float32: 1,
   uint8: 2,
   int8: 3,
+  uint32: 12,
+  uint64: 13,
   int32: 6,
   int64: 7,
   string: 8,
@@ -42,16 +45,32 @@ function valueInfo(t: ToyTensor): number[] {
   return [...str(1, t.name), ...bytes(2, bytes(1, tensorType))];
 }
 
-/** A model whose output i is Identity(input i), named `${input}_out`. */
-export function identityModel(inputs: ToyTensor[], metadata: Record<string, string> = {}): Uint8Array {
+export interface ToyNode {
+  op: string;
+  inputs: string[];
+  outputs: string[];
+}
+
+/** A model of `nodes` (opset 13, no attributes) from `inputs` to `outputs`. */
+export function graphModel(
+  nodes: ToyNode[],
+  inputs: ToyTensor[],
+  outputs: ToyTensor[],
+  metadata: Record<string, string> = {},
+): Uint8Array {
   const graph: number[] = [];
-  inputs.forEach((t, i) => {
-    const node = [...str(1, t.name), ...str(2, `${t.name}_out`), ...str(3, `id${i}`), ...str(4, "Identity")];
+  nodes.forEach((n, i) => {
+    const node = [
+      ...n.inputs.flatMap((x) => str(1, x)),
+      ...n.outputs.flatMap((x) => str(2, x)),
+      ...str(3, `n${i}`),
+      ...str(4, n.op),
+    ];
     graph.push(...bytes(1, node));
   });
   graph.push(...str(2, "toy"));
   for (const t of inputs) graph.push(...bytes(11, valueInfo(t)));
-  for (const t of inputs) graph.push(...bytes(12, valueInfo({ ...t, name: `${t.name}_out` })));
+  for (const t of outputs) graph.push(...bytes(12, valueInfo(t)));
   const model = [
     ...num(1, 8),
     ...str(2, "trellis-test"),
@@ -60,4 +79,14 @@ export function identityModel(inputs: ToyTensor[], metadata: Record<string, stri
     ...Object.entries(metadata).flatMap(([k, v]) => bytes(14, [...str(1, k), ...str(2, v)])),
   ];
   return Uint8Array.from(model);
+}
+
+/** A model whose output i is Identity(input i), named `${input}_out`. */
+export function identityModel(inputs: ToyTensor[], metadata: Record<string, string> = {}): Uint8Array {
+  return graphModel(
+    inputs.map((t) => ({ op: "Identity", inputs: [t.name], outputs: [`${t.name}_out`] })),
+    inputs,
+    inputs.map((t) => ({ ...t, name: `${t.name}_out` })),
+    metadata,
+  );
 }
