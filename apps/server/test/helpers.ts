@@ -30,7 +30,7 @@ export interface ModelSpec {
   config: string;
   versions?: string[];
   /** Extra files, path relative to the model directory -> contents. */
-  files?: Record<string, string>;
+  files?: Record<string, string | Uint8Array>;
 }
 
 export async function makeRepository(models: Record<string, ModelSpec>): Promise<string> {

@@ -173,6 +173,14 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
       "sequence_batching with model_transaction_policy { decoupled: true } is not supported: a sequence's requests here are answered once each",
     );
   }
+  if (sequence && config.responseCache?.enable) {
+    // As Triton's: only the default and dynamic batch schedulers cache; a stateful answer depends on the sequence so far.
+    throw new StageError(
+      Code.InvalidArgument,
+      model.name,
+      "response_cache is not supported with sequence_batching: a stateful model's answer depends on the sequence so far, not on the request alone",
+    );
+  }
 
   const factoryOptions: StageFactoryOptions = { config, modelDir: model.modelDir, version, versionDir };
   if (logger) factoryOptions.logger = logger;

@@ -193,7 +193,7 @@ describe("loadStage", () => {
     expect(err.rawMessage).toContain("step 1 missing: NOT_FOUND: unknown model");
   });
 
-  it("loads a TypeScript stage with sequence_batching behind the sequence batcher; refuses decoupled sequence models", async () => {
+  it("loads a TypeScript stage with sequence_batching behind the sequence batcher; refuses decoupled and cached sequence models", async () => {
     const dir = await mkdtemp(join(tmpdir(), "trellis-sequence-"));
     try {
       const sequence = `sequence_batching { max_sequence_idle_microseconds: 5000000
@@ -208,6 +208,11 @@ describe("loadStage", () => {
       await writeFile(
         join(dir, "stateful_decoupled", "config.pbtxt"),
         unary("stateful_decoupled", `backend: "typescript"\nmodel_transaction_policy { decoupled: true }\n${sequence}`),
+      );
+      await mkdir(join(dir, "stateful_cached", "1"), { recursive: true });
+      await writeFile(
+        join(dir, "stateful_cached", "config.pbtxt"),
+        unary("stateful_cached", `backend: "typescript"\nresponse_cache { enable: true }\n${sequence}`),
       );
       const { models } = await scanRepository([dir]);
       const byName = (name: string) => models.find((m) => m.name === name)!;
@@ -226,6 +231,8 @@ describe("loadStage", () => {
       expect(refused.rawMessage).toContain(
         "sequence_batching with model_transaction_policy { decoupled: true } is not supported",
       );
+      const cached = await loadStage(byName("stateful_cached"), { version: "1" }).catch((e) => e);
+      expect(cached.rawMessage).toContain("response_cache is not supported with sequence_batching");
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

@@ -18,7 +18,7 @@ import {
   type StageLogger,
   tensor,
 } from "@trellis/stage";
-import { MOBILENET_PATH, rejectionOf } from "@trellis/testing";
+import { identityModel, MOBILENET_PATH, rejectionOf } from "@trellis/testing";
 import { synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -33,7 +33,6 @@ import {
   SYNTHETIC_METADATA_KEY,
   sessionOptions,
 } from "../dist/index.js";
-import { identityModel } from "./onnx-writer.js";
 
 const IMAGE = 3 * 224 * 224;
 const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-test-"));

@@ -1,17 +1,16 @@
 /**
- * A stateful ONNX model under sequence_batching: the accumulator Triton's
- * implicit-state docs describe (OUTPUT = INPUT + INPUT_STATE), with START and
- * CORRID echoed back so the control tensors ORT received can be checked.
+ * A stateful ONNX model under sequence_batching: @trellis/testing's
+ * accumulator (OUTPUT = INPUT + STATE_IN, Triton's implicit-state example),
+ * which echoes START and CORRID so the control tensors ORT got can be checked.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseModelConfig } from "@trellis/protocol";
 import { type InferResponse, type Parameters, StageError, tensor } from "@trellis/stage";
-import { rejectionOf } from "@trellis/testing";
+import { ACCUMULATOR_CONFIG, accumulatorModel, rejectionOf } from "@trellis/testing";
 import { afterAll, describe, expect, it } from "vitest";
 import { createOnnxStage, type OnnxStage } from "../dist/index.js";
-import { graphModel } from "./onnx-writer.js";
 
 const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-sequence-"));
 const stages: OnnxStage[] = [];
@@ -20,43 +19,12 @@ afterAll(async () => {
   rmSync(repo, { recursive: true, force: true });
 });
 
-const accumulator = graphModel(
-  [
-    { op: "Add", inputs: ["INPUT", "STATE_IN"], outputs: ["OUTPUT"] },
-    { op: "Identity", inputs: ["OUTPUT"], outputs: ["STATE_OUT"] },
-    { op: "Identity", inputs: ["START"], outputs: ["START_SEEN"] },
-    { op: "Identity", inputs: ["CORRID"], outputs: ["CORRID_SEEN"] },
-  ],
-  [
-    { name: "INPUT", type: "float32", shape: ["N", 1] },
-    { name: "STATE_IN", type: "float32", shape: ["N", 1] },
-    { name: "START", type: "float32", shape: ["N", 1] },
-    { name: "CORRID", type: "uint64", shape: ["N", 1] },
-  ],
-  [
-    { name: "OUTPUT", type: "float32", shape: ["N", 1] },
-    { name: "STATE_OUT", type: "float32", shape: ["N", 1] },
-    { name: "START_SEEN", type: "float32", shape: ["N", 1] },
-    { name: "CORRID_SEEN", type: "uint64", shape: ["N", 1] },
-  ],
+const accumulator = accumulatorModel();
+const SEQUENCE = ACCUMULATOR_CONFIG.slice(ACCUMULATOR_CONFIG.indexOf("sequence_batching"));
+const IO = ACCUMULATOR_CONFIG.slice(
+  ACCUMULATOR_CONFIG.indexOf("input"),
+  ACCUMULATOR_CONFIG.indexOf("sequence_batching"),
 );
-
-const SEQUENCE = `sequence_batching {
-  oldest { max_candidate_sequences: 8 }
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
-    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
-  ]
-  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 1 ]
-    initial_state { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "zero" } } ]
-}`;
-
-const IO = `input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [
-  { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] },
-  { name: "START_SEEN" data_type: TYPE_FP32 dims: [ 1 ] },
-  { name: "CORRID_SEEN" data_type: TYPE_UINT64 dims: [ 1 ] }
-]`;
 
 async function load(name: string, config: string, extra: object = {}): Promise<OnnxStage> {
   const dir = join(repo, name);

@@ -341,7 +341,8 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
       }
       seq.state.set(s.input, { ...out, name: s.input });
     }
-    const asked = w.request.outputs?.map((o) => o.name);
+    // No outputs named (absent or empty, as protobuf gives it) means every config output.
+    const asked = w.request.outputs?.length ? w.request.outputs.map((o) => o.name) : undefined;
     const keep = (name: string) =>
       asked ? asked.includes(name) : !stateOutputs.has(name) || configOutputs.includes(name);
     return { ...response, outputs: response.outputs.filter((t) => keep(t.name)) };

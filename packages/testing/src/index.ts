@@ -10,6 +10,14 @@ export {
   grpcJsInferenceClient,
 } from "./grpc-js.js";
 export {
+  ACCUMULATOR_CONFIG,
+  accumulatorModel,
+  graphModel,
+  identityModel,
+  type ToyNode,
+  type ToyTensor,
+} from "./onnx-writer.js";
+export {
   fixtureImagesDir,
   fixturePhotos,
   LABELS_PATH,

@@ -90,3 +90,42 @@ export function identityModel(inputs: ToyTensor[], metadata: Record<string, stri
     metadata,
   );
 }
+
+/**
+ * A stateful model for sequence_batching (the accumulator of Triton's implicit-state docs):
+ * OUTPUT = INPUT + STATE_IN = STATE_OUT, with the START and CORRID control tensors echoed
+ * as START_SEEN and CORRID_SEEN; all [N, 1], FP32 but CORRID (UINT64).
+ */
+export function accumulatorModel(): Uint8Array {
+  const t = (name: string, type: ToyTensor["type"] = "float32"): ToyTensor => ({ name, type, shape: ["N", 1] });
+  return graphModel(
+    [
+      { op: "Add", inputs: ["INPUT", "STATE_IN"], outputs: ["OUTPUT"] },
+      { op: "Identity", inputs: ["OUTPUT"], outputs: ["STATE_OUT"] },
+      { op: "Identity", inputs: ["START"], outputs: ["START_SEEN"] },
+      { op: "Identity", inputs: ["CORRID"], outputs: ["CORRID_SEEN"] },
+    ],
+    [t("INPUT"), t("STATE_IN"), t("START"), t("CORRID", "uint64")],
+    [t("OUTPUT"), t("STATE_OUT"), t("START_SEEN"), t("CORRID_SEEN", "uint64")],
+  );
+}
+
+/** accumulatorModel's config.pbtxt: sequence_batching with START, CORRID and the state from zero (the name is left out). */
+export const ACCUMULATOR_CONFIG = `backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "START_SEEN" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "CORRID_SEEN" data_type: TYPE_UINT64 dims: [ 1 ] }
+]
+sequence_batching {
+  oldest { max_candidate_sequences: 8 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 1 ]
+    initial_state { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "zero" } } ]
+}
+`;
