@@ -21,6 +21,7 @@ import {
   type PerfResult,
   type RequestDistribution,
   requestRateRange,
+  sequenceIdRange,
 } from "./perf.js";
 
 const positive = (v: string) => {
@@ -110,6 +111,16 @@ program
       .default("constant"),
   )
   .option("--streaming", "send each caller's requests on a gRPC ModelStreamInfer stream of its own (gRPC only)")
+  .option(
+    "--sequence-length <n>",
+    "a stateful model (sequence_batching): each caller sends sequences of n requests, flagged start and end",
+    positive,
+  )
+  .addOption(
+    new Option("--sequence-id-range <start:end>", "correlation IDs for the sequences, given out in turn")
+      .argParser(asOption(sequenceIdRange))
+      .default([1, 2 ** 32 - 1], "1:4294967295"),
+  )
   .option("-f, --latency-report-file <path>", "also write the results as CSV, one row per concurrency")
   .action(
     async (opts: {
@@ -122,6 +133,8 @@ program
       latencyReportFile?: string;
       requestRateRange?: number[];
       requestDistribution: RequestDistribution;
+      sequenceLength?: number;
+      sequenceIdRange: number[];
     }) => {
       const common = program.opts<Common>();
       if (opts.streaming && common.protocol !== "grpc") {
@@ -134,6 +147,13 @@ program
       if (opts.requestRateRange && opts.streaming) {
         throw new RangeError("--streaming sends one request at a time per stream: use it with --concurrency-range");
       }
+      if (opts.requestRateRange && opts.sequenceLength) {
+        throw new RangeError(
+          "--sequence-length: each caller drives its sequences in turn: use it with --concurrency-range",
+        );
+      }
+      const [firstId, lastId] = opts.sequenceIdRange as [number, number];
+      const sequences = opts.sequenceLength ? { length: opts.sequenceLength, firstId, lastId } : undefined;
       const endpoint = endpointOf(common);
       const model = common.modelName;
       try {
@@ -149,7 +169,7 @@ program
         );
         console.log(`  Input: ${opts.inputData ? `${opts.inputData.length} images` : "random data"}`);
         console.log(
-          `  Requests: ${opts.streaming ? "a gRPC stream per caller (ModelStreamInfer)" : "unary calls"}${opts.requestRateRange ? `, sent at a fixed rate (${opts.requestDistribution})` : ""}\n`,
+          `  Requests: ${opts.streaming ? "a gRPC stream per caller (ModelStreamInfer)" : "unary calls"}${opts.requestRateRange ? `, sent at a fixed rate (${opts.requestDistribution})` : ""}${sequences ? `, in sequences of ${sequences.length} (IDs ${firstId}:${lastId})` : ""}\n`,
         );
         const results: PerfResult[] = [];
         const bar = process.stderr.isTTY
@@ -177,6 +197,7 @@ program
                 warmupMs: opts.warmupInterval,
                 onProgress,
                 streaming: opts.streaming,
+                ...(sequences ? { sequences } : {}),
               });
           bar?.stop();
           results.push(r);

@@ -24,6 +24,45 @@ export interface PerfOptions {
   onProgress?: (fraction: number) => void;
   /** Each caller sends its requests on a ModelStreamInfer stream of its own (perf_analyzer's --streaming; gRPC only). */
   streaming?: boolean;
+  /** A stateful model: each caller sends sequences (perf_analyzer's --sequence-length and --sequence-id-range). */
+  sequences?: SequenceOptions;
+}
+
+export interface SequenceOptions {
+  /** Requests per sequence: the first says sequence_start, the last sequence_end. */
+  length: number;
+  /** Correlation IDs given out in turn from `firstId`, back to it after `lastId`. */
+  firstId: number;
+  lastId: number;
+}
+
+/**
+ * Sequence flags for one caller's requests: a new ID (the callers share the range) at each
+ * sequence's start. `open` says whether the caller is inside a sequence, which it finishes
+ * after the window (uncounted) so no sequence is left holding a slot on the server.
+ */
+function sequenceStepper(options: SequenceOptions, ids: { next: number }) {
+  let id = 0;
+  let position = 0;
+  return {
+    get open() {
+      return position > 0;
+    },
+    next(request: InferRequest): InferRequest {
+      if (position === 0) {
+        id = ids.next;
+        ids.next = ids.next >= options.lastId ? options.firstId : ids.next + 1;
+      }
+      const parameters = {
+        ...request.parameters,
+        sequence_id: id,
+        sequence_start: position === 0,
+        sequence_end: position === options.length - 1,
+      };
+      position = (position + 1) % options.length;
+      return { ...request, parameters };
+    },
+  };
 }
 
 /** One model's account of the window: counts, and average microseconds per request. */
@@ -103,11 +142,15 @@ export async function measure(endpoint: Endpoint, options: PerfOptions): Promise
   if (options.streaming && !endpoint.openStream) {
     throw new RangeError("streaming needs gRPC (ModelStreamInfer), as perf_analyzer's --streaming");
   }
+  const ids = { next: options.sequences?.firstId ?? 0 };
   const worker = async () => {
     const stream = options.streaming ? endpoint.openStream?.(model) : undefined;
+    const sequence = options.sequences ? sequenceStepper(options.sequences, ids) : undefined;
     try {
-      while (failure === undefined && performance.now() < stopAt) {
-        const request = requests[next++ % requests.length]!;
+      // After the window, a caller inside a sequence sends the rest of it, uncounted.
+      while (failure === undefined && (performance.now() < stopAt || sequence?.open)) {
+        const picked = requests[next++ % requests.length]!;
+        const request = sequence ? sequence.next(picked) : picked;
         const start = performance.now();
         try {
           await (stream ? stream.infer(request) : endpoint.infer(model, request));
@@ -145,7 +188,7 @@ export async function measure(endpoint: Endpoint, options: PerfOptions): Promise
 /** The request schedule of perf_analyzer's request-rate mode: even gaps, or a Poisson process's. */
 export type RequestDistribution = "constant" | "poisson";
 
-export interface RatePerfOptions extends Omit<PerfOptions, "concurrency" | "streaming"> {
+export interface RatePerfOptions extends Omit<PerfOptions, "concurrency" | "streaming" | "sequences"> {
   /** Requests sent per second, whatever the answers take (an open loop). */
   rate: number;
   distribution?: RequestDistribution;
@@ -329,4 +372,15 @@ export function concurrencyRange(v: string): number[] {
   const out: number[] = [];
   for (let c = a; c <= b; c += s) out.push(c);
   return out;
+}
+
+/** perf_analyzer's --sequence-id-range <start>[:<end>]: whole numbers ≥ 1, end ≥ start (end defaults to 2^32 - 1). */
+export function sequenceIdRange(v: string): number[] {
+  const parts = v.split(":");
+  const [start, end = String(2 ** 32 - 1)] = parts;
+  const [a, b] = [start, end].map(Number) as [number, number];
+  if (parts.length > 2 || ![a, b].every((n) => Number.isSafeInteger(n) && n >= 1) || b < a) {
+    throw new RangeError("<start>[:<end>], whole numbers ≥ 1, end ≥ start");
+  }
+  return [a, b];
 }

@@ -77,9 +77,47 @@ export const createStage = ({ config, version }) => defineStage({ config, versio
   );
 }
 
+/**
+ * A stateful model (sequence_batching, two slots): it counts a sequence's requests in its
+ * implicit state and fails a sequence that ends after other than four, so a perf run that
+ * gets its flags or order wrong fails.
+ */
+async function addCounter(repository: string): Promise<void> {
+  await mkdir(join(repository, "counter", "1"), { recursive: true });
+  await writeFile(
+    join(repository, "counter", "config.pbtxt"),
+    `name: "counter"
+backend: "typescript"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [ { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] } ]
+  state [ { input_name: "COUNT_IN" output_name: "COUNT_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+    initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ]
+}
+`,
+  );
+  await writeFile(
+    join(repository, "counter", "1", "model.js"),
+    `import { defineStage } from "${import.meta.resolve("@trellis/stage")}";
+export const createStage = ({ config, version }) => defineStage({ config, version, compute(request) {
+  const get = (name) => request.inputs.find((t) => t.name === name);
+  const count = get("COUNT_IN").data[0] + 1;
+  if (get("END").data[0] === 1 && count !== 4) throw new Error("a sequence ended after " + count + " requests");
+  const out = (name) => ({ name, datatype: "INT32", shape: [1], data: Int32Array.of(count) });
+  return [out("OUTPUT"), out("COUNT_OUT")];
+} });
+`,
+  );
+}
+
 beforeAll(async () => {
   repo = await makeSeedRepository();
   await addCountdown(repo);
+  await addCounter(repo);
   server = await startServerProcess(["--model-repository", repo]);
 });
 afterAll(async () => {
@@ -297,6 +335,26 @@ describe("perf", () => {
     } finally {
       endpoint.close();
     }
+  });
+
+  it("drives a stateful model in sequences (--sequence-length), finishing each after the window", async () => {
+    const perf = (extra: string[]) =>
+      client(["-u", url("grpc"), "-m", "counter", "perf", "-p", "600", "--warmup-interval", "100", ...extra]);
+    const refused = await perf([]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain("must specify a non-zero or non-empty correlation ID");
+    // Two callers, two slots: a sequence left open after the window would hold a slot for the
+    // model's 60 s idle limit and the second run's sequences would wait in the backlog.
+    for (const ids of ["1:1000", "5000"]) {
+      const out = await perf(["--sequence-length", "4", "--concurrency-range", "2", "--sequence-id-range", ids]);
+      expect(out.code, out.stderr).toBe(0);
+      expect(out.stdout).toContain(`in sequences of 4 (IDs ${ids.includes(":") ? ids : `${ids}:4294967295`})`);
+      expect(Number(/Request count: (\d+)/.exec(out.stdout)?.[1])).toBeGreaterThan(0);
+    }
+    const stats = (await connectEndpoint(url("grpc"), "grpc").statistics("counter"))[0]!;
+    // Every sequence was sent whole: the server's count of requests is a multiple of four.
+    expect(Number(stats.inferenceStats?.success?.count) % 4).toBe(0);
+    expect(Number(stats.inferenceStats?.fail?.count ?? 0n)).toBe(0);
   });
 
   it("from the command line over gRPC streams (--streaming), with a CSV latency report (-f)", async () => {

@@ -267,6 +267,10 @@ describe("sequence batcher", () => {
   it("refuses control inputs and states the config gets wrong, naming them", async () => {
     const attempts: [string, string][] = [
       [
+        "iterative_sequence: true",
+        "iterative_sequence is not supported: each request of a sequence is sent by the client",
+      ],
+      [
         `control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 1 ] } ] } ]`,
         "control_input S: CONTROL_SEQUENCE_START needs one of int32_false_true, fp32_false_true or bool_false_true, with two values [false, true]",
       ],

@@ -92,6 +92,9 @@ function readLayout(config: ModelConfig): SequenceLayout | undefined {
   if (!sb) return undefined;
   const model = config.name;
   const bad = (msg: string) => new StageError(Code.InvalidArgument, model, `sequence_batching: ${msg}`);
+  if (sb.iterativeSequence) {
+    throw bad("iterative_sequence is not supported: each request of a sequence is sent by the client");
+  }
   const controls: BooleanControl[] = [];
   let corrid: CorridControl | undefined;
   const seen = new Set<string>();
