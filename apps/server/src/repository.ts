@@ -13,6 +13,7 @@ import type { LoadStageOptions, RepositoryModel, RepositoryScan, RepositorySourc
 import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
 import {
   Code,
+  createModelCaller,
   type ModelIndexEntry,
   type ModelLoadOptions,
   type ModelRegistry,
@@ -136,6 +137,8 @@ export class RepositoryManager implements ModelRegistry {
   private pollTimer?: NodeJS.Timeout;
   /** Remote ensemble steps by "name@version", shared by every ensemble (and reload) that uses them. */
   private readonly remoteSteps = new Map<string, Promise<Stage>>();
+  /** What stage factories get as `models`: a TypeScript stage's calls to other models (Triton's BLS) resolve here. */
+  private readonly modelCaller = createModelCaller((name, version) => this.resolve(name, version));
   /** Bounds the model loads under way (--model-load-thread-count). */
   private readonly loadSlots: LimitFunction;
   /** The repositories scanned: the command line's, then those registered at run time. */
@@ -564,6 +567,7 @@ export class RepositoryManager implements ModelRegistry {
         strictModelConfig: this.opts.strictModelConfig,
         ...(this.opts.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize } : {}),
         ...(this.opts.rateLimiter ? { rateLimiter: this.opts.rateLimiter } : {}),
+        models: this.modelCaller,
         logger: this.opts.logger,
       });
       try {

@@ -13,6 +13,7 @@ import {
   type GrpcTlsOptions,
   grpcTransport,
   isDecoupled,
+  type ModelCaller,
   type RateLimiter,
   type Stage,
   StageError,
@@ -41,6 +42,8 @@ export interface LoadStageOptions {
   defaultMaxBatchSize?: number;
   /** The server's rate limiter (--rate-limit execution_count), handed to each stage factory. */
   rateLimiter?: RateLimiter;
+  /** The server's models, handed to each stage factory: a TypeScript stage may call them (Triton's BLS). */
+  models?: ModelCaller;
   logger?: StageLogger;
 }
 
@@ -185,6 +188,7 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   const factoryOptions: StageFactoryOptions = { config, modelDir: model.modelDir, version, versionDir };
   if (logger) factoryOptions.logger = logger;
   if (options.rateLimiter) factoryOptions.rateLimiter = options.rateLimiter;
+  if (options.models) factoryOptions.models = options.models;
   const backend = config.backend;
   if (onnx) {
     const mod = await importModule(ONNX_PACKAGE, model.name);

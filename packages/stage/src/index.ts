@@ -50,6 +50,7 @@ export {
   type LogSettingsControl,
   type LogSettingValue,
 } from "./log-settings.js";
+export { createModelCaller, type ModelCaller, type ModelCallOptions } from "./model-caller.js";
 export {
   type RateLimitedInstance,
   RateLimiter,

@@ -4,6 +4,7 @@
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
+import type { ModelCaller } from "./model-caller.js";
 import type { RateLimiter } from "./rate-limiter.js";
 import type { DataType, Tensor } from "./tensor.js";
 import type { RequestTrace } from "./trace.js";
@@ -130,6 +131,8 @@ export interface StageFactoryOptions {
   logger?: StageLogger;
   /** The server's rate limiter (--rate-limit execution_count): a stage with instances admits their runs through it. */
   rateLimiter?: RateLimiter;
+  /** The server's models, for a stage that calls others as it runs (Triton's business logic scripting). */
+  models?: ModelCaller;
 }
 
 export interface StageLogger {
