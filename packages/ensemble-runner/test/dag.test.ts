@@ -10,6 +10,7 @@ import {
   StageError,
   type Tensor,
   tensor,
+  withSequenceBatching,
 } from "@trellis/stage";
 import { describe, expect, it, vi } from "vitest";
 import { createEnsemble, EnsembleStepError } from "../src/index.js";
@@ -258,6 +259,58 @@ describe("DAG execution", () => {
     const downStats = ensemble.stepStatistics()[0]!.statistics;
     expect(downStats.inferenceStats?.success?.count).toBe(6n);
     expect(downStats.inferenceStats!.queue!.ns).toBeGreaterThan(0n);
+  });
+
+  it("hands the request's sequence parameters to its steps, so a stateful step keeps each sequence's state", async () => {
+    const accConfig = cfg(`
+      name: "acc"
+      backend: "typescript"
+      max_batch_size: 8
+      input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+      output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+      sequence_batching {
+        state [ { input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_FP32 dims: [ 4 ]
+          initial_state { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true name: "zero" } } ]
+      }`);
+    const acc = await withSequenceBatching(
+      fnStage(accConfig, ({ IN, SUM_IN }) => {
+        const sum = mapF32(IN!, "OUT", (v) => v);
+        (sum.data as Float32Array).forEach((v, i, a) => {
+          a[i] = v + (SUM_IN!.data as Float32Array)[i]!;
+        });
+        return [sum, { ...sum, name: "SUM_OUT" }];
+      }),
+    );
+    const stages: Record<string, Stage> = {
+      inc: fnStage(unaryConfig("inc"), ({ IN }) => [mapF32(IN!, "OUT", (v) => v + 1)]),
+      acc,
+    };
+    const ensemble = await createEnsemble({
+      config: cfg(`
+        name: "running_total"
+        platform: "ensemble"
+        max_batch_size: 8
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        ensemble_scheduling { step [
+          { model_name: "inc" model_version: -1 input_map { key: "IN" value: "X" } output_map { key: "OUT" value: "x1" } },
+          { model_name: "acc" model_version: -1 input_map { key: "IN" value: "x1" } output_map { key: "OUT" value: "Y" } }
+        ] }`),
+      resolveStep: (model: string) => stages[model]!,
+    });
+    const send = (parameters: Record<string, number | boolean>) =>
+      ensemble.infer({ inputs: [x([[0, 1, 2, 3]])], parameters });
+    expect(values((await send({ sequence_id: 9, sequence_start: true })).outputs[0])).toEqual([1, 2, 3, 4]);
+    expect(values((await send({ sequence_id: 9 })).outputs[0])).toEqual([2, 4, 6, 8]);
+    expect(values((await send({ sequence_id: 9, sequence_end: true })).outputs[0])).toEqual([3, 6, 9, 12]);
+    const outside = await send({}).catch((e: unknown) => e);
+    expect(outside).toBeInstanceOf(EnsembleStepError);
+    expect((outside as EnsembleStepError).code).toBe(Code.InvalidArgument);
+    expect((outside as EnsembleStepError).rawMessage).toContain(
+      "inference request to model 'acc' must specify a non-zero or non-empty correlation ID",
+    );
+    await ensemble.close();
+    await acc.close();
   });
 
   it("keeps Triton statistics for the ensemble and per step", async () => {
