@@ -12,6 +12,7 @@ import { dirname, isAbsolute, join, resolve, sep } from "node:path";
 import type { LoadStageOptions, RepositoryModel, RepositoryScan, RepositorySource } from "@trellis/ensemble-runner";
 import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
 import {
+  answersOf,
   Code,
   createModelCaller,
   type ModelIndexEntry,
@@ -666,6 +667,10 @@ export class RepositoryManager implements ModelRegistry {
       },
       metadata: () => this.resolve(name, v).metadata(),
       infer: (request, options) => this.resolve(name, v).infer(request, options),
+      // A decoupled step streams its responses (the ensemble is then decoupled too).
+      ...(current.inferStream
+        ? { inferStream: (request, options) => answersOf(this.resolve(name, v), request, options) }
+        : {}),
       statistics: () => this.resolve(name, v).statistics(),
       // The step is the manager's to close, not the ensemble's.
       close: async () => {},

@@ -2,11 +2,19 @@
  * The ensemble as a Stage: each request walks the validated DAG, starting a
  * step the moment its last input exists, so independent steps overlap.
  */
+
+import { clone, create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
-import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import {
+  type ModelConfig,
+  ModelConfigSchema,
+  type ModelStatistics,
+  ModelTransactionPolicySchema,
+} from "@trellis/protocol";
 import {
   Code,
   codeName,
+  decoupledRefusal,
   formatShape,
   type InferOptions,
   type InferRequest,
@@ -117,18 +125,35 @@ export async function createEnsemble(options: CreateEnsembleOptions): Promise<En
       const reason = (settled[failed] as PromiseRejectedResult).reason;
       throw stepError(name, { index: failed, model: spec.step[failed]!.modelName } as StepPlan, reason);
     }
-    const decoupledStep = stages.findIndex((s) => isDecoupled(s.config) || s.inferStream !== undefined);
-    if (decoupledStep >= 0) {
-      const step = spec.step[decoupledStep]!;
+    // A decoupled step (any number of responses per request) makes the ensemble decoupled, as in Triton.
+    const decoupledSteps = stages.flatMap((s, i) => (isDecoupled(s.config) || s.inferStream !== undefined ? [i] : []));
+    if (decoupledSteps.length > 1) {
+      const which = decoupledSteps.map((i) => `step ${i} (${spec.step[i]!.modelName})`).join(", ");
       throw new StageError(
         Code.InvalidArgument,
         name,
-        `step ${decoupledStep} (${step.modelName}) is a decoupled model: ensembles here run steps that answer each request once`,
+        `at most one step may be a decoupled model; ${which} are decoupled`,
+      );
+    }
+    const decoupledStep = decoupledSteps[0] ?? -1;
+    if ((decoupledStep >= 0 || isDecoupled(config)) && config.responseCache?.enable) {
+      throw new StageError(
+        Code.InvalidArgument,
+        name,
+        "the response cache does not support decoupled models (this ensemble is decoupled: it streams its answers)",
       );
     }
     const metas = await Promise.all(stages.map((s) => s.metadata()));
     const plan = planEnsemble(config, stages, metas);
-    return buildEnsemble(config, version, plan, spec.maxInflightRequests, options.ownsSteps ?? false, logger);
+    return buildEnsemble(
+      config,
+      version,
+      plan,
+      spec.maxInflightRequests,
+      options.ownsSteps ?? false,
+      logger,
+      decoupledStep,
+    );
   } catch (err) {
     if (options.ownsSteps) await Promise.allSettled([...new Set(stages)].map((s) => s.close()));
     throw err;
@@ -136,14 +161,32 @@ export async function createEnsemble(options: CreateEnsembleOptions): Promise<En
 }
 
 function buildEnsemble(
-  config: ModelConfig,
+  given: ModelConfig,
   version: string,
   plan: EnsemblePlan,
   maxInflight: number,
   ownsSteps: boolean,
   logger: StageLogger | undefined,
+  decoupledStep: number,
 ): EnsembleStage {
-  const name = config.name;
+  const name = given.name;
+  // Triton marks an ensemble with a decoupled step decoupled itself (its config says so).
+  const decoupled = decoupledStep >= 0 || isDecoupled(given);
+  const config = decoupled ? clone(ModelConfigSchema, given) : given;
+  if (decoupled) config.modelTransactionPolicy = create(ModelTransactionPolicySchema, { decoupled: true });
+  // Steps that read (directly or not) the decoupled step's outputs run once per response it sends.
+  const downstream = new Set<number>();
+  const visit = (i: number) => {
+    for (const d of plan.steps[i]!.dependents) {
+      if (!downstream.has(d)) {
+        downstream.add(d);
+        visit(d);
+      }
+    }
+  };
+  if (decoupledStep >= 0) visit(decoupledStep);
+  const allSteps = new Set(plan.steps.map((s) => s.index));
+  const beforeDecoupled = new Set([...allSteps].filter((i) => i !== decoupledStep && !downstream.has(i)));
   const metadata: StageMetadata = metadataFromConfig(config, [version]);
   const recorder = new StatisticsRecorder(name, version);
   const steps: StepRuntime[] = plan.steps.map((p) => ({
@@ -225,10 +268,13 @@ function buildEnsemble(
     fail: (err: StageError) => void,
     options: InferOptions | undefined,
     totals: { queueNs: number; computeNs: number },
+    members: Set<number> = allSteps,
   ): Promise<void> {
+    if (members.size === 0) return;
     await new Promise<void>((resolve, reject) => {
-      const missing = plan.steps.map((s) => s.dependsOn.length);
-      let remaining = plan.steps.length;
+      // Steps outside `members` have run already: their tensors are in `tensors`.
+      const missing = plan.steps.map((s) => s.dependsOn.filter((d) => members.has(d)).length);
+      let remaining = members.size;
       let failed = false;
       const stop = (err: StageError) => {
         if (failed) return;
@@ -302,6 +348,7 @@ function buildEnsemble(
               if (remaining === 0) finish();
               const ready: StepRuntime[] = [];
               for (const d of step.dependents) {
+                if (!members.has(d)) continue;
                 missing[d]! -= 1;
                 if (missing[d] === 0) ready.push(steps[d]!);
               }
@@ -319,8 +366,108 @@ function buildEnsemble(
         return admitted;
       };
 
-      for (const rt of steps) if (rt.plan.dependsOn.length === 0) void launch(rt);
+      for (const rt of steps) if (members.has(rt.plan.index) && missing[rt.plan.index] === 0) void launch(rt);
     });
+  }
+
+  /**
+   * A decoupled ensemble's responses: the steps before the decoupled one run once; then, for
+   * each response the decoupled step sends, the steps after it run on that response's tensors
+   * and the ensemble sends a response of its own (every output it asks for: those computed
+   * before the decoupled step again with each). One response at a time, in order; an ensemble
+   * configured decoupled without a decoupled step sends its one answer.
+   */
+  async function* inferStream(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
+    const begin = nowNs();
+    const outer = options?.signal;
+    const controller = new AbortController();
+    const onOuterAbort = () => controller.abort(outer?.reason);
+    const signal = controller.signal;
+    const fail = (err: StageError) => controller.abort(err);
+    const totals = { queueNs: 0, computeNs: 0 };
+    let held: StepRuntime | undefined;
+    try {
+      if (closed) throw new StageError(Code.Unavailable, name, "ensemble is closed");
+      if (outer?.aborted) throw abortError(name, outer.reason);
+      outer?.addEventListener("abort", onOuterAbort, { once: true });
+      const batch = checkInputs(request);
+      const { wanted, perStep } = requestedOutputs(request);
+      const tensors = new Map<string, Tensor>();
+      for (const t of request.inputs) tensors.set(t.name, t);
+      const inputNs = nowNs() - begin;
+      const answer = (from: Map<string, Tensor>): InferResponse => ({
+        id: request.id,
+        modelName: name,
+        modelVersion: version,
+        outputs: wanted.map((o) => renamed(from.get(o)!, o)),
+      });
+      await run(request, tensors, perStep, batch, signal, fail, options, totals, beforeDecoupled);
+      if (decoupledStep < 0) {
+        recorder.firstResponse(nowNs() - begin);
+        yield answer(tensors);
+      } else {
+        const rt = steps[decoupledStep]!;
+        const step = rt.plan;
+        const queued = nowNs();
+        await rt.limiter.acquire(signal);
+        held = rt;
+        const started = nowNs();
+        const inputs: Tensor[] = [];
+        for (const { name: input, tensor } of step.inputs) {
+          const t = tensors.get(tensor);
+          if (t) inputs.push(renamed(t, input));
+        }
+        const responses = step.stage.inferStream!(
+          { id: request.id, inputs, outputs: perStep[step.index], parameters: request.parameters },
+          {
+            signal,
+            priority: options?.priority,
+            timeoutMicroseconds: options?.timeoutMicroseconds,
+            trace: options?.trace?.child(step.model, step.stage.version),
+          },
+        );
+        let first = true;
+        try {
+          for await (const response of responses) {
+            const each = new Map(tensors);
+            for (const o of step.outputs) {
+              const t = response.outputs.find((x) => x.name === o.name);
+              if (!t) throw new StageError(Code.Internal, "", `returned no output "${o.name}"`);
+              each.set(o.tensor, t);
+            }
+            await run(request, each, perStep, batch, signal, fail, options, totals, downstream);
+            if (first) recorder.firstResponse(nowNs() - begin);
+            first = false;
+            yield answer(each);
+          }
+        } catch (err) {
+          rt.stats.requestFailed(nowNs() - queued);
+          // A later step's failure is already named; the decoupled step's own is named here.
+          if (err instanceof EnsembleStepError) throw err;
+          if (signal.aborted) throw abortError(name, signal.reason);
+          throw stepError(name, step, err);
+        }
+        const done = nowNs();
+        const times = { computeInputNs: 0, computeInferNs: done - started, computeOutputNs: 0 };
+        rt.stats.requestSucceeded(done - queued, batch, started - queued, times);
+        rt.stats.executed(batch, times);
+        totals.queueNs += started - queued;
+        totals.computeNs += done - started;
+      }
+      const end = nowNs();
+      const times = { computeInputNs: inputNs, computeInferNs: totals.computeNs, computeOutputNs: 0 };
+      recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
+      traceExecution(options?.trace, begin, begin, end, times);
+      recorder.executed(batch, times);
+    } catch (err) {
+      recorder.requestFailed(nowNs() - begin);
+      throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
+    } finally {
+      if (held) held.limiter.release();
+      outer?.removeEventListener("abort", onOuterAbort);
+      // A consumer that stops early (the client went away) stops the steps still running.
+      if (!signal.aborted) controller.abort(new StageError(Code.Canceled, name, "request finished"));
+    }
   }
 
   const stage: EnsembleStage = {
@@ -331,6 +478,8 @@ function buildEnsemble(
     isReady: async () => !closed && (await Promise.all(plan.steps.map((s) => s.stage.isReady()))).every(Boolean),
     metadata: () => metadata,
     async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+      // A decoupled ensemble answers over a stream (inferStream), as Triton's.
+      if (decoupled) throw decoupledRefusal(name);
       const begin = nowNs();
       const outer = options?.signal;
       const controller = new AbortController();
@@ -362,6 +511,7 @@ function buildEnsemble(
       }
     },
     statistics: () => recorder.snapshot(),
+    ...(decoupled ? { inferStream } : {}),
     stepStatistics: () =>
       steps.map((rt) => ({
         step: rt.plan.index,

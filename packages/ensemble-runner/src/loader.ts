@@ -152,9 +152,6 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
     // Served as if coupled, a model meant to answer many times (or none) would be misread: refused.
     const refuse = (why: string) =>
       new StageError(Code.InvalidArgument, model.name, `model_transaction_policy { decoupled: true }: ${why}`);
-    if (config.platform === "ensemble") {
-      throw refuse("an ensemble here answers each request once (its steps must not be decoupled either)");
-    }
     if (config.backend === "onnxruntime" || config.platform === "onnxruntime_onnx") {
       throw refuse("an ONNX Runtime model answers each request once");
     }

@@ -3,6 +3,7 @@ import { GRPCInferenceService } from "@trellis/protocol";
 import {
   Code,
   connectStage,
+  defineStage,
   grpcTransport,
   invalidArgument,
   listenStage,
@@ -311,6 +312,138 @@ describe("DAG execution", () => {
     );
     await ensemble.close();
     await acc.close();
+  });
+
+  describe("with a decoupled step", () => {
+    /** prep (X -> P = X + 1, LEN) -> burst (decoupled: P -> one B = P * k per k = 1..n) -> post (B -> Y = B * 10). */
+    function streamingEnsemble(opts: { n?: number; failAt?: number; postFailsAt?: number; extra?: string } = {}) {
+      const seen = { prep: 0, post: 0, burstClosed: false, burstSignal: undefined as AbortSignal | undefined };
+      const prepConfig = cfg(`name: "prep" backend: "typescript" max_batch_size: 8
+        input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "LEN" data_type: TYPE_FP32 dims: [ 1 ] } ]`);
+      const prep = fnStage(prepConfig, ({ IN }) => {
+        seen.prep++;
+        return [
+          mapF32(IN!, "OUT", (v) => v + 1),
+          tensor("LEN", "FP32", [IN!.shape[0]!, 1], new Float32Array(IN!.shape[0]!).fill(4)),
+        ];
+      });
+      const burst = defineStage({
+        config: cfg(`name: "burst" backend: "typescript" max_batch_size: 8
+          input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ] output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+          model_transaction_policy { decoupled: true }`),
+        async *computeStream(request, options) {
+          seen.burstSignal = options?.signal;
+          try {
+            for (let k = 1; k <= (opts.n ?? 3); k++) {
+              if (k === opts.failAt) throw new StageError(Code.ResourceExhausted, "burst", `out of tokens at ${k}`);
+              yield [mapF32(request.inputs[0]!, "OUT", (v) => v * k)];
+              await new Promise((r) => setTimeout(r, 5));
+            }
+          } finally {
+            seen.burstClosed = true;
+          }
+        },
+      });
+      const post = fnStage(unaryConfig("post"), ({ IN }) => {
+        seen.post++;
+        if (seen.post === opts.postFailsAt) throw new StageError(Code.InvalidArgument, "post", "cannot read this one");
+        return [mapF32(IN!, "OUT", (v) => v * 10)];
+      });
+      const stages: Record<string, Stage> = { prep, burst, post };
+      const config = cfg(`
+        name: "streaming"
+        platform: "ensemble"
+        max_batch_size: 8
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "LEN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        ${opts.extra ?? ""}
+        ensemble_scheduling { step [
+          { model_name: "prep" model_version: -1 input_map { key: "IN" value: "X" } output_map { key: "OUT" value: "p" } output_map { key: "LEN" value: "LEN" } },
+          { model_name: "burst" model_version: -1 input_map { key: "IN" value: "p" } output_map { key: "OUT" value: "b" } },
+          { model_name: "post" model_version: -1 input_map { key: "IN" value: "b" } output_map { key: "OUT" value: "Y" } }
+        ] }`);
+      return { seen, stages, build: () => createEnsemble({ config, resolveStep: (m: string) => stages[m]! }) };
+    }
+    const collect = async (stage: Stage, signal?: AbortSignal) => {
+      const out: { y: number[]; len: number[] }[] = [];
+      for await (const r of stage.inferStream!({ inputs: [x([[0, 1, 2, 3]])] }, signal ? { signal } : {})) {
+        out.push({ y: values(r.outputs[0]), len: values(r.outputs[1]) });
+      }
+      return out;
+    };
+
+    it("runs the steps after it once per response, the steps before it once, and is decoupled itself", async () => {
+      const { seen, build } = streamingEnsemble();
+      const ensemble = await build();
+      expect(ensemble.config.modelTransactionPolicy?.decoupled).toBe(true);
+      expect(await collect(ensemble)).toEqual([
+        { y: [10, 20, 30, 40], len: [4] },
+        { y: [20, 40, 60, 80], len: [4] },
+        { y: [30, 60, 90, 120], len: [4] },
+      ]);
+      expect([seen.prep, seen.post]).toEqual([1, 3]);
+      const once = await ensemble.infer({ inputs: [x([[0, 1, 2, 3]])] }).catch((e: unknown) => e);
+      expect((once as StageError).code).toBe(Code.Unimplemented);
+      const stats = ensemble.statistics();
+      expect([stats.inferenceStats?.success?.count, stats.executionCount]).toEqual([1n, 1n]);
+      expect(ensemble.stepStatistics().map((s) => s.statistics.inferenceStats?.success?.count)).toEqual([1n, 1n, 3n]);
+    });
+
+    it("names the step that fails mid-stream, after the responses already sent, and stops the decoupled step", async () => {
+      const decoupledFails = streamingEnsemble({ failAt: 3 });
+      const answers: number[][] = [];
+      const failure = await (async () => {
+        for await (const r of (await decoupledFails.build()).inferStream!({ inputs: [x([[0, 1, 2, 3]])] })) {
+          answers.push(values(r.outputs[0]));
+        }
+      })().catch((e: unknown) => e);
+      expect(answers).toHaveLength(2);
+      expect(failure).toBeInstanceOf(EnsembleStepError);
+      expect([(failure as EnsembleStepError).code, (failure as EnsembleStepError).rawMessage]).toEqual([
+        Code.ResourceExhausted,
+        "streaming: step 1 burst: RESOURCE_EXHAUSTED: out of tokens at 3",
+      ]);
+
+      const laterFails = streamingEnsemble({ postFailsAt: 2, n: 5 });
+      const err = await collect(await laterFails.build()).catch((e: unknown) => e);
+      expect((err as EnsembleStepError).rawMessage).toBe(
+        "streaming: step 2 post: INVALID_ARGUMENT: cannot read this one",
+      );
+      expect(laterFails.seen.burstClosed).toBe(true);
+    });
+
+    it("stops the decoupled step when the caller stops reading", async () => {
+      const { seen, build } = streamingEnsemble({ n: 50 });
+      const ensemble = await build();
+      for await (const r of ensemble.inferStream!({ inputs: [x([[0, 1, 2, 3]])] })) {
+        expect(values(r.outputs[0])).toEqual([10, 20, 30, 40]);
+        break;
+      }
+      expect(seen.burstClosed).toBe(true);
+      expect(seen.burstSignal?.aborted).toBe(true);
+      expect(seen.post).toBe(1);
+    });
+
+    it("refuses two decoupled steps, and a response cache", async () => {
+      const { stages } = streamingEnsemble();
+      const two = cfg(`name: "two" platform: "ensemble" max_batch_size: 8
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ] output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        ensemble_scheduling { step [
+          { model_name: "burst" model_version: -1 input_map { key: "IN" value: "X" } output_map { key: "OUT" value: "b" } },
+          { model_name: "burst" model_version: -1 input_map { key: "IN" value: "b" } output_map { key: "OUT" value: "Y" } }
+        ] }`);
+      const err = await createEnsemble({ config: two, resolveStep: (m: string) => stages[m]! }).catch(
+        (e: unknown) => e,
+      );
+      expect((err as StageError).rawMessage).toBe(
+        "two: at most one step may be a decoupled model; step 0 (burst), step 1 (burst) are decoupled",
+      );
+      const cached = await streamingEnsemble({ extra: "response_cache { enable: true }" })
+        .build()
+        .catch((e: unknown) => e);
+      expect((cached as StageError).rawMessage).toContain("the response cache does not support decoupled models");
+    });
   });
 
   it("keeps Triton statistics for the ensemble and per step", async () => {

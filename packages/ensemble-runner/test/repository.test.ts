@@ -238,13 +238,12 @@ describe("loadStage", () => {
     }
   });
 
-  it("loads a decoupled TypeScript stage with inferStream; refuses decoupled ONNX models, ensembles, cached ones, and stages without inferStream", async () => {
+  it("loads a decoupled TypeScript stage with inferStream, and an ensemble of it (decoupled in turn); refuses decoupled ONNX models, cached ones, and stages without inferStream", async () => {
     const dir = await mkdtemp(join(tmpdir(), "trellis-decoupled-"));
     try {
       const decoupled = "model_transaction_policy { decoupled: true }";
       const models: [string, string][] = [
         ["decoupled_onnx", `platform: "onnxruntime_onnx"\n${decoupled}`],
-        ["decoupled_ensemble", `platform: "ensemble"\n${decoupled}`],
         ["decoupled_cached", `backend: "typescript"\n${decoupled}\nresponse_cache { enable: true }`],
         ["decoupled_once", `backend: "typescript"\n${decoupled}`],
         ["decoupled_ts", `backend: "typescript"\n${decoupled}`],
@@ -269,9 +268,9 @@ export const createStage = ({ config, version }) => defineStage({ config, versio
         join(dir, "uses_decoupled", "config.pbtxt"),
         `name: "uses_decoupled"
 platform: "ensemble"
-max_batch_size: 0
+max_batch_size: 8
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1, 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
 ensemble_scheduling { step [ { model_name: "decoupled_ts" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
 `,
       );
@@ -286,21 +285,24 @@ ensemble_scheduling { step [ { model_name: "decoupled_ts" model_version: -1 inpu
       expect(await refusal("decoupled_onnx")).toBe(
         why("decoupled_onnx", "an ONNX Runtime model answers each request once"),
       );
-      expect(await refusal("decoupled_ensemble")).toBe(
-        why(
-          "decoupled_ensemble",
-          "an ensemble here answers each request once (its steps must not be decoupled either)",
-        ),
-      );
       expect(await refusal("decoupled_cached")).toBe(
         why("decoupled_cached", "the response cache does not support decoupled models"),
       );
       expect(await refusal("decoupled_once")).toBe(
         "decoupled_once: model_transaction_policy { decoupled: true }, but the stage has no inferStream to send its responses (defineStage: give computeStream)",
       );
-      expect(await refusal("uses_decoupled")).toContain(
-        "step 0 (decoupled_ts) is a decoupled model: ensembles here run steps that answer each request once",
+      // An ensemble with a decoupled step streams too, its config marked decoupled (as Triton marks it).
+      const ensemble = await loadStage(byName("uses_decoupled"), { version: "1" });
+      expect(ensemble.config.modelTransactionPolicy?.decoupled).toBe(true);
+      const streamed: number[] = [];
+      for await (const r of ensemble.inferStream!({ inputs: [{ ...x(5, 6, 7, 8), name: "IN" }] })) {
+        streamed.push((r.outputs[0]!.data as Float32Array)[0]!);
+      }
+      expect(streamed).toEqual([5, 6, 7, 8]);
+      expect((await ensemble.infer({ inputs: [{ ...x(5, 6, 7, 8), name: "IN" }] }).catch((e) => e)).code).toBe(
+        Code.Unimplemented,
       );
+      await ensemble.close();
 
       const stage = await loadStage(byName("decoupled_ts"), { version: "1" });
       const request = { inputs: [{ ...x(1, 2, 3, 4), name: "IN" }] };
