@@ -5,13 +5,7 @@
  * goes out as one ensemble response, over gRPC ModelStreamInfer and HTTP
  * generate_stream; one-answer endpoints refuse it.
  */
-import {
-  type GrpcJsStreamResponse,
-  grpcJsInferenceClient,
-  removeDir,
-  type ServerProcess,
-  startServerProcess,
-} from "@trellis/testing";
+import { grpcJsInferenceClient, removeDir, type ServerProcess, startServerProcess, streamAll } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { COUNTDOWN_CONFIG, echoConfig, jsonOf, makeRepository, postJson } from "./helpers.js";
 
@@ -47,22 +41,15 @@ describe("an ensemble with a decoupled step", () => {
   it("streams one response per response of its decoupled step over ModelStreamInfer, then the empty final one", async () => {
     const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
     try {
-      const stream = client.modelStreamInfer();
-      const answers: GrpcJsStreamResponse[] = [];
-      const done = new Promise<void>((resolve, reject) => {
-        stream.on("data", (a: GrpcJsStreamResponse) => answers.push(a));
-        stream.on("end", resolve);
-        stream.on("error", reject);
-      });
-      stream.write({
-        model_name: "counting",
-        id: "e",
-        inputs: [{ name: "N", datatype: "INT32", shape: [1] }],
-        raw_input_contents: [Buffer.from(Int32Array.of(3).buffer)],
-        parameters: { triton_enable_empty_final_response: { bool_param: true } },
-      });
-      stream.end();
-      await done;
+      const answers = await streamAll(client, [
+        {
+          model_name: "counting",
+          id: "e",
+          inputs: [{ name: "N", datatype: "INT32", shape: [1] }],
+          raw_input_contents: [Buffer.from(Int32Array.of(3).buffer)],
+          parameters: { triton_enable_empty_final_response: { bool_param: true } },
+        },
+      ]);
       expect(
         answers.map((a) => [
           a.error_message,

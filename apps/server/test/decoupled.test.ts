@@ -18,13 +18,13 @@ import {
   ModelStreamInferResponseSchema,
 } from "@trellis/protocol";
 import {
-  type GrpcJsStreamResponse,
   grpcJsInferenceClient,
   pythonGrpcCalls,
   pythonGrpcRequired,
   removeDir,
   type ServerProcess,
   startServerProcess,
+  streamAll,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { COUNTDOWN_CONFIG, makeRepository, postJson } from "./helpers.js";
@@ -109,22 +109,15 @@ describe("a decoupled model over ModelStreamInfer", () => {
   it("streams to grpc-js, a foreign client, alike", async () => {
     const foreign = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
     try {
-      const stream = foreign.modelStreamInfer();
-      const answers: GrpcJsStreamResponse[] = [];
-      const done = new Promise<void>((resolve, reject) => {
-        stream.on("data", (a: GrpcJsStreamResponse) => answers.push(a));
-        stream.on("end", resolve);
-        stream.on("error", reject);
-      });
-      stream.write({
-        model_name: "countdown",
-        id: "js",
-        inputs: [{ name: "IN", datatype: "INT32", shape: [1] }],
-        raw_input_contents: [Buffer.from(Int32Array.of(2).buffer)],
-        parameters: { triton_enable_empty_final_response: { bool_param: true } },
-      });
-      stream.end();
-      await done;
+      const answers = await streamAll(foreign, [
+        {
+          model_name: "countdown",
+          id: "js",
+          inputs: [{ name: "IN", datatype: "INT32", shape: [1] }],
+          raw_input_contents: [Buffer.from(Int32Array.of(2).buffer)],
+          parameters: { triton_enable_empty_final_response: { bool_param: true } },
+        },
+      ]);
       expect(
         answers.map((a) => [
           a.error_message,

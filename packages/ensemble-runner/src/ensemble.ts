@@ -371,13 +371,15 @@ function buildEnsemble(
   }
 
   /**
-   * A decoupled ensemble's responses: the steps before the decoupled one run once; then, for
-   * each response the decoupled step sends, the steps after it run on that response's tensors
-   * and the ensemble sends a response of its own (every output it asks for: those computed
-   * before the decoupled step again with each). One response at a time, in order; an ensemble
-   * configured decoupled without a decoupled step sends its one answer.
+   * The ensemble's responses to one request. Without a decoupled step: every step runs once,
+   * each the moment its inputs exist, and there is one response. With one: the steps it does
+   * not feed run first; then, for each response the decoupled step sends, the steps after it
+   * run on that response's tensors and the ensemble sends a response of its own (every output
+   * asked for: those computed before the decoupled step again with each), one at a time, in order.
+   * A failing step aborts the request's signal: steps still waiting never start, running ones
+   * are told to stop.
    */
-  async function* inferStream(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
+  async function* answers(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
     const begin = nowNs();
     const outer = options?.signal;
     const controller = new AbortController();
@@ -403,7 +405,7 @@ function buildEnsemble(
       });
       await run(request, tensors, perStep, batch, signal, fail, options, totals, beforeDecoupled);
       if (decoupledStep < 0) {
-        recorder.firstResponse(nowNs() - begin);
+        if (decoupled) recorder.firstResponse(nowNs() - begin);
         yield answer(tensors);
       } else {
         const rt = steps[decoupledStep]!;
@@ -480,38 +482,12 @@ function buildEnsemble(
     async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
       // A decoupled ensemble answers over a stream (inferStream), as Triton's.
       if (decoupled) throw decoupledRefusal(name);
-      const begin = nowNs();
-      const outer = options?.signal;
-      const controller = new AbortController();
-      const onOuterAbort = () => controller.abort(outer?.reason);
-      const totals = { queueNs: 0, computeNs: 0 };
-      try {
-        if (closed) throw new StageError(Code.Unavailable, name, "ensemble is closed");
-        if (outer?.aborted) throw abortError(name, outer.reason);
-        outer?.addEventListener("abort", onOuterAbort, { once: true });
-        const batch = checkInputs(request);
-        const { wanted, perStep } = requestedOutputs(request);
-        const tensors = new Map<string, Tensor>();
-        for (const t of request.inputs) tensors.set(t.name, t);
-        const inputNs = nowNs() - begin;
-        // A failing step aborts the request's signal: steps still waiting never start, running ones are told to stop.
-        await run(request, tensors, perStep, batch, controller.signal, (err) => controller.abort(err), options, totals);
-        const outputs = wanted.map((o) => renamed(tensors.get(o)!, o));
-        const end = nowNs();
-        const times = { computeInputNs: inputNs, computeInferNs: totals.computeNs, computeOutputNs: 0 };
-        recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
-        traceExecution(options?.trace, begin, begin, end, times);
-        recorder.executed(batch, times);
-        return { id: request.id, modelName: name, modelVersion: version, outputs };
-      } catch (err) {
-        recorder.requestFailed(nowNs() - begin);
-        throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
-      } finally {
-        outer?.removeEventListener("abort", onOuterAbort);
-      }
+      let answer: InferResponse | undefined;
+      for await (const response of answers(request, options)) answer = response;
+      return answer!;
     },
     statistics: () => recorder.snapshot(),
-    ...(decoupled ? { inferStream } : {}),
+    ...(decoupled ? { inferStream: answers } : {}),
     stepStatistics: () =>
       steps.map((rt) => ({
         step: rt.plan.index,

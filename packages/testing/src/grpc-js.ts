@@ -100,3 +100,17 @@ export function grpcJsInferenceClient(address: string): GrpcJsInferenceClient {
     close: () => client.close(),
   };
 }
+
+/** Sends `requests` on one ModelStreamInfer stream, half-closes it, and resolves with every answer once the server ends it. */
+export function streamAll(client: GrpcJsInferenceClient, requests: GrpcJsInferRequest[]): Promise<GrpcJsStreamResponse[]> {
+  const stream = client.modelStreamInfer();
+  const answers: GrpcJsStreamResponse[] = [];
+  const done = new Promise<GrpcJsStreamResponse[]>((resolve, reject) => {
+    stream.on("data", (a: GrpcJsStreamResponse) => answers.push(a));
+    stream.on("end", () => resolve(answers));
+    stream.on("error", reject);
+  });
+  for (const r of requests) stream.write(r);
+  stream.end();
+  return done;
+}

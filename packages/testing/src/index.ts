@@ -8,6 +8,7 @@ export {
   type GrpcJsStreamResponse,
   type GrpcJsTensor,
   grpcJsInferenceClient,
+  streamAll,
 } from "./grpc-js.js";
 export {
   ACCUMULATOR_CONFIG,
