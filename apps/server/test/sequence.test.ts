@@ -22,7 +22,7 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { floats, jsonOf, makeRepository, postJson } from "./helpers.js";
+import { floats, jsonOf, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -110,6 +110,7 @@ describe("sequence batching", () => {
   });
 
   it("refuses requests outside a sequence as Triton does (400 / INVALID_ARGUMENT), and the server goes on", async () => {
+    const failuresBefore = metricValue(await scrape(server), "nv_inference_request_failure", "accumulate");
     const noId = await httpInfer(1, {});
     expect(noId.status).toBe(400);
     expect(noId.json.error).toBe(
@@ -137,5 +138,8 @@ describe("sequence batching", () => {
     );
     const fine = await httpInfer(4, { sequence_id: 4242, sequence_start: true, sequence_end: true });
     expect(fine.json.outputs[0].data).toEqual([4]);
+    // The four refusals are the model's failed requests in its metrics.
+    const failuresAfter = metricValue(await scrape(server), "nv_inference_request_failure", "accumulate");
+    expect(failuresAfter - failuresBefore).toBe(4);
   });
 });

@@ -405,6 +405,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
         modelDir: options.modelDir,
         instances: workers.length,
         run: (request, opts) => batcher.infer(request, opts),
+        onRefused: (ns) => recorder.requestFailed(ns),
       });
     } catch (err) {
       await batcher.close();

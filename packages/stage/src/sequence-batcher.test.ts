@@ -169,6 +169,12 @@ describe("sequence batcher", () => {
     expect((await rejectionOf(ask(stage, 1, { sequence_id: 3 }), StageError)).rawMessage).toContain(
       "must specify the START flag",
     );
+    // Each refusal is the stage's failed request, as Triton counts it.
+    const stats = await stage.statistics();
+    expect([stats.inferenceStats?.fail?.count, stats.inferenceStats?.success?.count]).toEqual([
+      BigInt(cases.length + 1),
+      0n,
+    ]);
     await stage.close();
   });
 

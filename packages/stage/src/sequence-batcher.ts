@@ -16,10 +16,18 @@
  */
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
+import { clone, create } from "@bufbuild/protobuf";
 import type { ConnectError } from "@connectrpc/connect";
-import { ModelSequenceBatching_Control_Kind as Kind, type ModelConfig } from "@trellis/protocol";
+import {
+  InferStatisticsSchema,
+  ModelSequenceBatching_Control_Kind as Kind,
+  type ModelConfig,
+  ModelStatisticsSchema,
+  StatisticDurationSchema,
+} from "@trellis/protocol";
 import { Code, StageError, toConnectError } from "./errors.js";
 import type { InferOptions, InferRequest, InferResponse, ParameterValue, Stage } from "./stage.js";
+import { nowNs } from "./statistics.js";
 import {
   allocate,
   bytesOf,
@@ -199,6 +207,11 @@ export interface SequenceBatcherOptions {
   instances?: number;
   /** Runs one request of a sequence, its control and state tensors added: the model's own infer. */
   run(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
+  /**
+   * Called for each request that fails before reaching `run` (refused, cancelled while it
+   * waited, or the stage closed), with its time in ns: the stage counts it as a failed request.
+   */
+  onRefused?(elapsedNs: number): void;
 }
 
 export interface SequenceBatcher {
@@ -215,6 +228,7 @@ export interface SequenceBatcher {
 
 interface Waiting {
   request: InferRequest;
+  startNs: number;
   options: InferOptions | undefined;
   start: boolean;
   end: boolean;
@@ -402,6 +416,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
       request = forModel(seq, w);
     } catch (err) {
       seq.running = false;
+      options.onRefused?.(nowNs() - w.startNs);
       w.reject(toConnectError(err, model));
       pump(seq);
       return;
@@ -429,7 +444,12 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
       return backlog.length;
     },
     infer(request, inferOptions) {
-      if (closed) return Promise.reject(new StageError(Code.Unavailable, model, "stage is closed"));
+      const startNs = nowNs();
+      const refuse = (err: ConnectError) => {
+        options.onRefused?.(nowNs() - startNs);
+        return Promise.reject(err);
+      };
+      if (closed) return refuse(new StageError(Code.Unavailable, model, "stage is closed"));
       let flags: { id: bigint | string; start: boolean; end: boolean };
       try {
         flags = sequenceFlags(model, request.parameters);
@@ -453,14 +473,14 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
           }
         }
       } catch (err) {
-        return Promise.reject(toConnectError(err, model));
+        return refuse(toConnectError(err, model));
       }
       const { id, start, end } = flags;
       const key = `${typeof id}:${id}`;
       let seq = open.get(key);
       if (!seq) {
         if (!start) {
-          return Promise.reject(
+          return refuse(
             bad(
               `inference request for sequence ${id} to model '${model}' must specify the START flag on the first request of the sequence`,
             ),
@@ -483,7 +503,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
       if (!end) armIdle(key, seq);
       const target = seq;
       return new Promise<InferResponse>((resolve, reject) => {
-        const w: Waiting = { request, options: inferOptions, start, end, resolve, reject };
+        const w: Waiting = { request, startNs, options: inferOptions, start, end, resolve, reject };
         const signal = inferOptions?.signal;
         if (signal) {
           const onAbort = () => {
@@ -493,6 +513,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
             queued--;
             const reason: unknown = signal.reason;
             const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
+            options.onRefused?.(nowNs() - startNs);
             reject(
               new StageError(
                 Code.Canceled,
@@ -503,6 +524,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
             if (target.ended && target.queue.length === 0 && !target.running) release(target);
           };
           if (signal.aborted) {
+            options.onRefused?.(nowNs() - startNs);
             reject(new StageError(Code.Canceled, model, "request cancelled before it was queued"));
             return;
           }
@@ -523,6 +545,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
         for (const w of seq.queue.splice(0)) {
           w.detach?.();
           queued--;
+          options.onRefused?.(nowNs() - w.startNs);
           w.reject(new StageError(Code.Unavailable, model, "stage is closed"));
         }
       }
@@ -598,10 +621,16 @@ export async function withSequenceBatching(
   stage: Stage,
   options: { modelDir?: string; instances?: number } = {},
 ): Promise<Stage> {
+  // Requests the sequence batcher fails itself never reach the stage: counted here as its failures.
+  const refused = { count: 0n, ns: 0n };
   const sequencer = await createSequenceBatcher({
     config: stage.config,
     ...options,
     run: (request, inferOptions) => stage.infer(request, inferOptions),
+    onRefused: (ns) => {
+      refused.count += 1n;
+      refused.ns += BigInt(Math.round(ns));
+    },
   });
   return {
     name: stage.name,
@@ -610,7 +639,14 @@ export async function withSequenceBatching(
     isReady: () => stage.isReady(),
     metadata: () => stage.metadata(),
     infer: (request, inferOptions) => sequencer.infer(request, inferOptions),
-    statistics: () => stage.statistics(),
+    async statistics() {
+      const stats = clone(ModelStatisticsSchema, await stage.statistics());
+      stats.inferenceStats ??= create(InferStatisticsSchema);
+      stats.inferenceStats.fail ??= create(StatisticDurationSchema);
+      stats.inferenceStats.fail.count += refused.count;
+      stats.inferenceStats.fail.ns += refused.ns;
+      return stats;
+    },
     pendingRequests: () => sequencer.queued + (stage.pendingRequests?.() ?? 0),
     async close() {
       sequencer.close();
