@@ -21,6 +21,7 @@ import {
   type InferResponse,
   nowNs,
   type RequestedOutput,
+  type RequestTrace,
   type ResponseStore,
   responseCacheKey,
   type Stage,
@@ -110,12 +111,9 @@ export class ManagedStage implements Stage {
     if (this.inferStream) throw decoupledRefusal(this.name);
     const trace = options?.trace;
     if (!trace) return this.answer(request, options);
-    trace.stamp("REQUEST_START", nowNs());
-    for (const input of request.inputs) trace.tensor("TENSOR_QUEUE_INPUT", input);
+    traceRequestStart(trace, request);
     try {
-      const response = await this.answer(request, options);
-      for (const output of response.outputs) trace.tensor("TENSOR_BACKEND_OUTPUT", output);
-      return response;
+      return traceOutputs(trace, await this.answer(request, options));
     } finally {
       trace.stamp("REQUEST_END", nowNs());
     }
@@ -123,15 +121,13 @@ export class ManagedStage implements Stage {
 
   private async *stream(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
     const trace = options?.trace;
-    trace?.stamp("REQUEST_START", nowNs());
-    for (const input of request.inputs) trace?.tensor("TENSOR_QUEUE_INPUT", input);
+    if (trace) traceRequestStart(trace, request);
     const classify = classificationRequests(this.name, request.outputs);
     this.started();
     try {
       for await (const response of (this.inner.inferStream as NonNullable<Stage["inferStream"]>)(request, options)) {
         const answer = this.classified(response, classify);
-        for (const output of answer.outputs) trace?.tensor("TENSOR_BACKEND_OUTPUT", output);
-        yield answer;
+        yield trace ? traceOutputs(trace, answer) : answer;
       }
     } finally {
       trace?.stamp("REQUEST_END", nowNs());
@@ -272,4 +268,16 @@ export function classification(
     }
   }
   return { name: t.name, datatype: "BYTES", shape: batched ? [items, topk] : [topk], data: out };
+}
+
+/** A traced request's start: its timestamp and (trace level TENSORS) its inputs as queued. */
+function traceRequestStart(trace: RequestTrace, request: InferRequest): void {
+  trace.stamp("REQUEST_START", nowNs());
+  for (const input of request.inputs) trace.tensor("TENSOR_QUEUE_INPUT", input);
+}
+
+/** A traced response's outputs as the model gave them; returns the response. */
+function traceOutputs(trace: RequestTrace, response: InferResponse): InferResponse {
+  for (const output of response.outputs) trace.tensor("TENSOR_BACKEND_OUTPUT", output);
+  return response;
 }
