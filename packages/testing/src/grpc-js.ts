@@ -102,7 +102,10 @@ export function grpcJsInferenceClient(address: string): GrpcJsInferenceClient {
 }
 
 /** Sends `requests` on one ModelStreamInfer stream, half-closes it, and resolves with every answer once the server ends it. */
-export function streamAll(client: GrpcJsInferenceClient, requests: GrpcJsInferRequest[]): Promise<GrpcJsStreamResponse[]> {
+export function streamAll(
+  client: GrpcJsInferenceClient,
+  requests: GrpcJsInferRequest[],
+): Promise<GrpcJsStreamResponse[]> {
   const stream = client.modelStreamInfer();
   const answers: GrpcJsStreamResponse[] = [];
   const done = new Promise<GrpcJsStreamResponse[]>((resolve, reject) => {
