@@ -259,6 +259,22 @@ function buildEnsemble(
     return { wanted: asked.map((o) => o.name), perStep };
   }
 
+  /** A step call that succeeded: its statistics, and its share of the request's queue and compute time. */
+  function stepSucceeded(
+    rt: StepRuntime,
+    batch: number,
+    queued: number,
+    started: number,
+    totals: { queueNs: number; computeNs: number },
+  ): void {
+    const done = nowNs();
+    const times = { computeInputNs: 0, computeInferNs: done - started, computeOutputNs: 0 };
+    rt.stats.requestSucceeded(done - queued, batch, started - queued, times);
+    rt.stats.executed(batch, times);
+    totals.queueNs += started - queued;
+    totals.computeNs += done - started;
+  }
+
   async function run(
     request: InferRequest,
     tensors: Map<string, Tensor>,
@@ -327,12 +343,7 @@ function buildEnsemble(
                 stop(signal.aborted ? abortError(name, signal.reason) : stepError(name, step, err));
                 return;
               }
-              const done = nowNs();
-              const times = { computeInputNs: 0, computeInferNs: done - started, computeOutputNs: 0 };
-              rt.stats.requestSucceeded(done - queued, batch, started - queued, times);
-              rt.stats.executed(batch, times);
-              totals.queueNs += started - queued;
-              totals.computeNs += done - started;
+              stepSucceeded(rt, batch, queued, started, totals);
               if (signal.aborted) return release();
               for (const o of step.outputs) {
                 const t = response.outputs.find((x) => x.name === o.name);
@@ -388,6 +399,7 @@ function buildEnsemble(
     const fail = (err: StageError) => controller.abort(err);
     const totals = { queueNs: 0, computeNs: 0 };
     let held: StepRuntime | undefined;
+    let completed = false;
     try {
       if (closed) throw new StageError(Code.Unavailable, name, "ensemble is closed");
       if (outer?.aborted) throw abortError(name, outer.reason);
@@ -449,26 +461,23 @@ function buildEnsemble(
           if (signal.aborted) throw abortError(name, signal.reason);
           throw stepError(name, step, err);
         }
-        const done = nowNs();
-        const times = { computeInputNs: 0, computeInferNs: done - started, computeOutputNs: 0 };
-        rt.stats.requestSucceeded(done - queued, batch, started - queued, times);
-        rt.stats.executed(batch, times);
-        totals.queueNs += started - queued;
-        totals.computeNs += done - started;
+        stepSucceeded(rt, batch, queued, started, totals);
       }
       const end = nowNs();
       const times = { computeInputNs: inputNs, computeInferNs: totals.computeNs, computeOutputNs: 0 };
       recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
       traceExecution(options?.trace, begin, begin, end, times);
       recorder.executed(batch, times);
+      completed = true;
     } catch (err) {
       recorder.requestFailed(nowNs() - begin);
       throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
     } finally {
       if (held) held.limiter.release();
       outer?.removeEventListener("abort", onOuterAbort);
-      // A consumer that stops early (the client went away) stops the steps still running.
-      if (!signal.aborted) controller.abort(new StageError(Code.Canceled, name, "request finished"));
+      // A consumer that stopped early (the client went away) stops the steps still running; a
+      // completed request has none, and is not charged an abort (an error object) per request.
+      if (!completed && !signal.aborted) controller.abort(new StageError(Code.Canceled, name, "request stopped"));
     }
   }
 

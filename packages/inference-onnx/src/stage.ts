@@ -318,6 +318,26 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     throw err;
   }
 
+  // sequence_batching: a sequence's requests reach the batcher one at a time, control and state
+  // tensors added. Made before warmup, so a bad initial_state file fails the load before it runs.
+  let sequencer: SequenceBatcher | undefined;
+  if (config.schedulingChoice.case === "sequenceBatching") {
+    try {
+      sequencer = await createSequenceBatcher({
+        config,
+        modelDir: options.modelDir,
+        instances: workers.length,
+        // Both are made below, before the stage takes a request.
+        run: (request, opts) => batcher.infer(request, opts),
+        onRefused: (ns) => recorder.requestFailed(ns),
+      });
+    } catch (err) {
+      unregister();
+      await Promise.all(workers.map((w) => w.close()));
+      throw err;
+    }
+  }
+
   const props = await readOnnxMetadataProps(modelPath).catch(() => ({}) as Record<string, string>);
   const synthetic = props[SYNTHETIC_METADATA_KEY] === "true" || existsSync(join(versionDir, SYNTHETIC_MARKER_FILE));
   const platform = config.platform || config.backend || "onnxruntime_onnx";
@@ -394,25 +414,6 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
       name,
       `warmup (${warmupName}) failed: ${err instanceof Error ? err.message : String(err)}`,
     );
-  }
-
-  // sequence_batching: a sequence's requests reach the batcher one at a time, control and state tensors added.
-  let sequencer: SequenceBatcher | undefined;
-  if (config.schedulingChoice.case === "sequenceBatching") {
-    try {
-      sequencer = await createSequenceBatcher({
-        config,
-        modelDir: options.modelDir,
-        instances: workers.length,
-        run: (request, opts) => batcher.infer(request, opts),
-        onRefused: (ns) => recorder.requestFailed(ns),
-      });
-    } catch (err) {
-      await batcher.close();
-      unregister();
-      await Promise.all(workers.map((w) => w.close()));
-      throw err;
-    }
   }
 
   let closed = false;

@@ -87,7 +87,6 @@ export {
   type SequenceBatcher,
   type SequenceBatcherOptions,
   type SequenceTensorSpec,
-  sequenceFlags,
   sequenceTensors,
   withSequenceBatching,
 } from "./sequence-batcher.js";

@@ -175,6 +175,7 @@ function readLayout(config: ModelConfig): SequenceLayout | undefined {
 }
 
 const variableAsOne = (dims: number[]) => dims.map((d) => (d < 0 ? 1 : d));
+const encoder = new TextEncoder();
 
 /**
  * The inputs the sequence batcher gives a model beyond its config's `input`
@@ -185,7 +186,10 @@ const variableAsOne = (dims: number[]) => dims.map((d) => (d < 0 ? 1 : d));
  */
 export function sequenceTensors(config: ModelConfig): { inputs: SequenceTensorSpec[]; outputs: SequenceTensorSpec[] } {
   const layout = readLayout(config);
-  if (!layout) return { inputs: [], outputs: [] };
+  return layout ? tensorsOf(layout) : { inputs: [], outputs: [] };
+}
+
+function tensorsOf(layout: SequenceLayout): { inputs: SequenceTensorSpec[]; outputs: SequenceTensorSpec[] } {
   const controls = [...layout.controls, ...(layout.corrid ? [layout.corrid] : [])].map((c) => ({
     name: c.name,
     datatype: c.datatype,
@@ -261,7 +265,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
   const batching = config.maxBatchSize > 0;
   const lead = batching ? [1] : [];
   const initialData = await readInitialStates(config, layout, options.modelDir);
-  const extraInputs = new Set(sequenceTensors(config).inputs.map((s) => s.name));
+  const extraInputs = new Set(tensorsOf(layout).inputs.map((s) => s.name));
   const stateOutputs = new Set(layout.states.map((s) => s.output));
   const configOutputs = config.output.map((o) => o.name);
   const bad = (msg: string) => new StageError(Code.InvalidArgument, model, msg);
@@ -285,8 +289,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
   };
   const corridTensor = (c: CorridControl, id: bigint | string): Tensor => {
     const shape = [...lead, 1];
-    if (c.datatype === "BYTES")
-      return { name: c.name, datatype: "BYTES", shape, data: [new TextEncoder().encode(String(id))] };
+    if (c.datatype === "BYTES") return { name: c.name, datatype: "BYTES", shape, data: [encoder.encode(String(id))] };
     if (typeof id === "string") {
       throw bad(
         `sequence_id "${id}" is a string, but control input ${c.name} (CONTROL_SEQUENCE_CORRID) takes ${c.datatype}: send an unsigned integer`,
@@ -365,14 +368,20 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
     return { ...response, outputs: response.outputs.filter((t) => keep(t.name)) };
   };
 
-  const armIdle = (key: string, seq: Sequence) => {
-    if (seq.timer) clearTimeout(seq.timer);
+  /**
+   * The sequence's idle check, once per sequence rather than once per request: when it fires it
+   * looks at the last arrival and waits again for what is left (a full period while a request
+   * is queued or running), so a steady sequence costs no timer work per request.
+   */
+  const watchIdle = (key: string, seq: Sequence) => {
+    if (seq.timer) return;
     const check = () => {
       seq.timer = undefined;
       if (closed) return;
       const idleFor = performance.now() - seq.lastArrival;
-      if (seq.running || seq.queue.length > 0 || idleFor < layout.idleMs) {
-        seq.timer = setTimeout(check, Math.max(1, layout.idleMs - idleFor)).unref();
+      const busy = seq.running || seq.queue.length > 0;
+      if (busy || idleFor < layout.idleMs) {
+        seq.timer = setTimeout(check, busy ? layout.idleMs : layout.idleMs - idleFor).unref();
         return;
       }
       // Idle past max_sequence_idle_microseconds: the sequence is forgotten and its slot goes to another.
@@ -500,7 +509,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
         seq.ended = true;
       }
       seq.lastArrival = performance.now();
-      if (!end) armIdle(key, seq);
+      if (!end) watchIdle(key, seq);
       const target = seq;
       return new Promise<InferResponse>((resolve, reject) => {
         const w: Waiting = { request, startNs, options: inferOptions, start, end, resolve, reject };
@@ -556,7 +565,7 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
 }
 
 /** sequence_id, sequence_start and sequence_end from a request's parameters, checked as Triton checks them. */
-export function sequenceFlags(
+function sequenceFlags(
   model: string,
   parameters: Record<string, ParameterValue> | undefined,
 ): { id: bigint | string; start: boolean; end: boolean } {
