@@ -22,6 +22,7 @@ import {
   formatShape,
   type InferRequest,
   metadataFromConfig,
+  modelFilePath,
   nowNs,
   processCpuGate,
   type RateLimiter,
@@ -87,7 +88,7 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
 async function resolveModelPath(stage: string, versionDir: string, filename: string): Promise<string> {
-  let path = join(versionDir, filename);
+  let path = modelFilePath(versionDir, filename, "default_model_filename", stage);
   let info = await stat(path).catch(() => undefined);
   // Triton also accepts a directory holding model.onnx (models with external data).
   if (info?.isDirectory()) {
@@ -98,7 +99,7 @@ async function resolveModelPath(stage: string, versionDir: string, filename: str
     throw new StageError(
       Code.NotFound,
       stage,
-      `no model file at ${path} (default_model_filename ${filename}); run pnpm models:fetch or pnpm models:synth`,
+      `no model file ${filename} in version ${basename(versionDir)} (default_model_filename); run pnpm models:fetch or pnpm models:synth`,
     );
   }
   return path;
@@ -235,7 +236,9 @@ async function warmupFeeds(config: ModelConfig, index: number, versionDir: strin
     >;
     if (choice.case === "inputDataFile") {
       // Triton reads <version>/warmup/<file> as one item's bytes, repeated for each batch item.
-      const file = await readFile(join(versionDir, "warmup", choice.value));
+      const file = await readFile(
+        modelFilePath(join(versionDir, "warmup"), choice.value, "model_warmup input_data_file", config.name),
+      );
       const itemBytes = elementCount(item) * elementSize(datatype);
       if (file.byteLength !== itemBytes) {
         throw new Error(

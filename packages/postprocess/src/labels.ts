@@ -1,4 +1,5 @@
 import { readFile } from "node:fs/promises";
+import { basename } from "node:path";
 import { Code, StageError } from "@trellis/stage";
 
 /**
@@ -12,13 +13,14 @@ export function parseLabels(text: string): string[] {
   return lines.map((l) => l.trim());
 }
 
-/** Reads a label file; a missing or unreadable file is NOT_FOUND naming the path. */
+/** Reads a label file; a missing or unreadable file is NOT_FOUND naming the file (not the folder it was looked for in). */
 export async function loadLabels(path: string, stage: string): Promise<string[]> {
   let text: string;
   try {
     text = await readFile(path, "utf8");
   } catch (err) {
-    throw new StageError(Code.NotFound, stage, `cannot read label file ${path}: ${(err as Error).message}`, {
+    const why = (err as NodeJS.ErrnoException).code ?? "unreadable";
+    throw new StageError(Code.NotFound, stage, `cannot read label file ${basename(path)} (${why})`, {
       cause: err,
     });
   }

@@ -4,7 +4,7 @@
  * plus Triton's classification extension on the same probabilities.
  */
 import { existsSync } from "node:fs";
-import { isAbsolute, join } from "node:path";
+import { join } from "node:path";
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import {
   bytesTensor,
@@ -15,6 +15,7 @@ import {
   type InferRequest,
   type InferResponse,
   metadataFromConfig,
+  modelFilePath,
   nowNs,
   type ParameterValue,
   type Stage,
@@ -62,9 +63,10 @@ async function resolveLabels(options: PostprocessOptions, outputLabelFile: strin
   if (outputLabelFile) {
     // Triton resolves label_filename against the model directory; the seed
     // kept its labels in the version folder, so that is tried next.
-    const candidates = isAbsolute(outputLabelFile)
-      ? [outputLabelFile]
-      : [options.modelDir, options.versionDir].filter((d): d is string => !!d).map((d) => join(d, outputLabelFile));
+    // Inside the model's folder whoever wrote the config (a load request's override included).
+    const candidates = [options.modelDir, options.versionDir]
+      .filter((d): d is string => !!d)
+      .map((d) => modelFilePath(d, outputLabelFile, "label_filename", stage));
     const found = candidates.find((p) => existsSync(p)) ?? candidates[0];
     if (!found)
       throw new StageError(Code.NotFound, stage, `label_filename ${outputLabelFile}: no model directory given`);

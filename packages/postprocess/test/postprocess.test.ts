@@ -41,6 +41,7 @@ async function expectStageError(p: Promise<unknown> | (() => unknown), code: Cod
   const err = caught as StageError;
   expect(err.code).toBe(code);
   for (const part of parts) expect(err.message).toContain(part);
+  return err;
 }
 
 const logitsRequest = (data: Float32Array, n: number, c: number, extra: Partial<InferRequest> = {}): InferRequest => ({
@@ -183,11 +184,22 @@ describe("postprocess errors and options", () => {
     );
   });
 
-  it("fails to load without a label file, naming the path", async () => {
-    await expectStageError(
+  it("fails to load without a label file, naming the file but not the folder", async () => {
+    const err = await expectStageError(
       createPostprocess({ config: await seedConfig(), versionDir: join(dir, "nowhere") }),
       Code.NotFound,
-      join(dir, "nowhere", "imagenet_classes.txt"),
+      "cannot read label file imagenet_classes.txt (ENOENT)",
+    );
+    expect(err.message).not.toContain(dir);
+  });
+
+  it("refuses a label_filename outside the model's folder", async () => {
+    const config = await seedConfig();
+    config.output[0]!.labelFilename = "../../../../etc/passwd";
+    await expectStageError(
+      createPostprocess({ config, modelDir: dir, versionDir: labelsDir }),
+      Code.InvalidArgument,
+      'label_filename "../../../../etc/passwd" must name a file inside the model\'s folder',
     );
   });
 

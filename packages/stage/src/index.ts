@@ -60,6 +60,7 @@ export {
 } from "./rate-limiter.js";
 export {
   type ModelIndexEntry,
+export { modelFilePath } from "./model-files.js";
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,

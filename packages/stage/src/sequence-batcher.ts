@@ -26,6 +26,7 @@ import {
   StatisticDurationSchema,
 } from "@trellis/protocol";
 import { Code, StageError, toConnectError } from "./errors.js";
+import { modelFilePath } from "./model-files.js";
 import type { InferOptions, InferRequest, InferResponse, ParameterValue, Stage } from "./stage.js";
 import { nowNs } from "./statistics.js";
 import {
@@ -600,13 +601,9 @@ async function readInitialStates(
     if (init?.stateData.case !== "dataFile") continue;
     const where = `sequence_batching: state ${s.input}/${s.output}: initial_state data_file ${init.stateData.value}`;
     if (!modelDir) throw new StageError(Code.InvalidArgument, config.name, `${where}: no model folder to read it from`);
-    const path = join(modelDir, "initial_state", init.stateData.value);
+    const path = modelFilePath(join(modelDir, "initial_state"), init.stateData.value, `${where}:`, config.name);
     const bytes = await readFile(path).catch((err: NodeJS.ErrnoException) => {
-      throw new StageError(
-        Code.InvalidArgument,
-        config.name,
-        `${where}: cannot read ${path} (${err.code ?? err.message})`,
-      );
+      throw new StageError(Code.InvalidArgument, config.name, `${where}: cannot read it (${err.code ?? "unreadable"})`);
     });
     const need = elementCount(s.initial.dims) * elementSize(s.datatype);
     if (bytes.byteLength !== need) {
