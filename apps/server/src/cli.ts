@@ -128,7 +128,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--grpc-max-input-size <bytes>",
-    "largest gRPC request message accepted on the gRPC port; larger ones get RESOURCE_EXHAUSTED (default: Triton's 2^31-1)",
+    "largest gRPC request message accepted on the gRPC port, compressed ones once inflated; larger ones get RESOURCE_EXHAUSTED (default 64 MiB, as HTTP; Triton's is 2^31-1)",
     bytes,
     DEFAULT_GRPC_MAX_INPUT_BYTES,
   )

@@ -15,8 +15,8 @@ import {
   type LogSettingsControl,
   type ResponseCompressionLevel,
   restrictionInterceptor,
-  SERVER_COMPRESSION,
   type SystemSharedMemory,
+  serverCompression,
   serveStage,
   type TraceControl,
 } from "@trellis/stage";
@@ -59,7 +59,10 @@ export interface ServerOptions {
   metricsPort?: number;
   /** Largest HTTP/REST request body accepted (Triton's --http-max-input-size); default 64 MiB. */
   httpMaxInputBytes?: number;
-  /** Largest gRPC request message accepted on the gRPC port; default 2^31 - 1 bytes, Triton's gRPC cap. */
+  /**
+   * Largest gRPC request message accepted on the gRPC port, compressed ones once inflated; default 64 MiB
+   * (DEFAULT_GRPC_MAX_INPUT_BYTES: Triton's gRPC cap, 2^31 - 1, let a 1 MB gzip message inflate to gigabytes).
+   */
   grpcMaxInputBytes?: number;
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
@@ -152,6 +155,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   const { server: grpc, sessions } = createGrpcServer(manager, {
     ...serveOptions,
     maxInputBytes: options.grpcMaxInputBytes,
+    maxInputFlag: "--grpc-max-input-size",
     tls: options.grpcTls,
     restrictions: options.grpcRestrictions,
     responseCompression: options.grpcResponseCompression,
@@ -190,7 +194,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       readMaxBytes: options.httpMaxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES,
       // gRPC-Web and Connect calls on the HTTP port come under the HTTP port's restrictions.
       interceptors: options.httpRestrictions ? [restrictionInterceptor(options.httpRestrictions)] : [],
-      ...SERVER_COMPRESSION,
+      ...serverCompression("--http-max-input-size"),
     }),
   );
   httpServer.on("request", (req, res) => {

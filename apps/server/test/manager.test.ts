@@ -192,7 +192,9 @@ describe("HTTP inference", () => {
       const big = await infer("x".repeat(300)).catch((e: unknown) => ConnectError.from(e));
       expect(big).toBeInstanceOf(ConnectError);
       expect((big as ConnectError).code).toBe(Code.ResourceExhausted);
-      expect((big as ConnectError).rawMessage).toMatch(/message size \d+ is larger than configured readMaxBytes 300/);
+      expect((big as ConnectError).rawMessage).toMatch(
+        /^request message of \d+ bytes exceeds the maximum allowed value of 300 bytes; use --grpc-max-input-size to increase the limit$/,
+      );
       const ok = await infer("small");
       expect(new Float32Array(ok.rawOutputContents[0]!.slice().buffer)).toEqual(new Float32Array([10, 20, 30, 40]));
     } finally {

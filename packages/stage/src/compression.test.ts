@@ -25,7 +25,7 @@ describe("compressionDeflate (gRPC's deflate coding)", () => {
     expect(big).toBeInstanceOf(ConnectError);
     expect((big as ConnectError).code).toBe(Code.ResourceExhausted);
     expect((big as ConnectError).rawMessage).toBe(
-      "message is larger than configured readMaxBytes 100 after decompression",
+      "deflate-decompressed request message of more than 100 bytes exceeds the maximum allowed value of 100 bytes",
     );
     const bad = await compressionDeflate
       .decompress(new Uint8Array([0x78, 0x9c, 1, 2, 3]), 100)

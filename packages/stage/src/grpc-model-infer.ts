@@ -30,6 +30,7 @@ import {
   type ModelInferResponse,
   ModelInferResponseSchema,
 } from "@trellis/protocol";
+import { inputTooLarge } from "./compression.js";
 import { toConnectError } from "./errors.js";
 import { compressMessage, type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
 import { nowNs } from "./statistics.js";
@@ -134,19 +135,19 @@ function decode(message: Uint8Array): ModelInferRequest {
   }
 }
 
-const oversize = (size: number, limit: number) =>
-  new ConnectError(`message size ${size} is larger than configured readMaxBytes ${limit}`, Code.ResourceExhausted);
-
 /**
- * The fast path for `infer`, refusing messages over `readMaxBytes` like Connect's readMaxBytes does,
- * and calls `refuse` says are not allowed (restricted APIs) before reading them.
+ * The fast path for `infer`, refusing messages over `readMaxBytes` like Connect's readMaxBytes does
+ * (naming `maxInputFlag`, the setting that raises it, when given), and calls `refuse` says are not
+ * allowed (restricted APIs) before reading them.
  */
 export function grpcModelInferHandler(
   infer: ModelInferFn,
   readMaxBytes: number,
   refuse?: (headers: http2.IncomingHttpHeaders) => ConnectError | undefined,
   compression: ResponseCompressionLevel = "none",
+  maxInputFlag?: string,
 ): FastPath {
+  const oversize = (size: number) => inputTooLarge(readMaxBytes, size, maxInputFlag);
   return (req, res) => {
     if (!servedHere(req)) return false;
     // Read only when compressing: the uncompressed default costs this path nothing.
@@ -239,16 +240,18 @@ export function grpcModelInferHandler(
 
     const chunks: Buffer[] = [];
     let received = 0;
+    let declared: number | undefined;
     req.on("data", (chunk: Buffer) => {
       if (answered) return;
       received += chunk.length;
       chunks.push(chunk);
-      // The envelope says how big the message is: refuse it before reading it.
-      const head = chunks[0] as Buffer;
-      const declared = head.length >= ENVELOPE_HEADER_BYTES ? head.readUInt32BE(1) : 0;
-      if (declared > readMaxBytes) fail(oversize(declared, readMaxBytes));
-      else if (received > ENVELOPE_HEADER_BYTES + readMaxBytes)
-        fail(oversize(received - ENVELOPE_HEADER_BYTES, readMaxBytes));
+      // The envelope says how big the message is: refuse it as soon as its prefix is here (however
+      // the client split it), before reading the message.
+      if (declared === undefined && received >= ENVELOPE_HEADER_BYTES) {
+        declared = (chunks.length === 1 ? chunk : Buffer.concat(chunks)).readUInt32BE(1);
+        if (declared > readMaxBytes) return fail(oversize(declared));
+      }
+      if (received > ENVELOPE_HEADER_BYTES + readMaxBytes) fail(oversize(received - ENVELOPE_HEADER_BYTES));
     });
     req.on("end", () => {
       if (answered) return;

@@ -51,6 +51,7 @@ export {
   type LogSettingValue,
 } from "./log-settings.js";
 export { createModelCaller, type ModelCaller, type ModelCallOptions } from "./model-caller.js";
+export { modelFilePath } from "./model-files.js";
 export {
   type RateLimitedInstance,
   RateLimiter,
@@ -60,7 +61,6 @@ export {
 } from "./rate-limiter.js";
 export {
   type ModelIndexEntry,
-export { modelFilePath } from "./model-files.js";
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
@@ -107,6 +107,7 @@ export {
   type ModelInferContext,
   SERVER_COMPRESSION,
   type ServeOptions,
+  serverCompression,
   serveStage,
   widenSessionWindow,
 } from "./serve.js";

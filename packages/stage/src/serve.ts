@@ -8,7 +8,7 @@ import type { AddressInfo } from "node:net";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import type { Compression } from "@connectrpc/connect/protocol";
-import { compressionBrotli, compressionGzip, connectNodeAdapter } from "@connectrpc/connect-node";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   CudaSharedMemoryStatusResponseSchema,
   GRPCInferenceService,
@@ -35,7 +35,7 @@ import {
   TraceSettingResponseSchema,
 } from "@trellis/protocol";
 import { tensorFromContents, tensorToRaw } from "./codec.js";
-import { compressionDeflate } from "./compression.js";
+import { namingInputLimit, requestCompression } from "./compression.js";
 import { Code, StageError, toConnectError } from "./errors.js";
 import {
   type GrpcCallTimes,
@@ -602,27 +602,44 @@ export function widenSessionWindow(session: http2.Http2Session): void {
 
 /**
  * Handler options for tensor traffic: requests compressed with gzip, deflate
- * (gRPC's two codings, both of which Triton takes) or br are accepted, but
- * responses are never compressed. Tensors barely compress and gzip on a
- * megabyte response costs more than sending it over loopback or a datacenter
- * link (Triton does not compress by default either).
+ * (gRPC's two codings, both of which Triton takes) or br are accepted, each
+ * inflated only up to the handler's readMaxBytes (a larger one is refused
+ * RESOURCE_EXHAUSTED naming the limit and `maxInputFlag`, the setting that
+ * raises it), but responses are never compressed. Tensors barely compress and
+ * gzip on a megabyte response costs more than sending it over loopback or a
+ * datacenter link (Triton does not compress by default either).
  */
-export const SERVER_COMPRESSION: { acceptCompression: Compression[]; compressMinBytes: number } = {
-  acceptCompression: [compressionGzip, compressionDeflate, compressionBrotli],
-  compressMinBytes: Number.POSITIVE_INFINITY,
-};
+export function serverCompression(maxInputFlag?: string): {
+  acceptCompression: Compression[];
+  compressMinBytes: number;
+} {
+  return { acceptCompression: requestCompression(maxInputFlag), compressMinBytes: Number.POSITIVE_INFINITY };
+}
+
+/** serverCompression() with refusals that name no setting. */
+export const SERVER_COMPRESSION = serverCompression();
 
 const INFER_PATHS = new Set([MODEL_INFER_PATH, "/inference.GRPCInferenceService/ModelStreamInfer"]);
 
-/** Triton's gRPC frontend accepts messages up to INT32_MAX bytes; so do ours unless told otherwise. */
-export const DEFAULT_GRPC_MAX_INPUT_BYTES = 2 ** 31 - 1;
+/**
+ * The largest gRPC request message accepted unless told otherwise: 64 MiB, the
+ * default of Triton's --http-max-input-size, and so the same cap on both ports.
+ * Triton's gRPC frontend takes up to INT32_MAX (2^31 - 1) bytes, a cap that
+ * holds for compressed messages only once inflated: a 1 MB gzip message then
+ * grew a server by over 2 GB and stalled it for seconds. A larger message
+ * needs the cap raised (maxInputBytes, the server's --grpc-max-input-size).
+ */
+export const DEFAULT_GRPC_MAX_INPUT_BYTES = 64 * 1024 * 1024;
 
 export interface GrpcServerOptions extends ServeOptions {
   /**
-   * Largest request message accepted (default DEFAULT_GRPC_MAX_INPUT_BYTES);
-   * a larger one is refused with RESOURCE_EXHAUSTED before it is decoded.
+   * Largest request message accepted (default DEFAULT_GRPC_MAX_INPUT_BYTES), compressed
+   * ones once inflated; a larger one is refused with RESOURCE_EXHAUSTED as soon as its
+   * envelope's length prefix arrives (or, compressed, as soon as inflating passes it).
    */
   maxInputBytes?: number;
+  /** The setting that raises maxInputBytes (e.g. "--grpc-max-input-size"), named in those refusals. */
+  maxInputFlag?: string;
   /** Serve over TLS (h2) instead of cleartext HTTP/2. */
   tls?: GrpcServerTlsOptions;
   /** Endpoint groups that require a header (tritonserver's --grpc-restricted-protocol). */
@@ -680,6 +697,7 @@ export function createGrpcServer(
   target: Stage | ModelRegistry,
   {
     maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES,
+    maxInputFlag,
     tls,
     restrictions,
     responseCompression = "none",
@@ -692,7 +710,7 @@ export function createGrpcServer(
       routes: serveStage(registry, options),
       readMaxBytes: maxInputBytes,
       interceptors: restrictions ? [restrictionInterceptor(restrictions)] : [],
-      ...SERVER_COMPRESSION,
+      ...serverCompression(maxInputFlag),
       compressMinBytes,
     });
   const connect = adapter(SERVER_COMPRESSION.compressMinBytes);
@@ -710,13 +728,15 @@ export function createGrpcServer(
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
     responseCompression,
+    maxInputFlag,
   );
   const handle = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     if (modelInfer(req, res)) return;
     // Connect writes its status trailers through addTrailers; grpc-js clients need grpc-message
-    // encoded as the gRPC spec does (see encodeGrpcMessage).
+    // encoded as the gRPC spec does (see encodeGrpcMessage), and its refusals of a message over
+    // the cap name the setting that raises it.
     const addTrailers = res.addTrailers.bind(res);
-    res.addTrailers = (trailers) => addTrailers(withReadableGrpcMessage(trailers));
+    res.addTrailers = (trailers) => addTrailers(withReadableGrpcMessage(namingLimit(trailers, maxInputFlag)));
     if (connectInfer !== connect && INFER_PATHS.has(req.url)) {
       // Connect answers with the first encoding the client accepts: accept only gRPC core's pick.
       const accept = req.headers["grpc-accept-encoding"];
@@ -747,6 +767,21 @@ export function createGrpcServer(
     s.on("close", () => sessions.delete(s));
   });
   return { server, sessions };
+}
+
+/** `trailers` with Connect's refusal of a message over readMaxBytes reworded by namingInputLimit. */
+function namingLimit(trailers: http2.OutgoingHttpHeaders, flag: string | undefined): http2.OutgoingHttpHeaders {
+  const message = trailers["grpc-message"];
+  if (String(trailers["grpc-status"]) !== String(Code.ResourceExhausted) || typeof message !== "string")
+    return trailers;
+  let text: string;
+  try {
+    text = decodeURIComponent(message);
+  } catch {
+    return trailers;
+  }
+  const named = namingInputLimit(text, flag);
+  return named === text ? trailers : { ...trailers, "grpc-message": encodeURIComponent(named) };
 }
 
 /** Serves `target` over HTTP/2 (gRPC's transport; TLS with `tls`) on host:port (0 = ephemeral). */

@@ -191,7 +191,9 @@ describe("unary ModelInfer over gRPC, the direct path", () => {
     head.writeUInt32BE(10 * LIMIT, 1);
     const answer = await rawCall(head);
     expect(answer.grpcStatus).toBe(String(Code.ResourceExhausted));
-    expect(answer.grpcMessage).toBe(`message size ${10 * LIMIT} is larger than configured readMaxBytes ${LIMIT}`);
+    expect(answer.grpcMessage).toBe(
+      `request message of ${10 * LIMIT} bytes exceeds the maximum allowed value of ${LIMIT} bytes`,
+    );
     const next = await rawCall(envelope(toBinary(ModelInferRequestSchema, echoRequest())));
     expect(next.grpcStatus).toBe("0");
   });

@@ -67,7 +67,7 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
       const big: InferRequest = { inputs: [bytesTensor("TEXT", [1, 1], [new Uint8Array(5000)])] };
       const err = await rejectionOf(remote.infer(big), StageError);
       expect(err.code).toBe(Code.ResourceExhausted);
-      expect(err.message).toMatch(/message size \d+ is larger than configured readMaxBytes 2000/);
+      expect(err.message).toMatch(/request message of \d+ bytes exceeds the maximum allowed value of 2000 bytes/);
       const res = await remote.infer(request());
       expect(res.outputs[1]?.data).toEqual(VALUES);
     } finally {
