@@ -350,6 +350,24 @@ export const program = new Command("trellis-server")
   .option("--endpoints-client-cert <path>", "PEM client certificate for https:// --endpoints that require mutual TLS")
   .option("--endpoints-client-key <path>", "PEM private key of --endpoints-client-cert")
   .option(
+    "--endpoints-timeout-secs <secs>",
+    "deadline of each call to an --endpoints model (a decoupled one's: of each response); past it the request fails DEADLINE_EXCEEDED naming the step; 0: none",
+    seconds,
+    30,
+  )
+  .option(
+    "--endpoints-keepalive-time <ms>",
+    "HTTP/2 keepalive ping to an --endpoints server after this long without a frame while calls are in flight; 0: none",
+    count,
+    10_000,
+  )
+  .option(
+    "--endpoints-keepalive-timeout <ms>",
+    "a keepalive ping to an --endpoints server unanswered this long closes the connection, failing its calls UNAVAILABLE",
+    milliseconds,
+    5_000,
+  )
+  .option(
     "--exit-timeout-secs <secs>",
     "on SIGINT/SIGTERM, how long in-flight requests may take to finish",
     seconds,
@@ -464,6 +482,9 @@ export interface Flags extends TraceFlags {
   endpointsRootCert?: string;
   endpointsClientCert?: string;
   endpointsClientKey?: string;
+  endpointsTimeoutSecs: number;
+  endpointsKeepaliveTime: number;
+  endpointsKeepaliveTimeout: number;
   metricsConfig: string[];
   fetchModels: boolean;
 }

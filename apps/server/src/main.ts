@@ -50,7 +50,12 @@ async function main(): Promise<void> {
 
   const manager = new RepositoryManager({
     repositories,
-    loader: modelLoader(settings.endpointsTls),
+    loader: modelLoader(settings.endpointsTls, {
+      timeoutMs: flags.endpointsTimeoutSecs * 1000,
+      keepaliveTimeMs: flags.endpointsKeepaliveTime,
+      keepaliveTimeoutMs: flags.endpointsKeepaliveTimeout,
+      logger,
+    }),
     mode: flags.modelControlMode,
     loadModels: flags.loadModel,
     strictModelConfig: settings.strictModelConfig,

@@ -6,7 +6,7 @@ export {
   type ResolveStep,
   type StepStatistics,
 } from "./ensemble.js";
-export { connectRemote, type LoadStageOptions, loadStage } from "./loader.js";
+export { connectRemote, type LoadStageOptions, loadStage, REMOTE_DEFAULTS, type RemoteOptions } from "./loader.js";
 export type { EnsemblePlan, Producer, StepPlan } from "./plan.js";
 export {
   type RepositoryModel,

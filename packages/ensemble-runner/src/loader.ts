@@ -36,6 +36,8 @@ export interface LoadStageOptions {
   endpoints?: Record<string, string>;
   /** TLS for https:// endpoints: the CA to trust instead of the system's, a client certificate for mutual TLS. */
   remoteTls?: GrpcTlsOptions;
+  /** Deadlines and keepalive of calls to endpoints (see connectRemote). */
+  remote?: RemoteOptions;
   /** Default true; false lets the ONNX stage complete the config from the model. */
   strictModelConfig?: boolean;
   /** max_batch_size that auto-complete gives a batchable ONNX model whose config has none (Triton's default-max-batch-size, 4). */
@@ -52,16 +54,58 @@ const ENDPOINT_PARAMETER = "endpoint.";
 
 const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
 
+/** How remote models (--endpoints) are called. */
+export interface RemoteOptions {
+  /** Deadline of each call to the remote, in ms (a decoupled model's: of each response); 0: none. Default 30 s. */
+  timeoutMs?: number;
+  /** HTTP/2 keepalive ping after this many ms without a frame while calls are in flight; 0: none. Default 10 s. */
+  keepaliveTimeMs?: number;
+  /** A ping unanswered this long (ms) closes the connection, failing its calls UNAVAILABLE. Default 5 s. */
+  keepaliveTimeoutMs?: number;
+  /** Where a remote going away (and coming back) is logged, with its URL. */
+  logger?: StageLogger;
+}
+
+export const REMOTE_DEFAULTS = { timeoutMs: 30_000, keepaliveTimeMs: 10_000, keepaliveTimeoutMs: 5_000 } as const;
+
 /**
  * A remote model over KServe v2 gRPC; version "" lets the server choose.
- * A call cut off because the connection dropped fails UNAVAILABLE naming
- * the remote (connectStage does that), so callers can tell "that service
- * is down, retry" from a real error.
+ * Each call has a deadline and the connection a keepalive (see RemoteOptions);
+ * readiness answers from the last known state, checked in the background, so
+ * a health check never waits on the remote. Errors name the model, never its
+ * URL (that goes to the log): a deadline is DEADLINE_EXCEEDED, a remote that
+ * cannot be reached, dropped the connection, or does not have the model
+ * loaded (restarting) is UNAVAILABLE, so callers can tell "that service is
+ * down, retry" from a real error.
  */
-export async function connectRemote(name: string, url: string, version = "", tls?: GrpcTlsOptions): Promise<Stage> {
-  const options: ConnectStageOptions = { remoteLabel: url };
+export async function connectRemote(
+  name: string,
+  url: string,
+  version = "",
+  tls?: GrpcTlsOptions,
+  remote: RemoteOptions = {},
+): Promise<Stage> {
+  const timeoutMs = remote.timeoutMs ?? REMOTE_DEFAULTS.timeoutMs;
+  const keepaliveTimeMs = remote.keepaliveTimeMs ?? REMOTE_DEFAULTS.keepaliveTimeMs;
+  const options: ConnectStageOptions = {
+    redactTransportErrors: true,
+    endpoint: url,
+    cachedReadiness: {},
+    ...(timeoutMs > 0 ? { timeoutMs } : {}),
+    ...(remote.logger ? { logger: remote.logger } : {}),
+  };
   if (version) options.version = version;
-  const transport = grpcTransport(url, tls ? { tls } : {});
+  const transport = grpcTransport(url, {
+    ...(tls ? { tls } : {}),
+    ...(keepaliveTimeMs > 0
+      ? {
+          keepalive: {
+            timeMs: keepaliveTimeMs,
+            timeoutMs: remote.keepaliveTimeoutMs ?? REMOTE_DEFAULTS.keepaliveTimeoutMs,
+          },
+        }
+      : {}),
+  });
   let stage: Stage;
   try {
     stage = await connectStage(transport, name, options);
@@ -77,6 +121,7 @@ export async function connectRemote(name: string, url: string, version = "", tls
     isReady: () => stage.isReady(),
     metadata: () => stage.metadata(),
     infer: (request, opts) => stage.infer(request, opts),
+    ...(stage.inferStream ? { inferStream: stage.inferStream } : {}),
     statistics: () => stage.statistics(),
     close: async () => {
       await stage.close();
@@ -84,6 +129,12 @@ export async function connectRemote(name: string, url: string, version = "", tls
     },
   };
 }
+
+/** The remote options of a load, with its logger unless they name one. */
+const remoteOptions = (options: LoadStageOptions): RemoteOptions => ({
+  ...(options.logger ? { logger: options.logger } : {}),
+  ...options.remote,
+});
 
 /** The factory a module exports: `createStage`, else a default-exported function. */
 function factoryOf(mod: Record<string, unknown>, where: string, model: string): StageFactory {
@@ -137,7 +188,7 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   const { config } = model;
   const { version, logger } = options;
   const remote = options.endpoints?.[model.name];
-  if (remote) return connectRemote(model.name, remote, "", options.remoteTls);
+  if (remote) return connectRemote(model.name, remote, "", options.remoteTls, remoteOptions(options));
 
   if (!model.versions.includes(version)) {
     throw new StageError(
@@ -254,7 +305,10 @@ function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions
     if (!stage) {
       stage = (async () => {
         const url = endpoints[name];
-        if (url) return connectRemote(name, url, version >= 0n ? String(version) : "", options.remoteTls);
+        if (url) {
+          const v = version >= 0n ? String(version) : "";
+          return connectRemote(name, url, v, options.remoteTls, remoteOptions(options));
+        }
         scan ??= scanRepository(repositories);
         const { models, errors } = await scan;
         const model = models.find((m) => m.name === name);

@@ -16,9 +16,10 @@ import {
   type InferResponse,
   isDecoupled,
   type Stage,
+  type StageLogger,
   type StageMetadata,
 } from "./stage.js";
-import { describeTransportError, isConnectionLost } from "./transport-errors.js";
+import { describeTransportError, isConnectionLost, neverSent } from "./transport-errors.js";
 import { inferRequestToWire, inferResponseFromWire, metadataFromWire } from "./wire.js";
 
 export type InferenceClient = Client<typeof GRPCInferenceService>;
@@ -54,15 +55,42 @@ export interface ClosableTransport extends Transport {
   close(): void;
 }
 
+/**
+ * HTTP/2 keepalive on a connection to a remote: while calls are in flight (and before a call on a
+ * connection idle longer than `timeMs`) a PING goes out after `timeMs` without a frame from the
+ * peer; one unanswered for `timeoutMs` closes the connection, failing its calls UNAVAILABLE, so a
+ * peer that stopped answering (frozen, or gone without a FIN) is found without waiting on deadlines.
+ * Idle connections are not pinged: servers (gRPC core's, Trellis's) count such pings as abuse.
+ */
+export interface GrpcKeepalive {
+  timeMs: number;
+  timeoutMs: number;
+}
+
 /** A gRPC transport (HTTP/2) to a KServe v2 endpoint such as "http://127.0.0.1:8001" (or https:// with `tls`). */
 export function grpcTransport(
   baseUrl: string,
-  options: { headers?: Record<string, string>; tls?: GrpcTlsOptions; connectTimeoutMs?: number } = {},
+  options: {
+    headers?: Record<string, string>;
+    tls?: GrpcTlsOptions;
+    connectTimeoutMs?: number;
+    /** Default: no keepalive pings. */
+    keepalive?: GrpcKeepalive;
+  } = {},
 ): ClosableTransport {
   const headers = options.headers;
   const sessionManager = new WideWindowSessionManager(
     baseUrl,
-    options.connectTimeoutMs !== undefined ? { connectTimeoutMs: options.connectTimeoutMs } : {},
+    {
+      ...(options.connectTimeoutMs !== undefined ? { connectTimeoutMs: options.connectTimeoutMs } : {}),
+      ...(options.keepalive
+        ? {
+            pingIntervalMs: options.keepalive.timeMs,
+            pingTimeoutMs: options.keepalive.timeoutMs,
+            pingIdleConnection: false,
+          }
+        : {}),
+    },
     { settings: HTTP2_SETTINGS, ...options.tls },
   );
   const transport = createGrpcTransport({
@@ -93,8 +121,67 @@ export interface ConnectStageOptions {
   version?: string;
   /** Label used in errors, e.g. the endpoint URL. */
   remoteLabel?: string;
-  /** Per-request deadline in milliseconds. */
+  /**
+   * Per-request deadline in milliseconds (for a decoupled model: for each of its responses):
+   * past it the request fails DEADLINE_EXCEEDED naming the model. Default: none.
+   */
   timeoutMs?: number;
+  /**
+   * Requests whose transport failed (connection refused, lost, ping unanswered) fail UNAVAILABLE
+   * saying so, without the transport's own text, which can name addresses; `logger` gets it.
+   * A status the remote sent is passed on as it is (NOT_FOUND as UNAVAILABLE: see infer).
+   */
+  redactTransportErrors?: boolean;
+  /** Where failures are logged (with `endpoint`), each time the remote starts or stops failing. */
+  logger?: StageLogger;
+  /** Where the remote is, for the log only. */
+  endpoint?: string;
+  /**
+   * isReady() answers at once with the last known state, never waiting on the remote: a state
+   * older than `refreshMs` (default 1000) starts a check in the background, one at a time, which
+   * counts as not ready past `timeoutMs` (default 5000, or the request deadline if shorter). The
+   * first check is made before connectStage returns. Default: each isReady() asks the remote.
+   */
+  cachedReadiness?: { refreshMs?: number; timeoutMs?: number };
+}
+
+/** A remote's readiness, known without waiting on it: checks run in the background, one at a time. */
+class ReadinessCache {
+  private ready = false;
+  private checkedAt = 0;
+  private checking: Promise<void> | undefined;
+
+  constructor(
+    private readonly check: (timeoutMs: number) => Promise<boolean>,
+    private readonly refreshMs: number,
+    private readonly timeoutMs: number,
+    private readonly changed: (ready: boolean, why?: unknown) => void,
+  ) {}
+
+  /** The last known state; starts a check when it is older than refreshMs. */
+  get(): boolean {
+    if (!this.checking && Date.now() - this.checkedAt >= this.refreshMs) void this.refresh();
+    return this.ready;
+  }
+
+  /** Checks now (or joins the check under way); resolves once the state is known. */
+  refresh(): Promise<void> {
+    this.checking ??= this.check(this.timeoutMs)
+      .then(
+        (ready) => this.set(ready),
+        (err: unknown) => this.set(false, err),
+      )
+      .finally(() => {
+        this.checkedAt = Date.now();
+        this.checking = undefined;
+      });
+    return this.checking;
+  }
+
+  private set(ready: boolean, why?: unknown): void {
+    if (ready !== this.ready) this.changed(ready, why);
+    this.ready = ready;
+  }
 }
 
 /** Re-raises a remote error with its code, saying which remote model raised it. */
@@ -103,6 +190,45 @@ export function remoteError(err: unknown, model: string, remoteLabel: string): S
   const where = remoteLabel ? `remote model ${model} at ${remoteLabel}` : `remote model ${model}`;
   return new StageError(ce.code, model, `${where}: ${ce.rawMessage}`, { cause: err });
 }
+
+/** A call's own deadline (if any) joined to its caller's signal: `expired` tells the two apart. */
+function callDeadline(outer: AbortSignal | undefined, ms: number | undefined) {
+  if (!ms) return { signal: outer, expired: () => false, restart() {}, clear() {} };
+  const ctl = new AbortController();
+  let expired = false;
+  let timer: NodeJS.Timeout | undefined;
+  const restart = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      expired = true;
+      ctl.abort(new ConnectError("deadline exceeded", Code.DeadlineExceeded));
+    }, ms);
+  };
+  const onAbort = () => ctl.abort(outer?.reason);
+  if (outer?.aborted) onAbort();
+  else outer?.addEventListener("abort", onAbort, { once: true });
+  restart();
+  return {
+    signal: ctl.signal,
+    expired: () => expired,
+    restart,
+    clear() {
+      clearTimeout(timer);
+      outer?.removeEventListener("abort", onAbort);
+    },
+  };
+}
+
+/** Connect's session manager closed the connection because a keepalive ping went unanswered. */
+function pingUnanswered(err: unknown): boolean {
+  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = (e as { cause?: unknown }).cause, depth++) {
+    if (e instanceof ConnectError && e.rawMessage === "PING timed out") return true;
+  }
+  return false;
+}
+
+/** "2 s", "0.5 s", "30 s". */
+const seconds = (ms: number) => `${Number((ms / 1000).toFixed(3))} s`;
 
 /**
  * Reads the remote model's config and metadata, then returns a Stage whose
@@ -117,6 +243,7 @@ export async function connectStage(
   const client: InferenceClient = createClient(GRPCInferenceService, transport);
   const version = options.version ?? "";
   const label = options.remoteLabel ?? "";
+  const where = label ? `remote model ${name} at ${label}` : `remote model ${name}`;
   const call = async <T>(fn: () => Promise<T>): Promise<T> => {
     try {
       return await fn();
@@ -124,43 +251,130 @@ export async function connectStage(
       throw remoteError(err, name, label);
     }
   };
-  const configResponse = await call(() => client.modelConfig({ name, version }));
+  // Bounded by the request deadline too: a load must not hang on a remote that does not answer.
+  const bounded = options.timeoutMs ? { timeoutMs: options.timeoutMs } : {};
+  const configResponse = await call(() => client.modelConfig({ name, version }, bounded));
   const config: ModelConfig | undefined = configResponse.config;
   if (!config) throw new StageError(Code.Internal, name, `remote model ${name} returned no config`);
-  const metadata: StageMetadata = metadataFromWire(await call(() => client.modelMetadata({ name, version })));
+  const metadata: StageMetadata = metadataFromWire(await call(() => client.modelMetadata({ name, version }, bounded)));
   const servedVersion = version || metadata.versions.at(-1) || "1";
-  const stage: Stage = {
-    name,
-    version: servedVersion,
-    config,
-    isReady: async () => {
+  const { timeoutMs, logger } = options;
+  const logged = { model: name, ...(options.endpoint ? { endpoint: options.endpoint } : {}) };
+
+  // The log hears when requests start failing for want of the remote, and when it answers again; not each request.
+  let failing = false;
+  const answered = () => {
+    if (!failing) return;
+    failing = false;
+    logger?.info(logged, "remote model answering again");
+  };
+  const unreachable = (err: StageError, detail: unknown) => {
+    if (failing) return;
+    failing = true;
+    logger?.warn({ ...logged, error: err.rawMessage, detail: describeTransportError(detail) }, "remote model failing");
+  };
+
+  /** Why a call failed, as its caller should see it. */
+  const failure = (err: unknown, outer: AbortSignal | undefined, expired: boolean): StageError => {
+    if (expired) {
+      const e = new StageError(Code.DeadlineExceeded, name, `${where}: no answer within ${seconds(timeoutMs ?? 0)}`, {
+        cause: err,
+      });
+      unreachable(e, err);
+      return e;
+    }
+    // The caller's own cancellation or deadline: the caller reports it.
+    if (outer?.aborted) return remoteError(err, name, label);
+    const ce = ConnectError.from(err);
+    if (ce.isWireError) {
+      // Its server is up but does not have the model (yet: it is starting, or reloading): not ours to call unknown.
+      if (ce.code === Code.NotFound) {
+        const e = new StageError(Code.Unavailable, name, `${where} is not available on its server: ${ce.rawMessage}`, {
+          cause: err,
+        });
+        unreachable(e, err);
+        return e;
+      }
+      answered();
+      return remoteError(err, name, label);
+    }
+    const detail = options.redactTransportErrors ? "" : `: ${describeTransportError(err)}`;
+    let e: StageError;
+    if (neverSent(err)) {
+      e = new StageError(Code.Unavailable, name, `${where}: unreachable${detail}`, { cause: err });
+    } else if (pingUnanswered(err)) {
+      e = new StageError(
+        Code.Unavailable,
+        name,
+        `${where}: connection closed, its keepalive ping went unanswered (not resent: the request may have reached the server)`,
+        { cause: err },
+      );
+    } else if (isConnectionLost(err)) {
+      // A dropped connection is the remote going away, not our caller cancelling.
+      e = new StageError(
+        Code.Unavailable,
+        name,
+        `${where}: connection lost with the request in flight (not resent: it may have reached the server)${detail}`,
+        { cause: err },
+      );
+    } else if (options.redactTransportErrors) {
+      e = new StageError(Code.Unavailable, name, `${where}: unreachable or not answering`, { cause: err });
+    } else {
+      e = remoteError(err, name, label);
+    }
+    unreachable(e, err);
+    return e;
+  };
+
+  let isReady: () => boolean | Promise<boolean>;
+  const cached = options.cachedReadiness;
+  if (cached) {
+    const checkMs = cached.timeoutMs ?? Math.min(5000, timeoutMs || 5000);
+    let known = false;
+    const readiness = new ReadinessCache(
+      async (ms) => (await client.modelReady({ name, version }, { timeoutMs: ms })).ready,
+      cached.refreshMs ?? 1000,
+      checkMs,
+      (ready, why) => {
+        if (!known) return;
+        if (ready) logger?.info(logged, "remote model ready again");
+        else
+          logger?.warn(
+            { ...logged, ...(why ? { detail: describeTransportError(why) } : {}) },
+            "remote model not ready",
+          );
+      },
+    );
+    await readiness.refresh();
+    known = true;
+    isReady = () => readiness.get();
+  } else {
+    isReady = async () => {
       try {
         return (await client.modelReady({ name, version })).ready;
       } catch {
         return false;
       }
-    },
+    };
+  }
+
+  const stage: Stage = {
+    name,
+    version: servedVersion,
+    config,
+    isReady,
     metadata: () => metadata,
     async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
+      const deadline = callDeadline(opts?.signal, timeoutMs);
       let res: Awaited<ReturnType<InferenceClient["modelInfer"]>>;
       try {
-        res = await client.modelInfer(inferRequestToWire(request, name, version), {
-          signal: opts?.signal,
-          timeoutMs: options.timeoutMs,
-        });
+        res = await client.modelInfer(inferRequestToWire(request, name, version), { signal: deadline.signal });
       } catch (err) {
-        // A dropped connection is the remote going away, not our caller cancelling.
-        if (!opts?.signal?.aborted && isConnectionLost(err)) {
-          const where = label ? `remote model ${name} at ${label}` : `remote model ${name}`;
-          throw new StageError(
-            Code.Unavailable,
-            name,
-            `${where}: connection lost with the request in flight (not resent: it may have reached the server): ${describeTransportError(err)}`,
-            { cause: err },
-          );
-        }
-        throw remoteError(err, name, label);
+        throw failure(err, opts?.signal, deadline.expired());
+      } finally {
+        deadline.clear();
       }
+      answered();
       return inferResponseFromWire(res, name);
     },
     statistics: async () => {
@@ -179,18 +393,29 @@ export async function connectStage(
       async function* alone() {
         yield wire;
       }
+      // The deadline is each response's: a stream may run long, but not go silent that long.
+      const deadline = callDeadline(opts?.signal, timeoutMs);
+      let modelError: ConnectError | undefined;
       try {
         const answers: AsyncIterable<ModelStreamInferResponse> = client.modelStreamInfer(alone(), {
-          signal: opts?.signal,
-          timeoutMs: options.timeoutMs,
+          signal: deadline.signal,
         });
         for await (const answer of answers) {
+          deadline.restart();
           // A stream answer's error carries no code (KServe v2 sends only its message).
-          if (answer.errorMessage) throw new ConnectError(answer.errorMessage, Code.Unknown);
+          if (answer.errorMessage) {
+            modelError = new ConnectError(answer.errorMessage, Code.Unknown);
+            throw modelError;
+          }
           if (answer.inferResponse) yield inferResponseFromWire(answer.inferResponse, name);
         }
+        answered();
       } catch (err) {
-        throw remoteError(err, name, label);
+        // The model's own error, sent in a stream answer.
+        if (err === modelError) throw remoteError(err, name, label);
+        throw failure(err, opts?.signal, deadline.expired());
+      } finally {
+        deadline.clear();
       }
     };
   }
