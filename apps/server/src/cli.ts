@@ -127,6 +127,24 @@ export const program = new Command("trellis-server")
     DEFAULT_HTTP_MAX_INPUT_BYTES,
   )
   .option(
+    "--http-headers-timeout <ms>",
+    "an HTTP request's headers must arrive within this long of its start, or it is answered 408 and its connection closed; 0: no limit",
+    count,
+    60_000,
+  )
+  .option(
+    "--http-request-timeout <ms>",
+    "an HTTP request, body included, must arrive within this long of its start, or it is answered 408 and its connection closed (the default leaves a 64 MiB body about 0.5 MB/s); 0: no limit",
+    count,
+    120_000,
+  )
+  .option(
+    "--http-keepalive-timeout <ms>",
+    "how long an HTTP keep-alive connection may wait for its next request before it is closed",
+    count,
+    5_000,
+  )
+  .option(
     "--grpc-max-input-size <bytes>",
     "largest gRPC request message accepted on the gRPC port, compressed ones once inflated; larger ones get RESOURCE_EXHAUSTED (default 64 MiB, as HTTP; Triton's is 2^31-1)",
     bytes,
@@ -344,6 +362,18 @@ export const program = new Command("trellis-server")
     milliseconds,
   )
   .option(
+    "--grpc-max-connection-idle <ms>",
+    "close a gRPC connection with no call in flight for this long (GOAWAY; clients reconnect for their next call); 0: never",
+    count,
+    300_000,
+  )
+  .option(
+    "--grpc-handshake-timeout <ms>",
+    "close a gRPC connection whose client has not sent the HTTP/2 preface and SETTINGS within this long of connecting; 0: never",
+    count,
+    20_000,
+  )
+  .option(
     "--endpoints-root-cert <path>",
     "PEM CA certificate(s) to trust for https:// --endpoints (default: the system's)",
   )
@@ -436,6 +466,11 @@ export interface Flags extends TraceFlags {
   grpcHttp2MaxPingStrikes: number;
   grpcMaxConnectionAge?: number;
   grpcMaxConnectionAgeGrace?: number;
+  grpcMaxConnectionIdle: number;
+  grpcHandshakeTimeout: number;
+  httpHeadersTimeout: number;
+  httpRequestTimeout: number;
+  httpKeepaliveTimeout: number;
   logInfo: boolean;
   logWarning: boolean;
   logError: boolean;
@@ -680,6 +715,9 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
   }
   if (flags.grpcMaxConnectionAgeGrace !== undefined && flags.grpcMaxConnectionAge === undefined) {
     throw new UsageError("--grpc-max-connection-age-grace needs --grpc-max-connection-age");
+  }
+  if (flags.httpRequestTimeout > 0 && flags.httpHeadersTimeout > flags.httpRequestTimeout) {
+    throw new UsageError("--http-headers-timeout must not be longer than --http-request-timeout");
   }
   if (flags.loadModel.includes("*") && flags.loadModel.length > 1) {
     throw new UsageError("--load-model=* loads every model: it must be the only --load-model (as in tritonserver)");

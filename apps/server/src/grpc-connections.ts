@@ -4,7 +4,10 @@
  * closed, so a vanished client's calls do not hang on), ping policing (a client
  * pinging an idle connection too often is sent GOAWAY too_many_pings) and a
  * maximum connection age (clients reconnect from time to time, so a load
- * balancer in front sees new connections to spread).
+ * balancer in front sees new connections to spread). And the limits gRPC core
+ * puts on connections that say nothing: a handshake timeout (the client's HTTP/2
+ * preface and SETTINGS must come within it) and a maximum idle time (a connection
+ * with no call for that long is closed with GOAWAY).
  */
 import type http2 from "node:http2";
 
@@ -25,6 +28,10 @@ export interface GrpcConnectionOptions {
   minRecvPingIntervalMs?: number;
   /** Strikes a client may earn before the connection is closed with GOAWAY too_many_pings; 0: no limit (--grpc-http2-max-ping-strikes; default 2). */
   maxPingStrikes?: number;
+  /** Close a connection whose client has not sent its HTTP/2 preface and SETTINGS this long after it opened; 0: never (--grpc-handshake-timeout; default 20 s). */
+  handshakeTimeoutMs?: number;
+  /** Close a connection with no call in flight for this long, with GOAWAY; 0: never (--grpc-max-connection-idle; default 5 min). */
+  maxIdleMs?: number;
 }
 
 export const DEFAULT_KEEPALIVE_TIME_MS = 7_200_000;
@@ -32,6 +39,8 @@ export const DEFAULT_KEEPALIVE_TIMEOUT_MS = 20_000;
 export const DEFAULT_MAX_PINGS_WITHOUT_DATA = 2;
 export const DEFAULT_MIN_RECV_PING_INTERVAL_MS = 300_000;
 export const DEFAULT_MAX_PING_STRIKES = 2;
+export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 20_000;
+export const DEFAULT_MAX_CONNECTION_IDLE_MS = 300_000;
 /** gRPC core's floor for a client's pings on a connection with no call, unless such pings are permitted. */
 const IDLE_PING_INTERVAL_MS = 7_200_000;
 /** HTTP/2's ENHANCE_YOUR_CALM, the GOAWAY code gRPC core closes a ping-flooding connection with. */
@@ -65,14 +74,45 @@ export function manageGrpcConnection(
     lastClientPing = undefined;
     strikes = 0;
   };
+  // A connection with no call in flight for maxIdleMs is closed: destroy() sends GOAWAY (NO_ERROR, the
+  // last stream it processed) first, so a client's call crossing it is known not to have run, and
+  // then closes the socket outright (a graceful close would leave it half-open for as long as the
+  // client likes).
+  const maxIdleMs = options.maxIdleMs ?? DEFAULT_MAX_CONNECTION_IDLE_MS;
+  let idle: NodeJS.Timeout | undefined;
+  const idleFrom = () => {
+    if (maxIdleMs <= 0) return;
+    idle = setTimeout(() => {
+      if (calls > 0 || session.destroyed) return;
+      logger?.debug?.({ maxIdleMs }, "gRPC connection idle: GOAWAY");
+      session.destroy();
+    }, maxIdleMs);
+    idle.unref();
+  };
+  idleFrom();
   session.on("stream", (stream) => {
     calls++;
+    clearTimeout(idle);
     sentData();
     stream.once("close", () => {
       calls--;
       sentData();
+      if (calls === 0) idleFrom();
     });
   });
+  // The client's preface and SETTINGS (node:http2 reports the SETTINGS) must come within the handshake timeout.
+  let greeted = false;
+  session.once("remoteSettings", () => {
+    greeted = true;
+  });
+  const handshakeMs = options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS;
+  if (handshakeMs > 0) {
+    later(handshakeMs, () => {
+      if (greeted || session.destroyed) return;
+      logger?.debug?.({ handshakeMs }, "gRPC client sent no HTTP/2 preface in time: closing the connection");
+      session.destroy();
+    });
+  }
   // gRPC core's ping policing, on connections with no call in flight (during a call the server
   // may be sending data unseen here, which would excuse the pings): pings closer together than
   // the interval are strikes, and past the strikes allowed the connection is closed.
@@ -96,6 +136,7 @@ export function manageGrpcConnection(
   session.once("close", () => {
     for (const timer of timers) clearTimeout(timer);
     clearTimeout(unanswered);
+    clearTimeout(idle);
   });
 
   const timeoutMs = options.keepaliveTimeoutMs ?? DEFAULT_KEEPALIVE_TIMEOUT_MS;

@@ -130,6 +130,13 @@ async function main(): Promise<void> {
       maxPingsWithoutData: flags.grpcHttp2MaxPingsWithoutData,
       minRecvPingIntervalMs: flags.grpcHttp2MinRecvPingIntervalWithoutData,
       maxPingStrikes: flags.grpcHttp2MaxPingStrikes,
+      maxIdleMs: flags.grpcMaxConnectionIdle,
+      handshakeTimeoutMs: flags.grpcHandshakeTimeout,
+    },
+    httpTimeouts: {
+      headersMs: flags.httpHeadersTimeout,
+      requestMs: flags.httpRequestTimeout,
+      keepAliveMs: flags.httpKeepaliveTimeout,
     },
     sharedMemory: flags.allowClientShm ? new SystemSharedMemory() : undefined,
   });

@@ -6,7 +6,7 @@
  */
 import http from "node:http";
 import type http2 from "node:http2";
-import type { AddressInfo } from "node:net";
+import net, { type AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   type ApiRestrictions,
@@ -94,6 +94,44 @@ export interface ServerOptions {
   grpcResponseCompression?: ResponseCompressionLevel;
   /** Keepalive pings and maximum connection age on the gRPC port (tritonserver's --grpc-keepalive-* and --grpc-max-connection-age*). */
   grpcConnections?: GrpcConnectionOptions;
+  /** How long HTTP/1.1 clients (REST, SageMaker, Vertex AI, metrics) may take; see HttpTimeouts. */
+  httpTimeouts?: HttpTimeouts;
+}
+
+/** Limits on slow or silent HTTP/1.1 clients, in milliseconds; 0: no limit. */
+export interface HttpTimeouts {
+  /** A request's headers must have arrived this long after it began (--http-headers-timeout; default 60 s). */
+  headersMs?: number;
+  /** A whole request, body included, must have arrived this long after it began (--http-request-timeout; default 120 s). */
+  requestMs?: number;
+  /** How long a keep-alive connection may wait for its next request (--http-keepalive-timeout; default 5 s). */
+  keepAliveMs?: number;
+}
+
+export const DEFAULT_HTTP_HEADERS_TIMEOUT_MS = 60_000;
+/** Room for a 64 MiB body (the default --http-max-input-size) at about 0.5 MB/s. */
+export const DEFAULT_HTTP_REQUEST_TIMEOUT_MS = 120_000;
+export const DEFAULT_HTTP_KEEPALIVE_TIMEOUT_MS = 5_000;
+
+/**
+ * At shutdown, how long a keep-alive HTTP connection with no request in flight is kept open: a
+ * request its client sent just as shutdown began is on the wire, and is answered (with
+ * `Connection: close`) instead of meeting a reset.
+ */
+const SHUTDOWN_IDLE_GRACE_MS = 1_000;
+
+/** An HTTP/1.1 server with `timeouts`. */
+function httpServerWith(timeouts: HttpTimeouts, handler: http.RequestListener): http.Server {
+  const headersTimeout = timeouts.headersMs ?? DEFAULT_HTTP_HEADERS_TIMEOUT_MS;
+  const requestTimeout = timeouts.requestMs ?? DEFAULT_HTTP_REQUEST_TIMEOUT_MS;
+  const shortest = Math.min(...[headersTimeout, requestTimeout].filter((ms) => ms > 0), 300_000);
+  const server = http.createServer(
+    // A timeout fires up to one check interval late: a tenth of the shortest, within [0.1 s, 30 s].
+    { headersTimeout, requestTimeout, connectionsCheckingInterval: Math.min(30_000, Math.max(100, shortest / 10)) },
+    handler,
+  );
+  server.keepAliveTimeout = timeouts.keepAliveMs ?? DEFAULT_HTTP_KEEPALIVE_TIMEOUT_MS;
+  return server;
 }
 
 export interface RunningServer {
@@ -141,14 +179,17 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     sharedMemory: options.sharedMemory,
     // gRPC-Web and Connect calls on the HTTP port are the gRPC protocol: the gRPC pattern holds for them.
     forwardHeaders: options.forwardHeaders?.grpc,
+    // Error detail withheld from clients (paths, addresses) goes to the log.
+    logger,
   };
   const routes = serveStage(manager, serveOptions);
   let active = 0;
   let stopping = false;
-  let onIdle: (() => void) | undefined;
+  // While shutdown drains: called whenever a request finishes or an HTTP connection closes.
+  let onChange: (() => void) | undefined;
   const done = () => {
     active--;
-    if (active === 0) onIdle?.();
+    onChange?.();
   };
 
   // gRPC: each HTTP/2 stream is one call.
@@ -187,7 +228,9 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   };
   const rest = restHandler(restContext);
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
-  const httpServer = http.createServer(
+  const timeouts = options.httpTimeouts ?? {};
+  const httpServer = httpServerWith(
+    timeouts,
     connectNodeAdapter({
       routes,
       fallback: rest as NodeHandlerFn,
@@ -197,7 +240,8 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       ...serverCompression("--http-max-input-size"),
     }),
   );
-  httpServer.on("request", (req, res) => {
+  // Before the handler (prepended), so the header is set before any answer is written.
+  httpServer.prependListener("request", (req, res) => {
     if (req.url === HEALTH_WATCH) return;
     active++;
     // Keep-alive connections would otherwise keep bringing new requests during shutdown.
@@ -207,18 +251,19 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
 
   // SageMaker's routes, answered by the same REST handler, counted in flight like HTTP's.
   const sagemakerServer = options.sagemaker
-    ? http.createServer(
+    ? httpServerWith(
+        timeouts,
         sageMakerHandler(restHandler({ ...restContext, binaryMime: SAGEMAKER_BINARY_MIME }), options.sagemaker.options),
       )
     : undefined;
-  sagemakerServer?.on("request", (_req, res) => {
+  sagemakerServer?.prependListener("request", (_req, res) => {
     active++;
     if (stopping) res.setHeader("connection", "close");
     res.on("close", done);
   });
 
   const metrics = createMetrics(manager, logger, options.metrics);
-  const metricsServer = http.createServer((req, res) => {
+  const metricsServer = httpServerWith(timeouts, (req, res) => {
     if (req.method === "GET" && (req.url ?? "").split("?")[0] === "/metrics") {
       metrics.scrape().then(
         (text) => {
@@ -237,20 +282,32 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   });
 
   const vertexAiServer = options.vertexAi
-    ? http.createServer(
+    ? httpServerWith(
+        timeouts,
         vertexAiHandler(restHandler({ ...restContext, binaryMime: VERTEX_AI_BINARY_MIME }), {
           ...options.vertexAi.options,
           metrics: () => metrics.scrape(),
         }),
       )
     : undefined;
-  vertexAiServer?.on("request", (_req, res) => {
+  vertexAiServer?.prependListener("request", (_req, res) => {
     active++;
     if (stopping) res.setHeader("connection", "close");
     res.on("close", done);
   });
   // The cloud endpoints' listeners, closed with HTTP's at shutdown.
   const cloudServers = [sagemakerServer, vertexAiServer].filter((x): x is http.Server => x !== undefined);
+  // The open connections of the HTTP listeners that count requests in flight, for shutdown to drain.
+  const httpSockets = new Set<net.Socket>();
+  for (const s of [httpServer, ...cloudServers]) {
+    s.on("connection", (socket: net.Socket) => {
+      httpSockets.add(socket);
+      socket.once("close", () => {
+        httpSockets.delete(socket);
+        onChange?.();
+      });
+    });
+  }
 
   // A listener that is not allowed is never opened (closing it at shutdown is then a no-op).
   const allow = { http: true, grpc: true, metrics: true, ...options.allow };
@@ -285,33 +342,46 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     async shutdown(timeoutMs) {
       stopping = true;
       manager.beginShutdown();
-      const closed = Promise.all([
-        close(grpc),
-        close(httpServer),
-        ...(sagemakerServer ? [close(sagemakerServer)] : []),
-      ]);
+      const began = Date.now();
+      // Stop accepting. http.Server's close() would also close its idle keep-alive connections
+      // at once, and a connection idle here may already carry a request its client has sent:
+      // closing it resets that request. So only the listeners close (net.Server's close), and
+      // the HTTP connections are drained below.
+      const stopListening = (s: http.Server) =>
+        new Promise<void>((resolve) => net.Server.prototype.close.call(s, () => resolve()));
+      const closed = Promise.all([close(grpc), ...[httpServer, ...cloudServers].map(stopListening)]);
+      // GOAWAY: calls in flight finish, new ones go elsewhere.
       for (const s of sessions) s.close();
-      httpServer.closeIdleConnections();
-      for (const s of cloudServers) s.closeIdleConnections();
-      let timedOut = false;
+      // Requests in flight finish (their responses, and any request that still comes on an open
+      // connection, say `Connection: close`); a connection with none is kept for a short grace.
+      const graceEnd = began + Math.min(SHUTDOWN_IDLE_GRACE_MS, timeoutMs);
       if (active > 0) {
         logger.info({ inflight: active, timeoutSecs: timeoutMs / 1000 }, "waiting for in-flight requests to complete");
-        await new Promise<void>((resolve) => {
-          const timer = setTimeout(() => {
-            timedOut = true;
-            resolve();
-          }, timeoutMs);
-          onIdle = () => {
-            clearTimeout(timer);
-            resolve();
-          };
-        });
       }
+      let timedOut = false;
+      await new Promise<void>((resolve) => {
+        const finish = () => {
+          clearTimeout(grace);
+          clearTimeout(deadline);
+          onChange = undefined;
+          resolve();
+        };
+        onChange = () => {
+          if (active === 0 && (httpSockets.size === 0 || Date.now() >= graceEnd)) finish();
+        };
+        const grace = setTimeout(() => onChange?.(), graceEnd - began);
+        const deadline = setTimeout(() => {
+          timedOut = true;
+          finish();
+        }, timeoutMs);
+        onChange();
+      });
       if (timedOut) logger.warn({ inflight: active }, "exit timeout expired; closing with requests still in flight");
       for (const s of sessions) s.destroy();
-      httpServer.closeAllConnections();
-      for (const s of cloudServers) s.closeAllConnections();
+      for (const socket of httpSockets) socket.destroy();
       await closed;
+      // http.Server's own close() now, with no connection left, only stops its timeout checks.
+      for (const s of [httpServer, ...cloudServers]) s.close();
       await manager.close();
       await options.tracing?.flush();
       metrics.close();
