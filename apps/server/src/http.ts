@@ -15,10 +15,15 @@ import {
   answersOf,
   answerTraceSettings,
   Code,
+  checkFileOverridePath,
+  checkModelName,
+  clientError,
+  clientMessage,
   forwardedHeaders,
   type InferOptions,
   type InferRequest,
   type InferResponse,
+  inferOptionsFromParameters,
   inflateDeflate,
   type LogSettings,
   type LogSettingsControl,
@@ -36,8 +41,8 @@ import {
   sharedMemoryOutputParameters,
   sharedMemoryRef,
   sharedMemoryStatus,
+  shownValue,
   type TraceControl,
-  toConnectError,
   withForwardedHeaders,
   withoutSharedMemory,
 } from "@trellis/stage";
@@ -57,7 +62,8 @@ export interface RestContext {
   serverName: string;
   serverVersion: string;
   extensions: string[];
-  logger: { debug(obj: object, msg?: string): void };
+  /** Failed requests at debug; error detail withheld from a client (paths, addresses) at warn. */
+  logger: { debug(obj: object, msg?: string): void; warn?(obj: object, msg?: string): void };
   /** Largest request body accepted (default DEFAULT_HTTP_MAX_INPUT_BYTES). */
   maxInputBytes?: number;
   /** The logging extension (/v2/logging); without it the route answers 501. */
@@ -143,7 +149,10 @@ function sendEmpty(res: ServerResponse, status: number): void {
   res.end();
 }
 
-function sendError(res: ServerResponse, err: unknown, status?: number): void {
+/** Logs error detail withheld from a client (see clientError), when there is a logger for it. */
+type Withheld = ((detail: string, sent: string) => void) | undefined;
+
+function sendError(res: ServerResponse, err: unknown, status?: number, withheld?: Withheld): void {
   if (res.headersSent) {
     res.destroy();
     return;
@@ -152,8 +161,39 @@ function sendError(res: ServerResponse, err: unknown, status?: number): void {
     sendJson(res, err.status, { error: err.message });
     return;
   }
-  const ce = toConnectError(err);
+  // No server paths, URLs or addresses in what the client reads; the log gets them.
+  const ce = clientError(err, withheld);
   sendJson(res, status ?? httpStatus(ce.code), { error: ce.rawMessage });
+}
+
+const badRequest = (message: string) => new StageError(Code.InvalidArgument, "", message);
+
+/** A JSON body that must be an object (an empty body is an empty object). */
+function parseObject(bytes: Uint8Array, what: string): Record<string, unknown> {
+  const body = parseJson(bytes, what);
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    throw badRequest(`the ${what} must be a JSON object, got ${shownValue(body)}`);
+  }
+  return body as Record<string, unknown>;
+}
+
+/** A request's `parameters`: absent, or a JSON object. */
+function parametersObject(body: Record<string, unknown>, what: string): Record<string, unknown> {
+  const parameters = body.parameters;
+  if (parameters === undefined) return {};
+  if (typeof parameters !== "object" || parameters === null || Array.isArray(parameters)) {
+    throw badRequest(`${what}: 'parameters' must be a JSON object, got ${shownValue(parameters)}`);
+  }
+  return parameters as Record<string, unknown>;
+}
+
+/** A trace setting's value: a string, number or boolean, a list of them, or null (back to the default). */
+function traceSettingValue(key: string, v: unknown): string[] {
+  const scalar = (x: unknown) => typeof x === "string" || typeof x === "number" || typeof x === "boolean";
+  if (v === null) return [];
+  if (scalar(v)) return [String(v)];
+  if (Array.isArray(v) && v.every(scalar)) return v.map(String);
+  throw badRequest(`trace setting '${key}' must be a string, a number, a list of them or null, got ${shownValue(v)}`);
 }
 
 /** Triton's default --http-max-input-size: 64 MiB. */
@@ -313,6 +353,7 @@ function fileOverrides(parameters: Record<string, unknown>): Record<string, Uint
   let files: Record<string, Uint8Array> | undefined;
   for (const [key, value] of Object.entries(parameters)) {
     if (!key.startsWith("file:")) continue;
+    checkFileOverridePath(key.slice("file:".length));
     if (typeof value !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(value)) {
       throw new StageError(Code.InvalidArgument, "", `load parameter '${key}' must be the file's content in base64`);
     }
@@ -325,6 +366,9 @@ function fileOverrides(parameters: Record<string, unknown>): Record<string, Uint
 export function restHandler(ctx: RestContext) {
   const { registry } = ctx;
   const maxInputBytes = ctx.maxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES;
+  const { logger } = ctx;
+  const withheld: Withheld =
+    logger.warn && ((detail, sent) => logger.warn?.({ detail, sent }, "error detail withheld from the client"));
 
   const requireMethod = (req: IncomingMessage, method: string) => {
     if (req.method !== method) throw new HttpError(405, "Method Not Allowed");
@@ -357,6 +401,11 @@ export function restHandler(ctx: RestContext) {
     }
     if (path === "/v2/logging") {
       const changes = await settingChanges(req, "log settings");
+      for (const [key, value] of Object.entries(changes)) {
+        if (typeof value === "object" && value !== null) {
+          throw badRequest(`log setting '${key}' must be a boolean, a number or a string, got ${shownValue(value)}`);
+        }
+      }
       return sendJson(res, 200, answerLogSettings(ctx.logSettings, changes as LogSettings));
     }
     const shm = SHARED_MEMORY_ROUTE.exec(path);
@@ -377,7 +426,7 @@ export function restHandler(ctx: RestContext) {
       if (action === "register") {
         if (!region) throw new HttpError(404, "Not Found");
         if (!regions) refuseSharedMemoryRegister(kind);
-        const body = parseJson(await readBody(req, maxInputBytes), "register request") as Record<string, unknown>;
+        const body = parseObject(await readBody(req, maxInputBytes), "register request");
         const count = (field: string, fallback?: number) => {
           const v = body?.[field] ?? fallback;
           if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
@@ -399,10 +448,7 @@ export function restHandler(ctx: RestContext) {
       const model = traceMatch[1];
       // A value may be a string, a list of strings, or null (clear back to the global setting).
       let changes: Record<string, string[]> = Object.fromEntries(
-        Object.entries(await settingChanges(req, "trace settings")).map(([k, v]) => [
-          k,
-          v === null ? [] : Array.isArray(v) ? v.map(String) : [String(v)],
-        ]),
+        Object.entries(await settingChanges(req, "trace settings")).map(([k, v]) => [k, traceSettingValue(k, v)]),
       );
       // The trace extension: a model named with no settings in the body clears all of the model's own.
       if (model && req.method === "POST" && Object.keys(changes).length === 0 && ctx.tracing) {
@@ -416,7 +462,10 @@ export function restHandler(ctx: RestContext) {
     }
     if (path === "/v2/repository/index") {
       requireMethod(req, "POST");
-      const body = parseJson(await readBody(req, maxInputBytes), "request") as { ready?: unknown };
+      const body = parseObject(await readBody(req, maxInputBytes), "index request");
+      if (body.ready !== undefined && typeof body.ready !== "boolean") {
+        throw badRequest(`index request: 'ready' must be a boolean, got ${shownValue(body.ready)}`);
+      }
       const repo = registry.repository;
       if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
       const rows = await repo.index(body.ready === true);
@@ -427,7 +476,8 @@ export function restHandler(ctx: RestContext) {
           name: r.name,
           ...(r.version ? { version: r.version } : {}),
           ...(r.state ? { state: r.state } : {}),
-          ...(r.reason ? { reason: r.reason } : {}),
+          // A load failure's reason says where the server looked: the client gets it without the paths.
+          ...(r.reason ? { reason: clientMessage(r.reason) } : {}),
         })),
       );
     }
@@ -435,11 +485,13 @@ export function restHandler(ctx: RestContext) {
     if (repoMatch) {
       requireMethod(req, "POST");
       const [, name = "", action] = repoMatch;
-      const body = parseJson(await readBody(req, maxInputBytes), "request") as { parameters?: Record<string, unknown> };
+      checkModelName(name);
+      const body = parseObject(await readBody(req, maxInputBytes), `${action} request`);
+      const parameters = parametersObject(body, `${action} request`);
       const repo = registry.repository;
       if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
       if (action === "load") {
-        const { config, ...rest } = body.parameters ?? {};
+        const { config, ...rest } = parameters;
         const files = fileOverrides(rest);
         if (config !== undefined && typeof config !== "string") {
           throw new StageError(
@@ -450,7 +502,7 @@ export function restHandler(ctx: RestContext) {
         }
         await repo.load(name, { ...(config === undefined ? {} : { config }), ...(files ? { files } : {}) });
       } else {
-        const unloadDependents = body.parameters?.unload_dependents;
+        const unloadDependents = parameters.unload_dependents;
         if (unloadDependents !== undefined && typeof unloadDependents !== "boolean") {
           throw new StageError(
             Code.InvalidArgument,
@@ -598,7 +650,7 @@ export function restHandler(ctx: RestContext) {
       }
     } catch (err) {
       if (!res.headersSent) throw err;
-      res.write(event({ error: toConnectError(err).rawMessage }));
+      res.write(event({ error: clientError(err, withheld).rawMessage }));
     }
     if (!res.headersSent) res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8" });
     res.end();
@@ -610,7 +662,7 @@ export function restHandler(ctx: RestContext) {
       try {
         return registry.resolve(model, version);
       } catch (err) {
-        sendError(res, err, 400);
+        sendError(res, err, 400, withheld);
         return undefined;
       }
     };
@@ -634,7 +686,7 @@ export function restHandler(ctx: RestContext) {
       jsonPart = body.subarray(0, n);
       binary = body.subarray(n);
     }
-    const parsed = parseJson(jsonPart, "inference request") as JsonInferRequest;
+    const parsed = parseObject(jsonPart, "inference request") as unknown as JsonInferRequest;
     if (!Array.isArray(parsed.inputs)) throw new StageError(Code.InvalidArgument, "", "request has no 'inputs' array");
     if (parsed.outputs !== undefined && !Array.isArray(parsed.outputs)) {
       throw new StageError(Code.InvalidArgument, "", "'outputs' must be an array");
@@ -642,7 +694,11 @@ export function restHandler(ctx: RestContext) {
 
     let offset = 0;
     const inputs = parsed.inputs.map((t) => {
-      const shm = sharedMemoryRef(t?.parameters as Parameters | undefined, `input '${t?.name}'`);
+      if (typeof t !== "object" || t === null || Array.isArray(t)) {
+        throw badRequest(`every input must be a JSON object, got ${shownValue(t)}`);
+      }
+      if (typeof t.name !== "string") throw badRequest("every input needs a string 'name'");
+      const shm = sharedMemoryRef(parametersFromJson(t.parameters, `input '${t.name}'`), `input '${t.name}'`);
       if (shm) {
         if (!ctx.sharedMemory) throw sharedMemoryNotTaken();
         if (t.data !== undefined) {
@@ -650,10 +706,10 @@ export function restHandler(ctx: RestContext) {
         }
         return tensorFromBinary(t, ctx.sharedMemory.read(shm, `input '${t.name}'`));
       }
-      const size = t?.parameters?.binary_data_size;
+      const size = t.parameters?.binary_data_size;
       if (size === undefined) return tensorFromJson(t);
-      if (!Number.isInteger(size) || (size as number) < 0) {
-        throw new StageError(Code.InvalidArgument, "", `input '${t.name}': binary_data_size must be a byte count`);
+      if (!Number.isSafeInteger(size) || (size as number) < 0) {
+        throw badRequest(`input '${t.name}': binary_data_size must be a byte count, got ${shownValue(size)}`);
       }
       const end = offset + (size as number);
       if (end > binary.byteLength) {
@@ -676,10 +732,12 @@ export function restHandler(ctx: RestContext) {
     }
 
     const params = parametersFromJson(parsed.parameters, "request") ?? {};
-    const { binary_data_output: binaryDefault, priority, timeout, ...stageParams } = params;
-    const options: InferOptions = {};
-    if (typeof priority === "number") options.priority = priority;
-    if (typeof timeout === "number") options.timeoutMicroseconds = timeout;
+    // Triton's typed parameters: of the wrong type, the client's mistake (refused), never ignored.
+    const options: InferOptions = inferOptionsFromParameters(params);
+    const { binary_data_output: binaryDefault, priority: _p, timeout: _t, ...stageParams } = params;
+    if (binaryDefault !== undefined && typeof binaryDefault !== "boolean") {
+      throw badRequest(`request parameter 'binary_data_output' must be a boolean, got ${shownValue(binaryDefault)}`);
+    }
 
     const binaryOutputs = new Map<string, boolean>();
     const shmOutputs = new Map<string, SharedMemoryRef>();
@@ -693,7 +751,10 @@ export function restHandler(ctx: RestContext) {
         shmOutputs.set(o.name, shm);
       }
       const { binary_data: bin, ...rest } = withoutSharedMemory(p) ?? {};
-      if (bin !== undefined) binaryOutputs.set(o.name, bin === true);
+      if (bin !== undefined && typeof bin !== "boolean") {
+        throw badRequest(`output '${o.name}': parameter 'binary_data' must be a boolean, got ${shownValue(bin)}`);
+      }
+      if (bin !== undefined) binaryOutputs.set(o.name, bin);
       return Object.keys(rest).length > 0 ? { name: o.name, parameters: rest as Parameters } : { name: o.name };
     });
 
@@ -778,7 +839,7 @@ export function restHandler(ctx: RestContext) {
   return (req: IncomingMessage, res: ServerResponse): void => {
     route(req, res).catch((err) => {
       ctx.logger.debug({ url: req.url, err: String(err) }, "request failed");
-      sendError(res, err);
+      sendError(res, err, undefined, withheld);
     });
   };
 }

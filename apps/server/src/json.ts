@@ -14,6 +14,7 @@ import {
   isDataType,
   type Parameters,
   StageError,
+  shownValue,
   type Tensor,
   tensorFromContents,
   tensorFromRaw,
@@ -38,9 +39,39 @@ export interface JsonInferRequest {
 
 const bad = (message: string) => new StageError(Code.InvalidArgument, "", message);
 
-function flatten(data: unknown, out: unknown[]): void {
-  if (Array.isArray(data)) for (const d of data) flatten(d, out);
-  else out.push(data);
+/**
+ * `data`'s elements in order, flat or nested (as Triton takes them), walked without recursion:
+ * nesting deeper than the shape has dimensions is refused, not followed (a client can nest
+ * 200k deep in a few hundred kilobytes).
+ */
+function flatten(name: string, data: unknown, rank: number): unknown[] {
+  if (!Array.isArray(data)) return [data];
+  if (!data.some(Array.isArray)) return data;
+  const maxDepth = Math.max(rank, 1);
+  const out: unknown[] = [];
+  const arrays: unknown[][] = [data];
+  const next: number[] = [0];
+  while (arrays.length > 0) {
+    const top = arrays.length - 1;
+    const array = arrays[top] as unknown[];
+    const i = next[top] as number;
+    if (i >= array.length) {
+      arrays.pop();
+      next.pop();
+      continue;
+    }
+    next[top] = i + 1;
+    const v = array[i];
+    if (!Array.isArray(v)) {
+      out.push(v);
+    } else if (arrays.length >= maxDepth) {
+      throw bad(`input '${name}': 'data' is nested deeper than its shape's ${rank} dimension${rank === 1 ? "" : "s"}`);
+    } else {
+      arrays.push(v);
+      next.push(0);
+    }
+  }
+  return out;
 }
 
 const encoder = new TextEncoder();
@@ -61,7 +92,7 @@ const INTEGER_RANGE: Partial<Record<DataType, [number, number]>> = {
 
 function element(name: string, datatype: DataType, v: unknown, i: number): unknown {
   const wrong = (why = `not a valid ${datatype} value`) =>
-    bad(`input '${name}': element ${i} of 'data' is ${JSON.stringify(v)}, ${why}`);
+    bad(`input '${name}': element ${i} of 'data' is ${shownValue(v)}, ${why}`);
   switch (datatype) {
     case "BYTES":
       if (typeof v !== "string") throw wrong();
@@ -107,8 +138,7 @@ export function tensorFromJson(t: JsonTensor): Tensor {
     );
   }
   if (t.data === undefined) throw bad(`input '${h.name}': no 'data' and no binary_data_size parameter`);
-  const flat: unknown[] = [];
-  flatten(t.data, flat);
+  const flat = flatten(h.name, t.data, h.shape.length);
   const contents = create(InferTensorContentsSchema);
   (contents[field] as unknown[]) = flat.map((v, i) => element(h.name, h.datatype as DataType, v, i));
   return tensorFromContents("input", h, contents);

@@ -33,6 +33,8 @@ export { CpuGate, processCpuGate } from "./cpu-gate.js";
 export { defineStage, type StageDefinition } from "./define.js";
 export {
   Code,
+  clientError,
+  clientMessage,
   codeName,
   internal,
   invalidArgument,
@@ -67,6 +69,12 @@ export {
   type ModelUnloadOptions,
   stageRegistry,
 } from "./registry.js";
+export {
+  checkFileOverridePath,
+  checkModelName,
+  inferOptionsFromParameters,
+  shownValue,
+} from "./request-checks.js";
 export { ResponseCache, type ResponseCacheStats, type ResponseStore, responseCacheKey } from "./response-cache.js";
 export {
   compressMessage,

@@ -36,7 +36,7 @@ import {
 } from "@trellis/protocol";
 import { tensorFromContents, tensorToRaw } from "./codec.js";
 import { namingInputLimit, requestCompression } from "./compression.js";
-import { Code, StageError, toConnectError } from "./errors.js";
+import { Code, clientError, clientMessage, StageError } from "./errors.js";
 import {
   type GrpcCallTimes,
   grpcModelInferHandler,
@@ -46,6 +46,7 @@ import {
 import { forwardedHeaders, withForwardedHeaders } from "./header-forwarding.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, type ModelUnloadOptions, stageRegistry } from "./registry.js";
+import { checkFileOverridePath, checkModelName, inferOptionsFromParameters } from "./request-checks.js";
 import { type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
 import {
@@ -87,6 +88,15 @@ export interface ServeOptions {
   sharedMemory?: SystemSharedMemory;
   /** Headers of ModelInfer calls whose names match become request parameters (see header-forwarding.ts). */
   forwardHeaders?: RegExp;
+  /** Hears of error detail withheld from a client (paths, addresses; see clientError), to log it. */
+  logger?: { warn(obj: object, msg?: string): void };
+}
+
+/** A logger's report of error detail withheld from a client. */
+export function loggingWithheld(
+  logger: { warn(obj: object, msg?: string): void } | undefined,
+): ((detail: string, sent: string) => void) | undefined {
+  return logger && ((detail, sent) => logger.warn({ detail, sent }, "error detail withheld from the client"));
 }
 
 const DEFAULT_EXTENSIONS = [
@@ -111,15 +121,12 @@ async function serverReady(registry: ModelRegistry): Promise<boolean> {
   return all.every(Boolean);
 }
 
-/** Options for one request from its KServe parameters (priority, timeout) and the call's signal. */
-function inferOptions(msg: ModelInferRequest, signal: AbortSignal): InferOptions {
-  const opts: InferOptions = { signal };
-  const priority = msg.parameters.priority?.parameterChoice;
-  if (priority?.case === "int64Param" || priority?.case === "uint64Param") opts.priority = Number(priority.value);
-  const timeout = msg.parameters.timeout?.parameterChoice;
-  if (timeout?.case === "int64Param" || timeout?.case === "uint64Param")
-    opts.timeoutMicroseconds = Number(timeout.value);
-  return opts;
+/**
+ * Options for one request from its KServe parameters (priority, timeout) and the call's signal;
+ * those parameters, sequence_id, sequence_start and sequence_end refused when of the wrong type.
+ */
+function inferOptions(request: InferRequest, signal: AbortSignal, model: string): InferOptions {
+  return { ...inferOptionsFromParameters(request.parameters, model), signal };
 }
 
 /** What a ModelInfer call has besides its message: tracing, what the call can tell, shared memory. */
@@ -133,6 +140,8 @@ export interface ModelInferContext {
   header?: (name: string) => string | undefined;
   /** Parameters from the call's forwarded headers; the request's own parameters win over them. */
   forwarded?: Parameters;
+  /** Hears of error detail withheld from the client (see clientError). */
+  withheld?: (detail: string, sent: string) => void;
 }
 
 /** Triton's request parameter asking that a stream's last answer to the request say so, and the answer's flag. */
@@ -167,11 +176,14 @@ export async function handleModelInfer(
   signal: AbortSignal,
   context: ModelInferContext = {},
 ): Promise<ModelInferResponse> {
-  const call = prepareModelInfer(registry, msg, signal, context);
+  let call: ReturnType<typeof prepareModelInfer> | undefined;
   try {
+    call = prepareModelInfer(registry, msg, signal, context);
     return call.encode(await call.stage.infer(call.request, call.options));
+  } catch (err) {
+    throw clientError(err, context.withheld);
   } finally {
-    if (!context.call) call.options.trace?.end();
+    if (!context.call) call?.options.trace?.end();
   }
 }
 
@@ -190,6 +202,8 @@ function streamModelInfer(
   async function* encoded() {
     try {
       for await (const answer of answersOf(stage, request, options)) yield encode(answer);
+    } catch (err) {
+      throw clientError(err, context.withheld);
     } finally {
       if (!context.call) options.trace?.end();
     }
@@ -209,7 +223,7 @@ function prepareModelInfer(
   const request = inferRequestFromWire(shm.msg, stage.name);
   dropFinalResponseFlag(request, stage.name);
   if (forwarded) request.parameters = withForwardedHeaders(request.parameters, forwarded);
-  const options = inferOptions(msg, signal);
+  const options = inferOptions(request, signal, stage.name);
   const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined, header ?? call?.header);
   if (trace) {
     options.trace = trace;
@@ -325,7 +339,8 @@ export function inferenceService(
       throw new StageError(Code.Unimplemented, "", "this server has no model repository control");
     return registry.repository;
   };
-  return {
+  const withheld = loggingWithheld(options.logger);
+  return withClientErrors(withheld, {
     serverLive: () => ({ live: true }),
     serverReady: async () => ({ ready: await serverReady(registry) }),
     modelReady: async (req) => {
@@ -349,6 +364,7 @@ export function inferenceService(
         sharedMemory: options.sharedMemory,
         header: (name) => ctx.requestHeader.get(name) ?? undefined,
         forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
+        withheld,
       }),
     // As Triton does: every request on the stream runs as soon as it arrives (so they can
     // batch together), and each is answered as it completes, in completion order (a decoupled
@@ -382,6 +398,7 @@ export function inferenceService(
           });
         try {
           const { decoupled, responses } = streamModelInfer(registry, msg, ctx.signal, {
+            withheld,
             tracing: options.tracing,
             sharedMemory: options.sharedMemory,
             header: (name) => ctx.requestHeader.get(name) ?? undefined,
@@ -397,7 +414,7 @@ export function inferenceService(
         } catch (err) {
           send(
             create(ModelStreamInferResponseSchema, {
-              errorMessage: toConnectError(err).rawMessage,
+              errorMessage: clientError(err, withheld).rawMessage,
               inferResponse: empty(),
             }),
           );
@@ -440,13 +457,18 @@ export function inferenceService(
     },
     repositoryIndex: async (req) =>
       create(RepositoryIndexResponseSchema, {
-        models: (await repo().index(req.ready)).map((m) => create(RepositoryIndexResponse_ModelIndexSchema, m)),
+        // A load failure's reason says where the server looked: the client gets it without the paths.
+        models: (await repo().index(req.ready)).map((m) =>
+          create(RepositoryIndexResponse_ModelIndexSchema, { ...m, reason: clientMessage(m.reason) }),
+        ),
       }),
     repositoryModelLoad: async (req) => {
+      checkModelName(req.modelName);
       await repo().load(req.modelName, loadOptions(req.parameters));
       return {};
     },
     repositoryModelUnload: async (req) => {
+      checkModelName(req.modelName);
       await repo().unload(req.modelName, unloadOptions(req.parameters));
       return {};
     },
@@ -504,7 +526,40 @@ export function inferenceService(
         settings: Object.fromEntries(Object.entries(settings).map(([k, v]) => [k, settingToWire(v)])),
       });
     },
-  };
+  });
+}
+
+/**
+ * `impl` with each method's errors as a client may see them (clientError: no paths or
+ * addresses of the server's; `withheld` hears of the detail), streams' errors too.
+ */
+function withClientErrors<T extends object>(
+  withheld: ((detail: string, sent: string) => void) | undefined,
+  impl: T,
+): T {
+  const wrapped: Record<string, unknown> = {};
+  for (const [name, method] of Object.entries(impl)) {
+    if (typeof method !== "function") {
+      wrapped[name] = method;
+    } else if (method.constructor.name === "AsyncGeneratorFunction") {
+      wrapped[name] = async function* (...args: unknown[]) {
+        try {
+          yield* method.apply(impl, args);
+        } catch (err) {
+          throw clientError(err, withheld);
+        }
+      };
+    } else {
+      wrapped[name] = async (...args: unknown[]) => {
+        try {
+          return await method.apply(impl, args);
+        } catch (err) {
+          throw clientError(err, withheld);
+        }
+      };
+    }
+  }
+  return wrapped as T;
 }
 
 function settingToWire(v: LogSettingValue): MessageInitShape<typeof LogSettingsResponse_SettingValueSchema> {
@@ -518,6 +573,7 @@ function loadOptions(parameters: { [key: string]: ModelRepositoryParameter }): M
   const options: ModelLoadOptions = {};
   for (const [key, value] of Object.entries(parameters)) {
     if (key.startsWith("file:")) {
+      checkFileOverridePath(key.slice("file:".length));
       if (value.parameterChoice.case !== "bytesParam") {
         throw new StageError(Code.InvalidArgument, "", `load parameter '${key}' must be bytes (the file's content)`);
       }
@@ -724,6 +780,7 @@ export function createGrpcServer(
         sharedMemory: options.sharedMemory,
         call,
         forwarded: options.forwardHeaders && forwardedHeaders(options.forwardHeaders, call.headers()),
+        withheld: loggingWithheld(options.logger),
       }),
     maxInputBytes,
     restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
