@@ -20,6 +20,7 @@ import {
 import { Command, InvalidArgumentError, Option } from "commander";
 import { type CacheChoice, readCacheConfig } from "./cache-config.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
+import { DEFAULT_MAX_QUEUE_SIZE } from "./managed.js";
 import type { MetricsOptions } from "./metrics.js";
 import type { OtelSettings } from "./otel.js";
 import type { ControlMode } from "./repository.js";
@@ -204,6 +205,12 @@ export const program = new Command("trellis-server")
     "how many of a rate limiter resource there are (default: the most any loaded instance needs); repeatable",
     collect,
     [],
+  )
+  .option(
+    "--default-max-queue-size <n>",
+    "the queue bound of a model whose config sets no max_queue_size (Triton's dynamic_batching default_queue_policy max_queue_size): a request finding that many pending is refused at once, UNAVAILABLE (HTTP 503); an ensemble admits no more at once than its tightest step's bound; 0: unbounded (Triton's default)",
+    count,
+    DEFAULT_MAX_QUEUE_SIZE,
   )
   .option(
     "--backend-config <[backend,]setting=value>",
@@ -451,6 +458,7 @@ export interface Flags extends TraceFlags {
   disableAutoCompleteConfig?: boolean;
   modelLoadThreadCount: number;
   modelLoadRetryCount: number;
+  defaultMaxQueueSize: number;
   rateLimit: "off" | "execution_count";
   rateLimitResource: string[];
   responseCacheByteSize?: string;

@@ -63,6 +63,7 @@ async function main(): Promise<void> {
     loadRetries: flags.modelLoadRetryCount,
     rateLimiter: settings.rateLimiter,
     defaultMaxBatchSize: settings.defaultMaxBatchSize,
+    defaultMaxQueueSize: flags.defaultMaxQueueSize,
     endpoints,
     responseCache,
     strictReadiness: flags.strictReadiness,

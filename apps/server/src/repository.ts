@@ -27,7 +27,7 @@ import {
   type StageLogger,
 } from "@trellis/stage";
 import pLimit, { type LimitFunction } from "p-limit";
-import { ManagedStage, type ModelCache } from "./managed.js";
+import { DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed.js";
 
 /** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
 export interface ModelLoader {
@@ -66,6 +66,8 @@ export interface RepositoryManagerOptions {
   loadRetries?: number;
   /** The rate limiter model instances run under (tritonserver's --rate-limit execution_count). */
   rateLimiter?: RateLimiter;
+  /** Queue bound of a model whose config sets no max_queue_size (--default-max-queue-size; 0: unbounded; default DEFAULT_MAX_QUEUE_SIZE). */
+  defaultMaxQueueSize?: number;
 }
 
 interface VersionEntry {
@@ -121,13 +123,14 @@ export class RepositoryManager implements ModelRegistry {
   private readonly opts: Required<
     Omit<
       RepositoryManagerOptions,
-      "endpoints" | "responseCache" | "defaultMaxBatchSize" | "loadConcurrency" | "rateLimiter"
+      "endpoints" | "responseCache" | "defaultMaxBatchSize" | "loadConcurrency" | "rateLimiter" | "defaultMaxQueueSize"
     >
   > & {
     endpoints: Record<string, string>;
     responseCache?: ResponseStore;
     defaultMaxBatchSize?: number;
     rateLimiter?: RateLimiter;
+    defaultMaxQueueSize: number;
   };
   /** Counts loads, so each load's cache entries are its own (a reload never answers from the old one's). */
   private loads = 0;
@@ -156,6 +159,7 @@ export class RepositoryManager implements ModelRegistry {
       loadRetries: 0,
       ...options,
       endpoints: options.endpoints ?? {},
+      defaultMaxQueueSize: options.defaultMaxQueueSize ?? DEFAULT_MAX_QUEUE_SIZE,
     };
     this.loadSlots = pLimit(options.loadConcurrency ?? 4);
     this.repositories = options.repositories.map((path) => ({ path }));
@@ -514,6 +518,7 @@ export class RepositoryManager implements ModelRegistry {
             await labels,
             () => this.readyVersions(model.name),
             await this.cacheFor(model, version),
+            this.opts.defaultMaxQueueSize,
           );
           entry.state = "READY";
           e.versions.set(version, entry);
@@ -672,6 +677,14 @@ export class RepositoryManager implements ModelRegistry {
         ? { inferStream: (request, options) => answersOf(this.resolve(name, v), request, options) }
         : {}),
       statistics: () => this.resolve(name, v).statistics(),
+      // What the ensemble admits at once follows from it (0 while the step is not loaded: it refuses anyway).
+      maxQueueSize: () => {
+        try {
+          return this.resolve(name, v).maxQueueSize();
+        } catch {
+          return 0;
+        }
+      },
       // The step is the manager's to close, not the ensemble's.
       close: async () => {},
     };

@@ -14,6 +14,7 @@ import {
 import {
   Code,
   codeName,
+  configMaxQueueSize,
   decoupledRefusal,
   formatShape,
   type InferOptions,
@@ -76,6 +77,10 @@ export interface StepStatistics {
 
 export interface EnsembleStage extends Stage {
   statistics(): ModelStatistics;
+  /** The most requests it admits at once (0: unbounded): its tightest step's queue bound. */
+  maxQueueSize(): number;
+  /** Requests admitted and not yet answered. */
+  readonly inflight: number;
   stepStatistics(): StepStatistics[];
   /** The DAG: each step's model, what it waits for and a topological order. */
   readonly plan: EnsemblePlan;
@@ -196,6 +201,33 @@ function buildEnsemble(
   }));
   const batching = config.maxBatchSize > 0;
   let closed = false;
+  /** Requests admitted and not yet answered. */
+  let inflight = 0;
+  /** How many steps call each stage: a stage two steps call sees each request twice. */
+  const calls = new Map<string, number>();
+  for (const s of plan.steps) calls.set(s.model, (calls.get(s.model) ?? 0) + 1);
+
+  /**
+   * The most requests the ensemble admits at once, and the step that sets it: each step's queue
+   * bound (what the step says, else its config's max_queue_size), shared among the steps calling
+   * the same model; the tightest wins. Admitting no more than that, no step's queue overflows
+   * with this ensemble's requests, so none is refused after an earlier step did its work (a
+   * decoded image refused by the inference step). Read per request: a step may be reloaded.
+   */
+  function entryBound(): { bound: number; step?: StepPlan } {
+    let bound = 0;
+    let which: StepPlan | undefined;
+    for (const s of plan.steps) {
+      const own = s.stage.maxQueueSize?.() ?? configMaxQueueSize(s.stage.config) ?? 0;
+      if (own <= 0) continue;
+      const share = Math.max(1, Math.floor(own / (calls.get(s.model) ?? 1)));
+      if (bound === 0 || share < bound) {
+        bound = share;
+        which = s;
+      }
+    }
+    return { bound, step: which };
+  }
 
   for (const input of metadata.inputs) {
     if (!plan.consumers.has(input.name))
@@ -400,12 +432,24 @@ function buildEnsemble(
     const totals = { queueNs: 0, computeNs: 0 };
     let held: StepRuntime | undefined;
     let completed = false;
+    let admitted = false;
     try {
       if (closed) throw new StageError(Code.Unavailable, name, "ensemble is closed");
       if (outer?.aborted) throw abortError(name, outer.reason);
-      outer?.addEventListener("abort", onOuterAbort, { once: true });
       const batch = checkInputs(request);
       const { wanted, perStep } = requestedOutputs(request);
+      // Shed at the entry, before step 0 does any work: Triton's full-queue answer, UNAVAILABLE.
+      const { bound, step: tightest } = entryBound();
+      if (bound > 0 && inflight >= bound) {
+        throw new StageError(
+          Code.Unavailable,
+          name,
+          `Exceeds maximum queue size: ${inflight} requests in flight, the queue bound of ${stepLabel(tightest!.index, tightest!.model)} (${bound})`,
+        );
+      }
+      inflight++;
+      admitted = true;
+      outer?.addEventListener("abort", onOuterAbort, { once: true });
       const tensors = new Map<string, Tensor>();
       for (const t of request.inputs) tensors.set(t.name, t);
       const inputNs = nowNs() - begin;
@@ -473,6 +517,7 @@ function buildEnsemble(
       recorder.requestFailed(nowNs() - begin);
       throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
     } finally {
+      if (admitted) inflight--;
       if (held) held.limiter.release();
       outer?.removeEventListener("abort", onOuterAbort);
       // A consumer that stopped early (the client went away) stops the steps still running; a
@@ -496,6 +541,10 @@ function buildEnsemble(
       return answer!;
     },
     statistics: () => recorder.snapshot(),
+    maxQueueSize: () => entryBound().bound,
+    get inflight() {
+      return inflight;
+    },
     ...(decoupled ? { inferStream: answers } : {}),
     stepStatistics: () =>
       steps.map((rt) => ({

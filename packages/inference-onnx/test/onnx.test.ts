@@ -190,12 +190,12 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
       );
     });
 
-    it("answers RESOURCE_EXHAUSTED at once when the queue is full", async () => {
+    it("answers UNAVAILABLE (as Triton) at once when the queue is full", async () => {
       const running = stage.infer(imageRequest(16, 1));
       const queued = [stage.infer(imageRequest(16, 2)), stage.infer(imageRequest(16, 3))];
       expect(stage.pendingRequests()).toBe(2); // the running batch is not pending
       const err = await rejectionOf(stage.infer(imageRequest(1, 4)), StageError);
-      expect(err.code).toBe(Code.ResourceExhausted);
+      expect(err.code).toBe(Code.Unavailable);
       expect(err.message).toMatch(/maximum queue size: 2/);
       await Promise.all([running, ...queued]);
     });

@@ -241,7 +241,7 @@ describe("createDynamicBatcher", () => {
     expect(h.maxRunning).toBe(2);
   });
 
-  it("answers RESOURCE_EXHAUSTED at once when the queue is full", async () => {
+  it("answers UNAVAILABLE (as Triton) at once when the queue is full", async () => {
     const h = harness(1, { defaultQueuePolicy: create(ModelQueuePolicySchema, { maxQueueSize: 2 }) });
     h.hold();
     const blocker = h.infer(req(1, 0));
@@ -250,7 +250,7 @@ describe("createDynamicBatcher", () => {
     await settle();
     // Still held: the rejection cannot be waiting for the queue to drain.
     const err = await rejectionOf(h.infer(req(1, 3)), StageError);
-    expect(err.code).toBe(Code.ResourceExhausted);
+    expect(err.code).toBe(Code.Unavailable);
     expect(err.message).toMatch(/maximum queue size: 2/);
     h.release();
     await Promise.all([blocker, ...queued]);
@@ -352,7 +352,7 @@ describe("createDynamicBatcher", () => {
     await settle();
     const ok = h.infer(req(1, 1), { priority: 1 });
     const err = await rejectionOf(h.infer(req(1, 2), { priority: 1 }), StageError);
-    expect(err.code).toBe(Code.ResourceExhausted);
+    expect(err.code).toBe(Code.Unavailable);
     expect(err.message).toMatch(/priority level 1/);
     const low = [h.infer(req(1, 3)), h.infer(req(1, 4))]; // level 2 is unlimited
     h.release();

@@ -8,7 +8,12 @@
  * through the same path (queueing, cancellation, statistics).
  */
 import { ConnectError } from "@connectrpc/connect";
-import { type ModelDynamicBatching, type ModelQueuePolicy, ModelQueuePolicy_TimeoutAction } from "@trellis/protocol";
+import {
+  type ModelConfig,
+  type ModelDynamicBatching,
+  type ModelQueuePolicy,
+  ModelQueuePolicy_TimeoutAction,
+} from "@trellis/protocol";
 import { Code, StageError, toConnectError } from "./errors.js";
 import type { InferOptions, InferRequest, InferResponse } from "./stage.js";
 import { type ExecutionTimes, nowNs, type StatisticsRecorder } from "./statistics.js";
@@ -117,6 +122,30 @@ function resolvePolicy(p: ModelQueuePolicy | undefined): Policy {
     delayOnTimeout: p?.timeoutAction === ModelQueuePolicy_TimeoutAction.DELAY,
     allowOverride: p?.allowTimeoutOverride ?? false,
   };
+}
+
+/**
+ * The bound a config's dynamic_batching queue policies put on the requests a model holds
+ * queued, every priority level together: undefined when no policy sets max_queue_size (the
+ * server's default bound then applies), 0 when some level is left unbounded.
+ */
+export function configMaxQueueSize(config: ModelConfig): number | undefined {
+  const choice = config.schedulingChoice;
+  if (choice.case !== "dynamicBatching") return undefined;
+  const db = choice.value;
+  const count = Math.max(1, Number(db.priorityLevels));
+  let total = 0;
+  let set = false;
+  let unbounded = false;
+  for (let n = 1; n <= count; n++) {
+    const policy = (count > 1 ? db.priorityQueuePolicy[String(n)] : undefined) ?? db.defaultQueuePolicy;
+    const max = policy?.maxQueueSize ?? 0;
+    if (max > 0) set = true;
+    else unbounded = true;
+    total += max;
+  }
+  if (!set) return undefined;
+  return unbounded ? 0 : total;
 }
 
 /** Triton's rule: levels 1..priority_levels; 0 or out of range means default_priority_level. */
@@ -406,8 +435,9 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
       level = levels[p >= 1 && p <= levels.length ? p - 1 : defaultIndex]!;
       const { maxQueueSize } = level.policy;
       if (maxQueueSize > 0 && level.queue.length + level.delayed.length >= maxQueueSize) {
+        // Triton's answer to a full queue: UNAVAILABLE (HTTP 503), worth retrying later.
         throw new StageError(
-          Code.ResourceExhausted,
+          Code.Unavailable,
           name,
           `Exceeds maximum queue size: ${maxQueueSize} requests already queued at priority level ${level.number}`,
         );

@@ -3,6 +3,7 @@ export {
   type BatchExecutor,
   type BatchingStrategy,
   type BatchResult,
+  configMaxQueueSize,
   createDynamicBatcher,
   type DynamicBatcher,
   type DynamicBatcherOptions,

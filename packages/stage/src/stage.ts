@@ -87,6 +87,13 @@ export interface Stage {
    * does for ensembles.
    */
   pendingRequests?(): number;
+  /**
+   * The most requests it holds pending (as pendingRequests counts them) before it refuses
+   * more, UNAVAILABLE as Triton's full queue; 0 or absent: unbounded (or bounded by its
+   * config's max_queue_size alone). An ensemble admits no more requests at once than its
+   * tightest step's bound, so a later step never refuses what an earlier one computed.
+   */
+  maxQueueSize?(): number;
   /** Releases sessions, workers and connections. */
   close(): Promise<void>;
 }
