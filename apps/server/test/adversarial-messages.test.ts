@@ -51,6 +51,8 @@ async function post(url: string, body: string): Promise<{ status: number; error:
 /** What a client must never see: absolute paths, the install tree, temp folders, URLs, addresses. */
 function expectNoLeak(message: string, repo: string): void {
   expect(message).not.toContain(repo);
+  // Nor the server's own files: Node's "imported from <the loader>" says nothing about the model.
+  expect(message).not.toMatch(/loader\.js|imported from/);
   expect(message).not.toContain("/tmp/");
   expect(message).not.toContain("dist/");
   expect(message).not.toContain("packages/");

@@ -4,7 +4,7 @@
  */
 import { stat } from "node:fs/promises";
 import { isAbsolute, join, resolve } from "node:path";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import {
   Code,
   type ConnectStageOptions,
@@ -149,12 +149,11 @@ async function importModule(specifier: string, model: string): Promise<Record<st
   try {
     return (await import(specifier)) as Record<string, unknown>;
   } catch (err) {
-    throw new StageError(
-      Code.NotFound,
-      model,
-      `cannot import ${specifier}: ${err instanceof Error ? err.message : String(err)}`,
-      { cause: err },
-    );
+    const message = err instanceof Error ? err.message : String(err);
+    // Node names the importing file; when that is this loader, it says nothing about the model.
+    const own = ` imported from ${fileURLToPath(import.meta.url)}`;
+    const why = message.endsWith(own) ? message.slice(0, -own.length) : message;
+    throw new StageError(Code.NotFound, model, `cannot import ${specifier}: ${why}`, { cause: err });
   }
 }
 
