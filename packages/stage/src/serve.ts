@@ -44,6 +44,7 @@ import {
   withReadableGrpcMessage,
 } from "./grpc-model-infer.js";
 import { forwardedHeaders, withForwardedHeaders } from "./header-forwarding.js";
+import { closeOnResetDrift, GRPC_SESSION_MEMORY_MB, ignoreIdleStreamFrames } from "./http2-resets.js";
 import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
 import { type ModelLoadOptions, type ModelRegistry, type ModelUnloadOptions, stageRegistry } from "./registry.js";
 import { checkFileOverridePath, checkModelName, inferOptionsFromParameters } from "./request-checks.js";
@@ -808,6 +809,7 @@ export function createGrpcServer(
     ? http2.createSecureServer(
         {
           settings: HTTP2_SETTINGS,
+          maxSessionMemory: GRPC_SESSION_MEMORY_MB,
           cert: tls.cert,
           key: tls.key,
           ca: tls.ca,
@@ -816,10 +818,13 @@ export function createGrpcServer(
         },
         handle,
       )
-    : http2.createServer({ settings: HTTP2_SETTINGS }, handle);
+    : http2.createServer({ settings: HTTP2_SETTINGS, maxSessionMemory: GRPC_SESSION_MEMORY_MB }, handle);
+  // A client resetting its own calls must not break the connection its other calls share (see http2-resets.ts).
+  ignoreIdleStreamFrames(server, !!tls);
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on("session", (s) => {
     widenSessionWindow(s);
+    closeOnResetDrift(s);
     sessions.add(s);
     s.on("close", () => sessions.delete(s));
   });
