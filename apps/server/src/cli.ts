@@ -260,6 +260,12 @@ export const program = new Command("trellis-server")
     flag,
     false,
   )
+  .option(
+    "--allow-unsafe-load-overrides [bool]",
+    "let model load requests (explicit mode) upload executable code (model.js, .node) and change a model's parameters, which name the code it runs, the files it reads and the endpoints it connects to: anyone who can load models can then run code as the server (see SECURITY.md)",
+    flag,
+    false,
+  )
   .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
@@ -270,6 +276,11 @@ export const program = new Command("trellis-server")
     false,
   )
   .option("--sagemaker-port <port>", "the SageMaker endpoint's port; 0 picks a free port", port, 8080)
+  .option(
+    "--sagemaker-model-root <dir>",
+    "the folder the multi-model endpoint's POST /models may load from: a url outside it is refused",
+    "/opt/ml/models",
+  )
   .option(
     "--allow-vertex-ai [bool]",
     "serve Vertex AI Prediction's health and predict routes (AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE) on --vertex-ai-port (default: true when AIP_MODE=PREDICTION)",
@@ -509,11 +520,13 @@ export interface Flags extends TraceFlags {
   httpHeaderForwardPattern?: RegExp;
   grpcHeaderForwardPattern?: RegExp;
   allowClientShm: boolean;
+  allowUnsafeLoadOverrides: boolean;
   allowHttp: boolean;
   allowGrpc: boolean;
   allowMetrics: boolean;
   allowSagemaker: boolean;
   sagemakerPort: number;
+  sagemakerModelRoot: string;
   allowVertexAi: boolean;
   vertexAiPort: number;
   vertexAiDefaultModel?: string;
@@ -586,6 +599,43 @@ function rateLimiter(flags: Flags, warnings: string[]): RateLimiter | undefined 
 }
 
 /** Restricted endpoint groups from repeated `option` values, or undefined for none. */
+const isLoopback = (address: string) =>
+  address === "localhost" || address === "::1" || address.startsWith("127.") || address.startsWith("::ffff:127.");
+
+/**
+ * In explicit mode the repository API loads models on a client's word: reachable from other
+ * machines without a key, it is anyone's. Says so for each port where that is the case.
+ */
+export function repositoryApiWarnings(
+  flags: Pick<
+    Flags,
+    "modelControlMode" | "allowHttp" | "allowGrpc" | "host" | "httpAddress" | "grpcAddress" | "allowUnsafeLoadOverrides"
+  >,
+  http: ApiRestrictions | undefined,
+  grpc: ApiRestrictions | undefined,
+): string[] {
+  const warnings: string[] = [];
+  if (flags.modelControlMode === "explicit") {
+    const open = (allowed: boolean, address: string, restricted: ApiRestrictions | undefined) =>
+      allowed && !isLoopback(address) && !restricted?.["model-repository"];
+    const ports = [
+      open(flags.allowHttp, flags.httpAddress ?? flags.host, http) && "HTTP (--http-restricted-api)",
+      open(flags.allowGrpc, flags.grpcAddress ?? flags.host, grpc) && "gRPC (--grpc-restricted-protocol)",
+    ].filter(Boolean);
+    if (ports.length > 0) {
+      warnings.push(
+        `--model-control-mode=explicit with the model repository API open to the network on ${ports.join(" and ")}: anyone who reaches the port can load and unload models; require a key with model-repository:<header>=<secret> on each (see SECURITY.md)`,
+      );
+    }
+  }
+  if (flags.allowUnsafeLoadOverrides) {
+    warnings.push(
+      "--allow-unsafe-load-overrides: model load requests may upload code that runs as this server and point models at any file or endpoint",
+    );
+  }
+  return warnings;
+}
+
 function restrictions(option: string, specs: string[]): ApiRestrictions | undefined {
   if (specs.length === 0) return undefined;
   const into: ApiRestrictions = {};
@@ -736,6 +786,9 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
       `--load-model has no effect with --model-control-mode=${flags.modelControlMode}: every model is loaded at start (it picks models in explicit mode)`,
     );
   }
+  const httpRestrictions = restrictions("--http-restricted-api", flags.httpRestrictedApi);
+  const grpcRestrictions = restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol);
+  warnings.push(...repositoryApiWarnings(flags, httpRestrictions, grpcRestrictions));
   return {
     flags,
     repositories,
@@ -745,8 +798,8 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     endpointsTls: await endpointsTls(flags),
     responseCache: readCacheConfig(flags.cacheConfig, flags.responseCacheByteSize, process.env),
     grpcTls: await grpcTls(flags),
-    httpRestrictions: restrictions("--http-restricted-api", flags.httpRestrictedApi),
-    grpcRestrictions: restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol),
+    httpRestrictions,
+    grpcRestrictions,
     defaultMaxBatchSize: defaultMaxBatchSize(flags.backendConfig),
     logFile: flags.logFile === undefined ? undefined : await writableLogFile(flags.logFile),
     metrics: metricsOptions(flags),

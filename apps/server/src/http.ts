@@ -98,6 +98,8 @@ export function httpStatus(code: Code): number {
       return 503;
     case Code.Unimplemented:
       return 501;
+    case Code.PermissionDenied:
+      return 403;
     default:
       return 400;
   }

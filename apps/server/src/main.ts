@@ -67,6 +67,7 @@ async function main(): Promise<void> {
     endpoints,
     responseCache,
     strictReadiness: flags.strictReadiness,
+    allowUnsafeLoadOverrides: flags.allowUnsafeLoadOverrides,
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });
@@ -78,6 +79,7 @@ async function main(): Promise<void> {
         options: {
           ...sageMakerOptionsFromEnv(process.env, () => manager.isReady()),
           models: sageMakerModels(manager),
+          modelRoot: resolve(flags.sagemakerModelRoot),
           ...(settings.httpRestrictions ? { restrictions: settings.httpRestrictions } : {}),
         },
       };

@@ -20,6 +20,7 @@ import {
   type ModelRegistry,
   type ModelRepositoryControl,
   type ModelUnloadOptions,
+  modelFilePath,
   type RateLimiter,
   type ResponseStore,
   type Stage,
@@ -68,6 +69,27 @@ export interface RepositoryManagerOptions {
   rateLimiter?: RateLimiter;
   /** Queue bound of a model whose config sets no max_queue_size (--default-max-queue-size; 0: unbounded; default DEFAULT_MAX_QUEUE_SIZE). */
   defaultMaxQueueSize?: number;
+  /**
+   * Lets a load request's overrides upload executable code and change a model's `parameters`
+   * (which name code, files and endpoints): --allow-unsafe-load-overrides, default false.
+   */
+  allowUnsafeLoadOverrides?: boolean;
+}
+
+/** Files a load request may not upload unless unsafe overrides are allowed: what Node or ORT would run. */
+const CODE_FILE = /\.(?:[cm]?[jt]s|node|wasm|so|dylib|dll)$/i;
+
+/**
+ * Why `name`, as a client sent it, cannot be a model's name (it becomes a folder name when a load
+ * uploads files), or undefined when it can.
+ */
+export function modelNameProblem(name: string): string | undefined {
+  if (name === "") return "a model name must not be empty";
+  if (name === "." || name === "..") return `a model name must not be "${name}"`;
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is refused
+  if (/[/\\\u0000-\u001f\u007f]/.test(name)) return "a model name must not contain '/', '\\' or control characters";
+  if (Buffer.byteLength(name) > 255) return "a model name must be at most 255 bytes";
+  return undefined;
 }
 
 interface VersionEntry {
@@ -157,6 +179,7 @@ export class RepositoryManager implements ModelRegistry {
       strictReadiness: true,
       pollIntervalMs: 15_000,
       loadRetries: 0,
+      allowUnsafeLoadOverrides: false,
       ...options,
       endpoints: options.endpoints ?? {},
       defaultMaxQueueSize: options.defaultMaxQueueSize ?? DEFAULT_MAX_QUEUE_SIZE,
@@ -165,8 +188,8 @@ export class RepositoryManager implements ModelRegistry {
     this.repositories = options.repositories.map((path) => ({ path }));
     this.repository = {
       index: (readyOnly) => this.index(readyOnly),
-      load: (name, options) => this.requestControl(() => this.load(name, true, options)),
-      unload: (name, options) => this.requestControl(() => this.unload(name, options)),
+      load: (name, options) => this.requestControl(() => this.load(checkedName(name, "load"), true, options)),
+      unload: (name, options) => this.requestControl(() => this.unload(checkedName(name, "unload"), options)),
     };
   }
 
@@ -407,6 +430,7 @@ export class RepositoryManager implements ModelRegistry {
     }
     if (!e.model) throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
     const model = configOverride === undefined ? e.model : withConfig(e.model, configOverride);
+    if (configOverride !== undefined) this.checkOverride(name, model.config, {});
     if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name]));
     const failures = await this.enqueue(e, () => this.loadEntry(e, model));
     if (failures.length > 0) {
@@ -425,12 +449,15 @@ export class RepositoryManager implements ModelRegistry {
     if (options.config === undefined) {
       throw fail("file overrides need the 'config' parameter too (the model config as JSON)");
     }
+    const config = configFromJson(name, options.config);
+    const files = options.files ?? {};
+    this.checkOverride(name, config, files);
     const root = await mkdtemp(join(tmpdir(), "trellis-load-"));
     try {
       const modelDir = join(root, name);
-      for (const [path, bytes] of Object.entries(options.files ?? {})) {
+      for (const [path, bytes] of Object.entries(files)) {
         const target = resolve(modelDir, path);
-        if (isAbsolute(path) || !target.startsWith(modelDir + sep)) {
+        if (path.includes("\0") || isAbsolute(path) || !target.startsWith(modelDir + sep)) {
           throw fail(`file override 'file:${path}' must be a path inside the model's folder`);
         }
         await mkdir(dirname(target), { recursive: true });
@@ -447,7 +474,7 @@ export class RepositoryManager implements ModelRegistry {
         configPath: join(modelDir, "config.pbtxt"),
         // Unlike any earlier load's: each load with files loads afresh.
         configText: `file overrides (load ${++this.loads}):\n${options.config}`,
-        config: configFromJson(name, options.config),
+        config,
         versions,
       };
       const e = this.entry(name);
@@ -456,6 +483,33 @@ export class RepositoryManager implements ModelRegistry {
       if (failures.length > 0) throw fail(failures.join("; "));
     } finally {
       await rm(root, { recursive: true, force: true });
+    }
+  }
+
+  /**
+   * A load request's overrides come from a client: unless the operator allowed unsafe overrides,
+   * they may not upload code (a TypeScript stage's model.js would run in the server) nor change
+   * the model's `parameters`, which name the code a stage runs, the files it reads and the
+   * endpoints it connects to. What else a config says (batching, instances, inputs) stays open.
+   */
+  private checkOverride(name: string, config: ModelConfig, files: Record<string, Uint8Array>): void {
+    if (this.opts.allowUnsafeLoadOverrides) return;
+    const refuse = (why: string) =>
+      new StageError(
+        Code.PermissionDenied,
+        "",
+        `failed to load '${name}': ${why}; the server refuses this unless started with --allow-unsafe-load-overrides`,
+      );
+    const code = Object.keys(files).find((path) => CODE_FILE.test(path));
+    if (code !== undefined) throw refuse(`file override 'file:${code}' is executable code`);
+    const ours = this.models.get(name)?.model?.config.parameters ?? {};
+    const theirs = config.parameters;
+    const changed = [...new Set([...Object.keys(ours), ...Object.keys(theirs)])].filter(
+      (key) => ours[key]?.stringValue !== theirs[key]?.stringValue,
+    );
+    if (changed.length > 0) {
+      const list = changed.map((k) => `"${k}"`).join(", ");
+      throw refuse(`the 'config' parameter changes the model's parameters ${list} from the repository's config`);
     }
   }
 
@@ -783,6 +837,14 @@ function withConfig(model: RepositoryModel, json: string): RepositoryModel {
   return { ...model, config: configFromJson(model.name, json), configText: `config parameter:\n${json}` };
 }
 
+/** `name` from a client's load or unload, refused (INVALID_ARGUMENT) when it cannot name a model. */
+function checkedName(name: string, action: string): string {
+  const problem = modelNameProblem(name);
+  if (problem)
+    throw new StageError(Code.InvalidArgument, "", `failed to ${action} ${JSON.stringify(name)}: ${problem}`);
+  return name;
+}
+
 /** A load request's JSON config for model `name` (which it must not rename). */
 function configFromJson(name: string, json: string): ModelConfig {
   let config: ModelConfig;
@@ -859,8 +921,10 @@ async function readLabels(model: RepositoryModel): Promise<Map<string, string[]>
   const labels = new Map<string, string[]>();
   for (const out of model.config.output) {
     if (!out.labelFilename) continue;
+    // A path out of the model's folder fails the load; a missing file only costs the labels.
+    const path = modelFilePath(model.modelDir, out.labelFilename, `output ${out.name}: label_filename`, model.name);
     try {
-      const text = await readFile(join(model.modelDir, out.labelFilename), "utf8");
+      const text = await readFile(path, "utf8");
       labels.set(out.name, text.split(/\r?\n/));
     } catch {
       // Classification still works without labels ("score:index").

@@ -27,9 +27,9 @@
  *
  * Anything else is 400.
  */
-import { stat } from "node:fs/promises";
+import { realpath, stat } from "node:fs/promises";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { basename, dirname, join, resolve } from "node:path";
+import { basename, dirname, join, relative, resolve, sep } from "node:path";
 import { scanRepository } from "@trellis/ensemble-runner";
 import { type ApiRestrictions, Code, restrictionError, toConnectError } from "@trellis/stage";
 import { forwardTo, type Handler, sendError } from "./cloud-endpoint.js";
@@ -63,6 +63,11 @@ export interface SageMakerOptions {
   ready(): Promise<boolean>;
   /** The multi-model endpoint's host (undefined: /models routes say there is none). */
   models?: SageMakerModelHost;
+  /**
+   * The folder a multi-model load's url must lie in (--sagemaker-model-root; SageMaker unpacks
+   * models under /opt/ml/models): a client names a folder, the server loads the code in it.
+   */
+  modelRoot?: string;
   /** --http-restricted-api: its model-repository rule guards the /models routes but invoke. */
   restrictions?: ApiRestrictions;
 }
@@ -159,6 +164,20 @@ async function readLoadRequest(req: IncomingMessage): Promise<{ modelName: strin
   return { modelName, url };
 }
 
+/** Where SageMaker unpacks a multi-model endpoint's models. */
+export const DEFAULT_MODEL_ROOT = "/opt/ml/models";
+
+/** Refuses a load url outside `root`, links followed (so a link inside cannot point out). */
+async function checkInsideRoot(url: string, path: string, root: string): Promise<void> {
+  const real = await realpath(path).catch(() => undefined);
+  if (real === undefined) throw new LoadRefused(`url ${url}: no such folder`);
+  const realRoot = await realpath(root).catch(() => resolve(root));
+  const rel = relative(realRoot, real);
+  if (rel === ".." || rel.startsWith(`..${sep}`) || resolve(realRoot, rel) !== real) {
+    throw new LoadRefused(`url ${url}: not under the multi-model endpoint's model root (--sagemaker-model-root)`);
+  }
+}
+
 /** The SageMaker routes, handing inference to `rest` (a REST handler made with SAGEMAKER_BINARY_MIME). */
 export function sageMakerHandler(rest: Handler, options: SageMakerOptions): Handler {
   /** Models loaded through POST /models, by the model_name SageMaker gave. */
@@ -174,6 +193,7 @@ export function sageMakerHandler(rest: Handler, options: SageMakerOptions): Hand
     if (/^\/(dev|proc|sys)(\/|$)/.test(path)) {
       throw new LoadRefused(`url ${url}: cannot start with /dev/, /proc/ or /sys/`);
     }
+    await checkInsideRoot(url, path, options.modelRoot ?? DEFAULT_MODEL_ROOT);
     if (loaded.has(modelName)) return sendError(res, 409, `model '${modelName}' is already loaded`);
     const target = targetOf(req, modelName);
     const { repository, folder } = await modelLocation(path);

@@ -5,7 +5,7 @@
  * multi-model endpoint's /models routes, loading SageMaker's model folders
  * (a model's own folder, or a repository with an ensemble and its steps).
  */
-import { cp, mkdir, mkdtemp, writeFile } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
@@ -22,7 +22,10 @@ beforeAll(async () => {
   // The server process inherits the environment SageMaker would set.
   process.env.SAGEMAKER_TRITON_DEFAULT_MODEL_NAME = "echo";
   try {
-    server = await startServerProcess(["--model-repository", repo, "--allow-sagemaker", "--sagemaker-port", "0"]);
+    server = await startServerProcess([
+      ...["--model-repository", repo, "--allow-sagemaker", "--sagemaker-port", "0"],
+      ...["--sagemaker-model-root", tmpdir()],
+    ]);
   } finally {
     delete process.env.SAGEMAKER_TRITON_DEFAULT_MODEL_NAME;
   }
@@ -163,6 +166,7 @@ describe("multi-model endpoint (/models)", () => {
     mme = await startServerProcess([
       ...["--model-repository", join(work, "repository"), "--model-control-mode", "explicit"],
       ...["--allow-sagemaker", "--sagemaker-port", "0", "--http-restricted-api", "model-repository:admin-key=secret"],
+      ...["--sagemaker-model-root", work],
     ]);
     const listening = mme.logs.find((l) => l.msg === "listening" && l.protocol === "sagemaker");
     url = `http://127.0.0.1:${listening?.port}`;
@@ -252,6 +256,21 @@ describe("multi-model endpoint (/models)", () => {
     expect(((await proc.json()) as { error: string }).error).toBe(
       "url /proc/self: cannot start with /dev/, /proc/ or /sys/",
     );
+    // Only folders under --sagemaker-model-root: a url is a client's word, the code in the folder would run.
+    await symlink(tmpdir(), join(work, "link-out"));
+    const outsides = [
+      tmpdir(),
+      join(work, ".."),
+      join(work, "a1b2", "model", "..", "..", ".."),
+      join(work, "link-out"),
+    ];
+    for (const outside of outsides) {
+      const refused = await call("POST", "/models", { model_name: "o", url: outside });
+      expect(refused.status).toBe(400);
+      expect(((await refused.json()) as { error: string }).error).toBe(
+        `url ${outside}: not under the multi-model endpoint's model root (--sagemaker-model-root)`,
+      );
+    }
     const notJson = await call("POST", "/models", "model_name=x");
     expect(notJson.status).toBe(400);
     expect(((await notJson.json()) as { error: string }).error).toMatch(/^load request: not JSON/);
