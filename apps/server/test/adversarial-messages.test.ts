@@ -408,6 +408,12 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
       },
       badconfig: { config: 'name: "badconfig"\nbackend: "typescript"\nmax_batch_size: many\n' },
       nofactory: { config: `name: "nofactory"\nbackend: "typescript"\nmax_batch_size: 0\n` },
+      badlabels: {
+        config: echoConfig("badlabels").replace(
+          "dims: [ 4 ] } ]\nparameters",
+          'dims: [ 4 ] label_filename: "../../../../etc/passwd" } ]\nparameters',
+        ),
+      },
       unreachable: { config: echoConfig("unreachable") },
     });
     const endpoints = join(repo, "..", `${repo.split("/").at(-1)}-endpoints.json`);
@@ -429,18 +435,23 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
     await removeDir(repo);
   });
 
-  // [model, what the message must say besides the model's name]
-  const failures: [string, RegExp][] = [
+  // [model, what the message must say besides the model's name, the detail the log keeps (default: the repository's path)]
+  const failures: [string, RegExp, RegExp?][] = [
     ["nomodule", /missing\.js.*not found|cannot import.*missing\.js/],
     ["badonnx", /model\.onnx/],
     ["badconfig", /config\.pbtxt:3:\d+: expected an integer/],
     ["nofactory", /model\.js/],
-    ["unreachable", /remote model unreachable.*ECONNREFUSED/],
+    [
+      "badlabels",
+      /label_filename "\.\.\/\.\.\/\.\.\/\.\.\/etc\/passwd" must name a file inside the model's folder/,
+      /model failed to load.*label_filename/,
+    ],
+    ["unreachable", /remote model unreachable.*ECONNREFUSED/, /127\.0\.0\.1:\d+/],
   ];
 
   it.each(failures)(
     "a failed load of %s names the model and the reason, with no path or address, over HTTP and gRPC",
-    async (model, reason) => {
+    async (model, reason, logged) => {
       const http = await post(`${server.http}/v2/repository/models/${model}/load`, "{}");
       expect(http.status).toBeGreaterThanOrEqual(400);
       expect(http.status).toBeLessThan(600);
@@ -471,7 +482,8 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 
       // The server's log keeps the detail: where it looked, or what it tried to reach.
       const detail = JSON.stringify(server.logs.filter((l) => JSON.stringify(l).includes(model)));
-      expect(detail).toMatch(model === "unreachable" ? new RegExp(`127\\.0\\.0\\.1:${deadPort}`) : new RegExp(repo));
+      expect(detail).toMatch(logged ?? new RegExp(repo));
+      if (model === "unreachable") expect(detail).toContain(`127.0.0.1:${deadPort}`);
     },
   );
 
