@@ -140,6 +140,31 @@ describe("hostile model loads", () => {
     expect(infer.json.outputs[0].data).toEqual(["4.000000:0"]);
   });
 
+  it("refuses an uploaded model whose default_model_filename leaves its version folder", async () => {
+    const config = {
+      name: "peek",
+      platform: "onnxruntime_onnx",
+      max_batch_size: 0,
+      input: [{ name: "x", data_type: "TYPE_FP32", dims: [1] }],
+      output: [{ name: "y", data_type: "TYPE_FP32", dims: [1] }],
+      default_model_filename: "../../../../../../etc/hostname",
+    };
+    const err = await client
+      .repositoryModelLoad({
+        modelName: "peek",
+        parameters: {
+          config: stringParam(JSON.stringify(config)),
+          "file:1/placeholder.txt": bytesParam(new TextEncoder().encode("x")),
+        },
+      })
+      .catch((e: unknown) => e);
+    expect((err as ConnectError).code).toBe(Code.InvalidArgument);
+    expect((err as ConnectError).rawMessage).toContain(
+      'default_model_filename "../../../../../../etc/hostname" must name a file inside the model\'s folder',
+    );
+    await echoWorks(server);
+  });
+
   it("refuses uploaded model code without running it, and the endpoint a client picks without connecting", async () => {
     const marker = join(victim, "ran.txt");
     const code = await client

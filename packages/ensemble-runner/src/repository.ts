@@ -3,7 +3,7 @@
  * plus numeric version folders.
  */
 import { readdir, readFile, stat } from "node:fs/promises";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { type ModelConfig, parseModelConfig } from "@trellis/protocol";
 
 export interface RepositoryModel {
@@ -86,6 +86,9 @@ export async function scanRepository(repositories: (string | RepositorySource)[]
   const dirsByName = new Map<string, string[]>();
   for (const { name, modelDir } of [...models, ...errors])
     dirsByName.set(name, [...(dirsByName.get(name) ?? []), modelDir]);
+  // Clients read this reason too: the repositories by their place on the command line, not their paths.
+  const paths = repositories.map((r) => (typeof r === "string" ? r : r.path));
+  const place = (dir: string) => `#${paths.indexOf(dirname(dir)) + 1}`;
   const clashes = [...dirsByName].filter(([, dirs]) => dirs.length > 1);
   if (clashes.length === 0) return { models, errors, skipped };
   const clashing = new Set(clashes.map(([name]) => name));
@@ -96,7 +99,9 @@ export async function scanRepository(repositories: (string | RepositorySource)[]
       ...clashes.map(([name, dirs]) => ({
         name,
         modelDir: dirs[0] as string,
-        error: new Error(`model "${name}" is in more than one repository (${dirs.join(", ")}): none of them is loaded`),
+        error: new Error(
+          `model "${name}" is in more than one repository (repositories ${dirs.map(place).join(", ")}): none of them is loaded`,
+        ),
       })),
     ],
     skipped,

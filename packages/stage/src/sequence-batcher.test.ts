@@ -265,7 +265,16 @@ describe("sequence batcher", () => {
       }),
       StageError,
     );
-    expect(missing.rawMessage).toMatch(/initial_state data_file absent: cannot read .*absent \(ENOENT\)/);
+    expect(missing.rawMessage).toContain("initial_state data_file absent: cannot read it (ENOENT)");
+    expect(missing.rawMessage).not.toContain(dir);
+    const outside = await rejectionOf(
+      withSequenceBatching(
+        accumulator(accumulatorConfig({ sequence: fileState.replace("hundred", "../../etc/passwd") })).stage,
+        { modelDir: dir },
+      ),
+      StageError,
+    );
+    expect(outside.rawMessage).toContain('"../../etc/passwd" must name a file inside the model\'s folder');
     await fromFile.close();
     await plain.close();
   });
