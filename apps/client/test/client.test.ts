@@ -12,7 +12,7 @@ import {
   fixtureImagesDir,
   makeSeedRepository,
   readFixtureImage,
-  readReferenceTop5,
+  referenceTop5OnThisCpu,
   removeDir,
   type ServerProcess,
   startServerProcess,
@@ -33,7 +33,8 @@ import {
 const run = promisify(execFile);
 const MAIN = join(import.meta.dirname, "..", "dist", "main.js");
 
-const references = readReferenceTop5();
+/** ONNX Runtime run directly on the seed's reference tensors on this CPU (the int8 model's kernels differ between CPUs). */
+const references = await referenceTop5OnThisCpu();
 const photos = Object.keys(references).sort().slice(0, 3);
 const top1 = (photo: string) => references[photo]?.top5_labels[0] as string;
 
@@ -426,11 +427,16 @@ describe("perf", () => {
         warmupMs: 200,
       });
       expect(r.requestRate).toBe(20);
-      // 30 sent in the window; those still in flight at its end are not counted.
-      expect(r.requests).toBeGreaterThanOrEqual(24);
+      // Sent on a clock, whatever the answers take: 1.5 s at 20 a second is 30 or 31 requests,
+      // every one of which the server ran, plus the warm-up's (5 at most, 0.2 s at 20 a second)
+      // still running when the window opened; a stall of this process at the window's end may
+      // skip a few. How many were also answered within the window depends on how busy the
+      // machine is (5 in a run with the CPUs saturated, 30 when idle): that is only bounded above.
+      expect(r.server[0]?.model).toBe("resnet50_ensemble");
+      expect(r.server[0]?.requests).toBeGreaterThanOrEqual(27);
+      expect(r.server[0]?.requests).toBeLessThanOrEqual(31 + 5);
       expect(r.requests).toBeLessThanOrEqual(31);
       expect(r.throughput).toBeCloseTo(r.requests / 1.5, 5);
-      expect(r.server[0]?.model).toBe("resnet50_ensemble");
       // An open loop: at 100 a second (a request every 10 ms, about what one takes here), sends
       // overlap earlier answers; a loop waiting for each answer would never have two in flight.
       const busy = await measureRate(endpoint, {

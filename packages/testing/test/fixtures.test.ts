@@ -9,9 +9,12 @@ import {
   readFixtureImage,
   readReferenceTensor,
   readReferenceTop5,
+  referenceTop5OnThisCpu,
   removeDir,
   repoRoot,
+  STABLE_TOP1,
   seedModelNames,
+  softmaxTop5,
   TRUNCATED_PHOTO,
 } from "../src/index.js";
 
@@ -35,6 +38,33 @@ describe("shared fixtures", () => {
     expect(readReferenceTensor("chelsea.jpg.f32")).toEqual(tensor);
     // JPEG SOI marker: the bytes are the photo's own.
     expect([...readFixtureImage("chelsea.jpg").subarray(0, 2)]).toEqual([0xff, 0xd8]);
+  });
+
+  it("softmaxTop5: softmax, the 5 largest descending, equal probabilities by lower index", () => {
+    const labels = Array.from({ length: 7 }, (_, i) => `c${i}`);
+    const got = softmaxTop5(Float32Array.from([0, 2, 1, 2, 0, -1, 0]), labels);
+    expect(got.top5_index).toEqual([1, 3, 2, 0, 4]);
+    expect(got.top5_labels).toEqual(["c1", "c3", "c2", "c0", "c4"]);
+    const sum = 2 * Math.exp(2) + Math.exp(1) + 3 + Math.exp(-1);
+    const want = [Math.exp(2), Math.exp(2), Math.exp(1), 1, 1].map((e) => e / sum);
+    for (const [k, p] of got.top5_probs.entries()) expect(Math.abs(p - want[k]!)).toBeLessThan(1e-7);
+  });
+
+  it("referenceTop5OnThisCpu: every photo, memoised, the README's CPU-independent top-1s", async () => {
+    const here = await referenceTop5OnThisCpu();
+    expect(await referenceTop5OnThisCpu()).toBe(here);
+    expect(Object.keys(here).sort()).toEqual(fixturePhotos());
+    const labels = readFileSync(LABELS_PATH, "utf8").split("\n");
+    for (const [photo, top5] of Object.entries(here)) {
+      expect(top5.logits, photo).toHaveLength(1000);
+      expect(top5, photo).toEqual({ ...softmaxTop5(top5.logits, labels), logits: top5.logits });
+    }
+    // The same top-1s on this CPU and in the JSON made on an AVX-512 VNNI one.
+    const json = readReferenceTop5();
+    for (const [photo, { index, label }] of Object.entries(STABLE_TOP1)) {
+      expect([here[photo]?.top5_index[0], here[photo]?.top5_labels[0]], photo).toEqual([index, label]);
+      expect([json[photo]?.top5_index[0], json[photo]?.top5_labels[0]], photo).toEqual([index, label]);
+    }
   });
 });
 
