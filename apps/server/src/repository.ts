@@ -21,6 +21,7 @@ import {
   type ModelRepositoryControl,
   type ModelUnloadOptions,
   modelFilePath,
+  modelNameProblem,
   type RateLimiter,
   type ResponseStore,
   type Stage,
@@ -78,19 +79,6 @@ export interface RepositoryManagerOptions {
 
 /** Files a load request may not upload unless unsafe overrides are allowed: what Node or ORT would run. */
 const CODE_FILE = /\.(?:[cm]?[jt]s|node|wasm|so|dylib|dll)$/i;
-
-/**
- * Why `name`, as a client sent it, cannot be a model's name (it becomes a folder name when a load
- * uploads files), or undefined when it can.
- */
-export function modelNameProblem(name: string): string | undefined {
-  if (name === "") return "a model name must not be empty";
-  if (name === "." || name === "..") return `a model name must not be "${name}"`;
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is refused
-  if (/[/\\\u0000-\u001f\u007f]/.test(name)) return "a model name must not contain '/', '\\' or control characters";
-  if (Buffer.byteLength(name) > 255) return "a model name must be at most 255 bytes";
-  return undefined;
-}
 
 interface VersionEntry {
   version: string;

@@ -74,6 +74,7 @@ export {
   checkFileOverridePath,
   checkModelName,
   inferOptionsFromParameters,
+  modelNameProblem,
   shownValue,
 } from "./request-checks.js";
 export { ResponseCache, type ResponseCacheStats, type ResponseStore, responseCacheKey } from "./response-cache.js";

@@ -57,11 +57,23 @@ export function inferOptionsFromParameters(parameters: Parameters | undefined, m
 // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what it looks for
 const CONTROL = /[\u0000-\u001f\u007f]/;
 
-/** A model name a repository request (load, unload) may carry: no control characters (a NUL cuts a path short). */
+/**
+ * Why `name` cannot be a model's name, or undefined when it can. A load with files makes a folder
+ * of that name, so it is one folder name: no separators, no '.' or '..', no control characters
+ * (a NUL cuts a path short), at most 255 bytes.
+ */
+export function modelNameProblem(name: string): string | undefined {
+  if (name === "") return "a model name must not be empty";
+  if (name === "." || name === "..") return `a model name must not be "${name}"`;
+  if (/[/\\]/.test(name) || CONTROL.test(name)) return "a model name must not contain '/', '\\' or control characters";
+  if (Buffer.byteLength(name) > 255) return "a model name must be at most 255 bytes";
+  return undefined;
+}
+
+/** A model name a repository request (load, unload) may carry, else INVALID_ARGUMENT saying why. */
 export function checkModelName(name: string): void {
-  if (CONTROL.test(name)) {
-    throw new StageError(Code.InvalidArgument, "", `model name '${name}' contains a control character`);
-  }
+  const problem = modelNameProblem(name);
+  if (problem) throw new StageError(Code.InvalidArgument, "", `invalid model name ${shownValue(name)}: ${problem}`);
 }
 
 /** A load request's file override path ("file:<path>"): no control characters. */
