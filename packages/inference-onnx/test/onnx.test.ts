@@ -333,7 +333,17 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
       (e: unknown) => e,
     )) as StageError;
     expect(missing.code).toBe(Code.NotFound);
-    expect(missing.message).toMatch(/no model file at .*nothing.1.model\.onnx/);
+    expect(missing.message).toContain("no model file model.onnx in version 1");
+    expect(missing.message).not.toContain(repo);
+    const outside = (await createOnnxStage({
+      config: parseModelConfig(`name: "nothing" default_model_filename: "../../../../etc/hostname"`),
+      modelDir: join(repo, "nothing"),
+    }).then(
+      () => undefined,
+      (e: unknown) => e,
+    )) as StageError;
+    expect(outside.code).toBe(Code.InvalidArgument);
+    expect(outside.message).toContain('default_model_filename "../../../../etc/hostname" must name a file inside');
   });
 
   it("exclusive_cpu: a run waits for the decodes holding the CPU gate, at most exclusive_cpu_max_wait_ms; with false it does not", async () => {
