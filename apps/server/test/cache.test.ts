@@ -45,6 +45,8 @@ describe("with --cache-config local,size=1048576", () => {
       repo,
       "--cache-config",
       "local,size=1048576",
+      // A reload below changes a stage parameter, which only an operator who opted in allows.
+      "--allow-unsafe-load-overrides",
       "--model-control-mode",
       "explicit",
       "--load-model",
