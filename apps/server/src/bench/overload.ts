@@ -51,7 +51,10 @@ async function main(): Promise<void> {
   const server = await startServerProcess(["--model-repository", repo, ...tracing, ...SERVER_ARGS]);
   try {
     const pid = server.proc.pid as number;
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    // 250 requests of ~400 KB queued on one connection: more than node's default 10 MB a session may
+    // hold unsent, past which node's own client resets its streams (ENHANCE_YOUR_CALM).
+    const transport = createGrpcTransport({ baseUrl: server.grpc, nodeOptions: { maxSessionMemory: 512 } });
+    const client = createClient(GRPCInferenceService, transport);
     const request = (i: number) =>
       create(ModelInferRequestSchema, {
         modelName: "resnet50_ensemble",
