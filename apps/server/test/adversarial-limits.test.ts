@@ -159,6 +159,27 @@ async function expectGoodRest(server: ServerProcess): Promise<void> {
   expect(((await res.json()) as { outputs: { data: number[] }[] }).outputs[0]?.data).toEqual([1, 2, 3, 4]);
 }
 
+/** An 80 MiB message gzipped by Connect's client is refused naming the limit; a good one then answers. */
+async function expectBombRefusedThenGood(
+  client: ReturnType<typeof createClient<typeof GRPCInferenceService>>,
+  limit: string,
+): Promise<void> {
+  const infer = (bytes: Uint8Array) =>
+    client.modelInfer({
+      modelName: "echo",
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, BigInt(bytes.byteLength / 4)] }],
+      rawInputContents: [bytes],
+    });
+  const err = await infer(new Uint8Array(80 * MiB)).then(
+    () => undefined,
+    (e: unknown) => ConnectError.from(e),
+  );
+  expect(err?.code).toBe(Code.ResourceExhausted);
+  expect(err?.rawMessage).toBe(`gzip-decompressed request message of more than ${CAP} bytes ${limit}`);
+  const ok = await infer(new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer));
+  expect([...new Float32Array(Uint8Array.from(ok.rawOutputContents[0] ?? []).buffer)]).toEqual([1, 2, 3, 4]);
+}
+
 /** The server process's peak resident set so far (VmHWM), in bytes. */
 function peakRss(server: ServerProcess): number {
   const status = readFileSync(`/proc/${server.proc.pid}/status`, "utf8");
@@ -221,20 +242,7 @@ describe("gRPC port, default cap", () => {
       GRPCInferenceService,
       createGrpcTransport({ baseUrl: server.grpc, sendCompression: compressionGzip, compressMinBytes: 0 }),
     );
-    const infer = (bytes: Uint8Array) =>
-      client.modelInfer({
-        modelName: "echo",
-        inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, BigInt(bytes.byteLength / 4)] }],
-        rawInputContents: [bytes],
-      });
-    const err = await infer(new Uint8Array(80 * MiB)).then(
-      () => undefined,
-      (e: unknown) => ConnectError.from(e),
-    );
-    expect(err?.code).toBe(Code.ResourceExhausted);
-    expect(err?.rawMessage).toBe(`gzip-decompressed request message of more than ${CAP} bytes ${GRPC_LIMIT(CAP)}`);
-    const ok = await infer(new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer));
-    expect([...new Float32Array(Uint8Array.from(ok.rawOutputContents[0] ?? []).buffer)]).toEqual([1, 2, 3, 4]);
+    await expectBombRefusedThenGood(client, GRPC_LIMIT(CAP));
   });
 
   it("refuses an envelope declaring 300 MB as soon as its prefix arrives, the body never sent (direct and compressed paths)", async () => {
@@ -349,19 +357,6 @@ describe("HTTP port, default cap", () => {
         compressMinBytes: 0,
       }),
     );
-    const infer = (bytes: Uint8Array) =>
-      client.modelInfer({
-        modelName: "echo",
-        inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, BigInt(bytes.byteLength / 4)] }],
-        rawInputContents: [bytes],
-      });
-    const err = await infer(new Uint8Array(80 * MiB)).then(
-      () => undefined,
-      (e: unknown) => ConnectError.from(e),
-    );
-    expect(err?.code).toBe(Code.ResourceExhausted);
-    expect(err?.rawMessage).toBe(`gzip-decompressed request message of more than ${CAP} bytes ${HTTP_LIMIT(CAP)}`);
-    const ok = await infer(new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer));
-    expect([...new Float32Array(Uint8Array.from(ok.rawOutputContents[0] ?? []).buffer)]).toEqual([1, 2, 3, 4]);
+    await expectBombRefusedThenGood(client, HTTP_LIMIT(CAP));
   });
 });
