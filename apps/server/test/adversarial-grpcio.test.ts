@@ -157,7 +157,9 @@ describe("a client resetting its own streams on a shared connection", () => {
     // grpcio was seen sending: RST_STREAM (CANCEL) for stream 5 before the HEADERS of stream 1
     // (a call cancelled at its deadline after it was given a stream id, before its headers went
     // out). The stream is idle to the server: nghttp2 answered with GOAWAY (PROTOCOL_ERROR) and
-    // the calls on the connection failed.
+    // the calls on the connection failed. The proxy also announces grpcio's own setting
+    // (0xfe03, grpc_allow_true_binary_metadata) in the client's SETTINGS, as C-core does: the
+    // server filters the connections of C-core clients only.
     const upstreamPort = server.grpcPort;
     const injected: number[] = [];
     const proxy = net.createServer((client) => {
@@ -185,7 +187,10 @@ describe("a client resetting its own streams on a shared connection", () => {
         reset.writeUInt32BE(5, 5); // stream 5: idle
         reset.writeUInt32BE(http2.constants.NGHTTP2_CANCEL, 9);
         injected.push(5);
-        upstream.write(Buffer.concat([head.subarray(0, settingsEnd), reset, head.subarray(settingsEnd)]));
+        const coreSetting = Buffer.from([0xfe, 0x03, 0, 0, 0, 1]);
+        const settings = Buffer.concat([head.subarray(24, settingsEnd), coreSetting]);
+        settings.writeUIntBE(settingsEnd - 24 - 9 + coreSetting.length, 0, 3);
+        upstream.write(Buffer.concat([head.subarray(0, 24), settings, reset, head.subarray(settingsEnd)]));
         done = true;
       });
     });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { IdleStreamFrameFilter } from "./http2-resets.js";
+import { fromGrpcCore, IdleStreamFrameFilter } from "./http2-resets.js";
 
 const PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "latin1");
 
@@ -71,5 +71,44 @@ describe("IdleStreamFrameFilter", () => {
     expect(other.push(http1)).toBe(http1);
     const more = reset(5);
     expect(other.push(more)).toBe(more);
+  });
+});
+
+describe("fromGrpcCore", () => {
+  // First SETTINGS frames as the clients send them (captured on loopback).
+  const setting = (id: number, value: number) => {
+    const b = Buffer.alloc(6);
+    b.writeUInt16BE(id, 0);
+    b.writeUInt32BE(value, 2);
+    return b;
+  };
+  const grpcio = frame(
+    0x4,
+    0,
+    Buffer.concat([
+      setting(0x2, 0),
+      setting(0x3, 0),
+      setting(0x4, 4194303),
+      setting(0x5, 4194303),
+      setting(0x6, 8192),
+      setting(0xfe03, 1),
+    ]),
+  );
+  const grpcJs = frame(0x4, 0, setting(0x4, 65535));
+  const nodeHttp2 = frame(0x4, 0, []);
+
+  it("tells C-core (gRPC's own settings) from other clients once its first SETTINGS is in", () => {
+    const core = Buffer.concat([PREFACE, grpcio, headers(1)]);
+    for (let n = 0; n < PREFACE.length + grpcio.length; n++) expect(fromGrpcCore(core.subarray(0, n))).toBeUndefined();
+    expect(fromGrpcCore(core.subarray(0, PREFACE.length + grpcio.length))).toBe(true);
+    expect(fromGrpcCore(core)).toBe(true);
+    expect(fromGrpcCore(Buffer.concat([PREFACE, grpcJs]))).toBe(false);
+    expect(fromGrpcCore(Buffer.concat([PREFACE, nodeHttp2]))).toBe(false);
+  });
+
+  it("answers at once for bytes that are not HTTP/2 or do not start with SETTINGS", () => {
+    expect(fromGrpcCore(Buffer.from("GET / HTTP/1.1\r\n"))).toBe(false);
+    expect(fromGrpcCore(Buffer.from("PRX"))).toBe(false);
+    expect(fromGrpcCore(Buffer.concat([PREFACE, headers(1)]))).toBe(false);
   });
 });

@@ -23,6 +23,9 @@
  *    know. So the bytes from the client pass through a filter before nghttp2 reads them, which
  *    drops exactly those frames: RST_STREAM and WINDOW_UPDATE for a client stream id above every
  *    stream the client has opened. Everything else passes untouched (only frame headers are read).
+ *    The filter makes every byte take a hop through JavaScript, so only connections whose first
+ *    SETTINGS frame says C-core (it announces gRPC's own settings, ids 0xfe00 and up; grpc-js,
+ *    Connect and other HTTP/2 clients do not) get it; the rest run on the socket as node runs them.
  */
 
 import { EventEmitter } from "node:events";
@@ -194,10 +197,38 @@ export function filteringIdleStreamFrames(socket: net.Socket): EventEmitter {
   return facade;
 }
 
+/** gRPC's own HTTP/2 settings ids (grpc_allow_true_binary_metadata is 0xfe03): C-core sends them. */
+const GRPC_SETTINGS_FROM = 0xfe00;
+const SETTINGS = 0x4;
+
 /**
- * Runs every HTTP/2 session of `server` on its connection through filteringIdleStreamFrames:
+ * Whether the first bytes of a connection come from gRPC C-core: true or false once the preface
+ * and the first frame (SETTINGS) are in, undefined while more bytes are needed. Bytes that are
+ * not HTTP/2, or a first frame that is not SETTINGS, are not C-core's (node deals with them).
+ */
+export function fromGrpcCore(start: Buffer): boolean | undefined {
+  const preface = Math.min(start.length, PREFACE.length);
+  if (!start.subarray(0, preface).equals(PREFACE.subarray(0, preface))) return false;
+  if (start.length < PREFACE.length + FRAME_HEADER_BYTES) return undefined;
+  if (start[PREFACE.length + 3] !== SETTINGS) return false;
+  const end = PREFACE.length + FRAME_HEADER_BYTES + start.readUIntBE(PREFACE.length, 3);
+  if (start.length < end) return undefined;
+  for (let i = PREFACE.length + FRAME_HEADER_BYTES; i + 6 <= end; i += 6) {
+    if (start.readUInt16BE(i) >= GRPC_SETTINGS_FROM) return true;
+  }
+  return false;
+}
+
+/** How long a new connection may take to send its preface and SETTINGS before it is run filtered. */
+const FIRST_SETTINGS_WAIT_MS = 1000;
+
+/**
+ * Runs the HTTP/2 sessions of `server` that gRPC C-core opens through filteringIdleStreamFrames:
  * node's own connection listener ('connection', or 'secureConnection' with TLS) is handed the
- * filtered stream instead of the socket.
+ * filtered stream instead of the socket once the client's first SETTINGS shows it is C-core; other
+ * clients' sockets are handed over as they are, with the bytes read so far put back (node reads a
+ * socket's buffered bytes first). A client silent past FIRST_SETTINGS_WAIT_MS is run filtered, so
+ * its session (and the server's handshake timeout) starts all the same.
  */
 export function ignoreIdleStreamFrames(server: http2.Http2Server | http2.Http2SecureServer, tls: boolean): void {
   const event = tls ? "secureConnection" : "connection";
@@ -206,6 +237,34 @@ export function ignoreIdleStreamFrames(server: http2.Http2Server | http2.Http2Se
   if (!nodeListener || others.length > 0) return;
   server.removeListener(event, nodeListener);
   server.on(event, function (this: unknown, socket: net.Socket) {
-    nodeListener.call(this, filteringIdleStreamFrames(socket));
+    let start = Buffer.alloc(0);
+    let decided = false;
+    const handOver = (filter: boolean) => {
+      if (decided) return;
+      decided = true;
+      clearTimeout(timer);
+      socket.removeListener("data", onData);
+      socket.removeListener("close", onClose);
+      socket.pause();
+      if (start.length > 0) socket.unshift(start);
+      nodeListener.call(this, filter ? filteringIdleStreamFrames(socket) : socket);
+      // node's session listens for the socket's errors from here on.
+      socket.removeListener("error", onError);
+    };
+    const onData = (chunk: Buffer) => {
+      start = Buffer.concat([start, chunk]);
+      const core = fromGrpcCore(start);
+      if (core !== undefined) handOver(core);
+    };
+    const onClose = () => {
+      decided = true;
+      clearTimeout(timer);
+    };
+    // A reset before the hand-over would otherwise be an unhandled 'error'.
+    const onError = () => undefined;
+    const timer = setTimeout(() => handOver(true), FIRST_SETTINGS_WAIT_MS);
+    socket.on("data", onData);
+    socket.on("error", onError);
+    socket.once("close", onClose);
   });
 }
