@@ -5,22 +5,70 @@
  * thread pool, then resize + crop as the mode says.
  */
 import sharp, { type Sharp, type SharpOptions } from "sharp";
+import { decodeBmp } from "./bmp.js";
+import { checkPixels, ElementError, type RgbImage } from "./element-error.js";
 import type { Encoding, Mode } from "./options.js";
+import { decodePnm } from "./pnm.js";
 import { type AxisTable, axisTable, type RowSink, resizeRows, sourceSpan } from "./resize.js";
 
-/** Why one element was rejected; the stage prefixes the element index. */
-export class ElementError extends Error {
-  override name = "ElementError";
+export { ElementError };
+
+/**
+ * Seed mode decodes what the seed's `cv2.imdecode` (OpenCV 4.6) decodes. OpenCV's imread
+ * documentation (docs.opencv.org/4.6.0/d4/da8/group__imgcodecs.html#ga288b8b3da0892bd651fce07b3bbd3a56)
+ * lists: Windows bitmaps (*.bmp, *.dib), JPEG, JPEG 2000, PNG, WebP, portable image format
+ * (*.pbm, *.pgm, *.ppm, *.pxm, *.pnm), PFM, Sun rasters, TIFF, OpenEXR, Radiance HDR and
+ * GDAL rasters; GIF, AVIF, HEIF and SVG are not among them (imdecode returns None). Of that
+ * list seed mode decodes JPEG, PNG, WebP and TIFF with libvips, BMP and PBM/PGM/PPM with
+ * its own decoders (src/bmp.ts, src/pnm.ts), and refuses the rest (OPENCV_ONLY) by name.
+ */
+export const SEED_FORMATS = ["jpeg", "png", "webp", "tiff", "bmp", "pbm", "pgm", "ppm"] as const;
+/** Fast mode also takes what libvips decodes beyond OpenCV. */
+export const FAST_FORMATS = [...SEED_FORMATS, "gif", "avif"] as const;
+/** Every format some mode decodes (fast mode's list). */
+export const SUPPORTED_FORMATS = FAST_FORMATS;
+type Supported = (typeof FAST_FORMATS)[number];
+
+/** Formats OpenCV's imdecode can read that this stage does not decode, with their names. */
+const OPENCV_ONLY: Record<string, string> = {
+  jp2: "JPEG 2000",
+  exr: "OpenEXR",
+  hdr: "Radiance HDR",
+  pfm: "PFM",
+  pam: "PAM",
+  sunras: "Sun raster",
+};
+
+/** Why `format` is refused in `mode`, or undefined when the mode decodes it. */
+export function formatRefusal(format: string, mode: Mode): string | undefined {
+  if (mode === "fast") {
+    if ((FAST_FORMATS as readonly string[]).includes(format)) return undefined;
+    const name = OPENCV_ONLY[format] ? ` (${OPENCV_ONLY[format]})` : "";
+    return `unsupported format ${format}${name} (fast mode decodes: ${FAST_FORMATS.join(", ")})`;
+  }
+  if ((SEED_FORMATS as readonly string[]).includes(format)) return undefined;
+  const decodes = `seed mode decodes: ${SEED_FORMATS.join(", ")}`;
+  if (OPENCV_ONLY[format]) {
+    return `unsupported format ${format} (${OPENCV_ONLY[format]}): not decoded by this stage, although OpenCV can read it (${decodes})`;
+  }
+  const fast = (FAST_FORMATS as readonly string[]).includes(format) ? `; mode fast decodes ${format}` : "";
+  return `unsupported format ${format} in seed mode: the seed's OpenCV (cv2.imdecode) does not decode it (${decodes}${fast})`;
 }
 
-/** Formats we decode. Everything else with a known signature is "unsupported". */
-export const SUPPORTED_FORMATS = ["jpeg", "png", "webp", "gif", "tiff", "avif"] as const;
-type Supported = (typeof SUPPORTED_FORMATS)[number];
-
 const ascii = (b: Uint8Array, start: number, end: number) => String.fromCharCode(...b.subarray(start, end));
+// C's isspace, as OpenCV's PNM signature check uses.
+const isSpaceByte = (c: number | undefined) => c !== undefined && (c === 0x20 || (c >= 0x09 && c <= 0x0d));
 
 /** The image format a file's first bytes announce, or undefined. */
 export function sniffFormat(b: Uint8Array): string | undefined {
+  if (b.length < 3) return undefined;
+  // Netpbm, as OpenCV tells it: 'P', a digit, a whitespace byte.
+  if (b[0] === 0x50 && isSpaceByte(b[2])) {
+    const kind = b[1] as number;
+    if (kind >= 0x31 && kind <= 0x36) return (["pbm", "pgm", "ppm"] as const)[(kind - 0x31) % 3];
+    if (kind === 0x37) return "pam";
+    if (kind === 0x46 || kind === 0x66) return "pfm";
+  }
   if (b.length < 4) return undefined;
   if (b[0] === 0xff && b[1] === 0xd8 && b[2] === 0xff) return "jpeg";
   if (b[0] === 0x89 && ascii(b, 1, 4) === "PNG") return "png";
@@ -40,9 +88,11 @@ export function sniffFormat(b: Uint8Array): string | undefined {
   if (b[0] === 0x42 && b[1] === 0x4d) return "bmp";
   if (b[0] === 0xff && b[1] === 0x0a) return "jxl";
   if (b.length >= 12 && ascii(b, 4, 8) === "jP  ") return "jp2";
+  if (b[0] === 0xff && b[1] === 0x4f && b[2] === 0xff && b[3] === 0x51) return "jp2"; // bare J2K codestream
+  if (b[0] === 0x76 && b[1] === 0x2f && b[2] === 0x31 && b[3] === 0x01) return "exr";
+  if (b[0] === 0x59 && b[1] === 0xa6 && b[2] === 0x6a && b[3] === 0x95) return "sunras";
+  if (ascii(b, 0, 2) === "#?" && /^#\?(RADIANCE|RGBE)/.test(ascii(b, 0, Math.min(b.length, 12)))) return "hdr";
   if (ascii(b, 0, 4) === "%PDF") return "pdf";
-  if (b[0] === 0x50 && b[1] !== undefined && b[1] >= 0x31 && b[1] <= 0x36 && (b[2] === 0x0a || b[2] === 0x20))
-    return "ppm";
   if (b[0] === 0x00 && b[1] === 0x00 && (b[2] === 0x01 || b[2] === 0x02) && b[3] === 0x00) return "ico";
   const head = ascii(b, 0, Math.min(b.length, 256)).trimStart();
   if (head.startsWith("<svg") || (head.startsWith("<?xml") && head.includes("<svg"))) return "svg";
@@ -96,6 +146,7 @@ export function unwrap(
   element: Uint8Array,
   encoding: Encoding,
   maxBytes: number,
+  mode: Mode = "seed",
 ): { bytes: Uint8Array; format: string } {
   if (element.length === 0) throw new ElementError("empty (0 bytes)");
   let bytes = element;
@@ -119,9 +170,8 @@ export function unwrap(
   if (format === undefined)
     throw new ElementError(`not an image: no known image signature (first bytes ${hex(element)})`);
   if (bytes.length > maxBytes) throw new ElementError(`${bytes.length} bytes exceed max_bytes ${maxBytes}`);
-  if (!(SUPPORTED_FORMATS as readonly string[]).includes(format)) {
-    throw new ElementError(`unsupported format ${format} (supported: ${SUPPORTED_FORMATS.join(", ")})`);
-  }
+  const refusal = formatRefusal(format, mode);
+  if (refusal !== undefined) throw new ElementError(refusal);
   return { bytes, format };
 }
 
@@ -193,6 +243,11 @@ const LARGE_FILE = 512 * 1024;
  */
 export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSettings, sink: RowSink): Promise<void> {
   const input = { failOn: FAIL_ON, limitInputPixels: s.maxPixels, ignoreIcc: true } as const;
+  if (format === "bmp" || format === "pbm" || format === "pgm" || format === "ppm") {
+    // Formats libvips has no loader for: our own decoders (they throw ElementError only).
+    const image = format === "bmp" ? decodeBmp(bytes, s.maxPixels) : decodePnm(bytes, format, s.maxPixels);
+    return await resizeDecoded(image, s, sink);
+  }
   try {
     if (format === "jpeg") {
       // JPEG's geometry, components and orientation come from its own header, read here in
@@ -269,14 +324,6 @@ const lastMarker = (b: Uint8Array, marker: number): number => {
  */
 export function jpegHasEnd(b: Uint8Array): boolean {
   return lastMarker(b, 0xd9) > lastMarker(b, 0xda);
-}
-
-function checkPixels(width: number, height: number, maxPixels: number): void {
-  if (width * height > maxPixels) {
-    throw new ElementError(
-      `${width}x${height} = ${width * height} pixels exceed max_pixels ${maxPixels} (rejected before decoding)`,
-    );
-  }
 }
 
 /** Number of colour components in a JPEG's frame header (4 = CMYK/YCCK), or 0 if not found. */
@@ -424,6 +471,18 @@ function cmykToRgbLikeOpenCV(data: Uint8Array, channels: number): Uint8Array {
     for (let c = 0; c < 3; c++) out[p * 3 + c] = k - (((data[i + c] as number) * k) >> 8);
   }
   return out;
+}
+
+/** An image our own decoders produced, resized and cropped as the mode says. */
+async function resizeDecoded(image: RgbImage, s: DecodeSettings, sink: RowSink): Promise<void> {
+  if (s.mode === "seed") {
+    const { xs, ys } = seedTables(image.width, image.height, s);
+    resizeRows(image.rgb, image.width, 3, xs, ys, 0, 0, sink);
+    return;
+  }
+  const raw = { raw: { width: image.width, height: image.height, channels: 3 as const } };
+  const g = cropGeometry(image.width, image.height, s.resizeSize, s.cropSize);
+  await decodeFast(image.rgb, raw, g, s.cropSize, sink);
 }
 
 async function decodeFast(

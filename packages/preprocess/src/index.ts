@@ -1,4 +1,4 @@
-export { ElementError, SUPPORTED_FORMATS, sniffFormat } from "./image.js";
+export { ElementError, FAST_FORMATS, SEED_FORMATS, SUPPORTED_FORMATS, sniffFormat } from "./image.js";
 export {
   type ChannelOrder,
   DEFAULT_PARAMETERS,

@@ -188,7 +188,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
             // One bad element fails the request: skip work that can no longer be used.
             if (failures.length > 0 || signal?.aborted) return;
             try {
-              const { bytes, format } = unwrap(element, params.encoding, params.maxBytes);
+              const { bytes, format } = unwrap(element, params.encoding, params.maxBytes, params.mode);
               const c = params.cropSize;
               const sink = rowWriter(tables, params.layout, params.channelOrder, c, c, out, index * perImage);
               await decodeCrop(bytes, format, params, sink);
