@@ -7,7 +7,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { promisify } from "node:util";
 import { constants, deflate, gunzip, gzip, type ZlibOptions } from "node:zlib";
 import { toJson } from "@bufbuild/protobuf";
-import { type ModelConfig, ModelConfigSchema, ModelStatisticsSchema } from "@trellis/protocol";
+import { type ModelConfig, ModelStatisticsSchema, modelConfigToJson } from "@trellis/protocol";
 import {
   type ApiCategory,
   type ApiRestrictions,
@@ -28,6 +28,7 @@ import {
   type LogSettings,
   type LogSettingsControl,
   type ModelRegistry,
+  normalizedModelConfig,
   nowNs,
   type Parameters,
   type RequestedOutput,
@@ -312,8 +313,9 @@ function numbersForInt64(value: unknown, key = ""): unknown {
   return value;
 }
 
+/** A model's config as Triton answers GET .../config: normalized, in ModelConfigToJson's JSON. */
 export function configToJson(config: ModelConfig): unknown {
-  return numbersForInt64(toJson(ModelConfigSchema, config, { useProtoFieldName: true, alwaysEmitImplicit: true }));
+  return modelConfigToJson(normalizedModelConfig(config));
 }
 
 const MODEL_ROUTE =

@@ -3,7 +3,7 @@
  * text-format parser.
  */
 import { readFile } from "node:fs/promises";
-import { fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { fromJson, type JsonValue, toJson } from "@bufbuild/protobuf";
 import { fromText } from "@bufbuild/protobuf/txtpb";
 import { type ModelConfig, ModelConfigSchema } from "./gen/model_config_pb.js";
 
@@ -89,4 +89,61 @@ export function parseModelConfigJson(text: string, source = "config"): ModelConf
   } catch (err) {
     throw new Error(`${source} is not a model config: ${(err as Error).message}`);
   }
+}
+
+type Json = { [key: string]: JsonValue };
+
+const asObject = (value: JsonValue | undefined): Json | undefined =>
+  value !== null && typeof value === "object" && !Array.isArray(value) ? value : undefined;
+const asArray = (value: JsonValue | undefined): JsonValue[] => (Array.isArray(value) ? value : []);
+
+/** A 64-bit field protobuf's JSON wrote as a string, written as a number instead. */
+function fixNumber(obj: Json | undefined, key: string): void {
+  const v = obj?.[key];
+  if (obj && typeof v === "string" && /^-?\d+$/.test(v)) obj[key] = Number(v);
+}
+
+/** A repeated 64-bit field, each element written as a number. */
+function fixNumbers(obj: Json | undefined, key: string): void {
+  const v = obj?.[key];
+  if (obj && Array.isArray(v)) obj[key] = v.map((d) => (typeof d === "string" && /^-?\d+$/.test(d) ? Number(d) : d));
+}
+
+/**
+ * A model config as Triton's ModelConfigToJson writes it (core src/model_config_utils.cc):
+ * protobuf's JSON with the proto field names and every implicit field shown, then exactly
+ * the 64-bit fields Triton fixes written as numbers instead of protobuf's strings. The
+ * fields it leaves alone stay strings as in Triton: map keys (priority_queue_policy),
+ * sequence_batching state initial_state dims (its lookup for them misses), CUDA graph
+ * spec dims and secondary device ids.
+ */
+export function modelConfigToJson(config: ModelConfig): JsonValue {
+  const json = toJson(ModelConfigSchema, config, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Json;
+  for (const key of ["input", "output"]) {
+    for (const io of asArray(json[key])) {
+      fixNumbers(asObject(io), "dims");
+      fixNumbers(asObject(asObject(io)?.reshape), "shape");
+    }
+  }
+  fixNumbers(asObject(asObject(json.version_policy)?.specific), "versions");
+
+  const db = asObject(json.dynamic_batching);
+  for (const key of ["max_queue_delay_microseconds", "priority_levels", "default_priority_level"]) fixNumber(db, key);
+  fixNumber(asObject(db?.default_queue_policy), "default_timeout_microseconds");
+  for (const policy of Object.values(asObject(db?.priority_queue_policy) ?? {})) {
+    fixNumber(asObject(policy), "default_timeout_microseconds");
+  }
+
+  const sb = asObject(json.sequence_batching);
+  fixNumber(sb, "max_sequence_idle_microseconds");
+  fixNumber(asObject(sb?.oldest), "max_queue_delay_microseconds");
+  fixNumber(asObject(sb?.direct), "max_queue_delay_microseconds");
+  for (const state of asArray(sb?.state)) fixNumbers(asObject(state), "dims");
+
+  for (const step of asArray(asObject(json.ensemble_scheduling)?.step)) fixNumber(asObject(step), "model_version");
+
+  for (const warmup of asArray(json.model_warmup)) {
+    for (const input of Object.values(asObject(asObject(warmup)?.inputs) ?? {})) fixNumbers(asObject(input), "dims");
+  }
+  return json;
 }

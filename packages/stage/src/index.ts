@@ -20,6 +20,7 @@ export {
   tensorToRaw,
 } from "./codec.js";
 export { compressionDeflate, inflateDeflate } from "./compression.js";
+export { normalizedModelConfig, SEQUENCE_IDLE_DEFAULT_MICROSECONDS } from "./config-normalize.js";
 export {
   type ClosableTransport,
   type ConnectStageOptions,

@@ -36,6 +36,7 @@ import {
 } from "@trellis/protocol";
 import { tensorFromContents, tensorToRaw } from "./codec.js";
 import { namingInputLimit, requestCompression } from "./compression.js";
+import { normalizedModelConfig } from "./config-normalize.js";
 import { Code, clientError, clientMessage, StageError } from "./errors.js";
 import {
   type GrpcCallTimes,
@@ -358,7 +359,11 @@ export function inferenceService(
         extensions: options.extensions ?? DEFAULT_EXTENSIONS,
       }),
     modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
-    modelConfig: (req) => create(ModelConfigResponseSchema, { config: registry.resolve(req.name, req.version).config }),
+    // As Triton answers it: normalized (version policy, backend, instance groups, ...).
+    modelConfig: (req) =>
+      create(ModelConfigResponseSchema, {
+        config: normalizedModelConfig(registry.resolve(req.name, req.version).config),
+      }),
     modelInfer: (msg, ctx) =>
       handleModelInfer(registry, msg, ctx.signal, {
         tracing: options.tracing,
