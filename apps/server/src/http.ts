@@ -696,6 +696,8 @@ export function restHandler(ctx: RestContext) {
       throw new StageError(Code.InvalidArgument, "", "'outputs' must be an array");
     }
 
+    // For Triton's byte-size refusal, which names the model and the request's id.
+    const requestId = typeof parsed.id === "string" ? parsed.id : undefined;
     let offset = 0;
     const inputs = parsed.inputs.map((t) => {
       if (typeof t !== "object" || t === null || Array.isArray(t)) {
@@ -708,7 +710,7 @@ export function restHandler(ctx: RestContext) {
         if (t.data !== undefined) {
           throw new StageError(Code.InvalidArgument, "", `input '${t.name}': data and shared memory are both given`);
         }
-        return tensorFromBinary(t, ctx.sharedMemory.read(shm, `input '${t.name}'`));
+        return tensorFromBinary(t, ctx.sharedMemory.read(shm, `input '${t.name}'`), model, requestId);
       }
       const size = t.parameters?.binary_data_size;
       if (size === undefined) return tensorFromJson(t);
@@ -723,7 +725,7 @@ export function restHandler(ctx: RestContext) {
           `input '${t.name}': binary_data_size ${size} runs past the ${binary.byteLength}-byte binary section (at offset ${offset})`,
         );
       }
-      const tensor = tensorFromBinary(t, binary.subarray(offset, end));
+      const tensor = tensorFromBinary(t, binary.subarray(offset, end), model, requestId);
       offset = end;
       return tensor;
     });

@@ -144,9 +144,9 @@ export function tensorFromJson(t: JsonTensor): Tensor {
   return tensorFromContents("input", h, contents);
 }
 
-/** An input from the binary section of a request. */
-export function tensorFromBinary(t: JsonTensor, raw: Uint8Array): Tensor {
-  return tensorFromRaw("input", header(t), raw);
+/** An input from the binary section of a request (to `model`, for Triton's byte-size refusal). */
+export function tensorFromBinary(t: JsonTensor, raw: Uint8Array, model = "", requestId?: string): Tensor {
+  return tensorFromRaw("input", header(t), raw, model, requestId);
 }
 
 /** An output as JSON `data` (flat, as Triton returns it). */

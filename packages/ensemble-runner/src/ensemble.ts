@@ -13,10 +13,10 @@ import {
 } from "@trellis/protocol";
 import {
   Code,
+  checkInferRequest,
   codeName,
   configMaxQueueSize,
   decoupledRefusal,
-  formatShape,
   type InferOptions,
   type InferRequest,
   type InferResponse,
@@ -24,6 +24,8 @@ import {
   metadataFromConfig,
   nowNs,
   type RequestedOutput,
+  type RequestSpec,
+  requestRefusal,
   type Stage,
   StageError,
   type StageLogger,
@@ -31,6 +33,7 @@ import {
   StatisticsRecorder,
   type Tensor,
   traceExecution,
+  tritonMessages,
 } from "@trellis/stage";
 import { Limiter } from "./limiter.js";
 import { type EnsemblePlan, ensembling, planEnsemble, type StepPlan, stepLabel } from "./plan.js";
@@ -234,33 +237,22 @@ function buildEnsemble(
       logger?.warn({ ensemble: name, input: input.name }, "ensemble input is unused");
   }
 
-  /** Checks the request against the ensemble's declared inputs; returns the batch size. */
+  /** The ensemble's own tensors, as Triton checks a request against them. */
+  const requestSpec: RequestSpec = {
+    model: name,
+    maxBatchSize: config.maxBatchSize,
+    inputs: metadata.inputs.map((m) => ({
+      name: m.name,
+      datatype: m.datatype,
+      dims: batching ? m.shape.slice(1) : m.shape,
+      optional: config.input.find((i) => i.name === m.name)?.optional ?? false,
+    })),
+    outputs: metadata.outputs.map((o) => o.name),
+  };
+
+  /** Checks the request against the ensemble's declared tensors (Triton's checks and words); returns the batch size. */
   function checkInputs(request: InferRequest): number {
-    const bad = (msg: string) => new StageError(Code.InvalidArgument, name, msg);
-    const seen = new Set<string>();
-    let batch: number | undefined;
-    for (const t of request.inputs) {
-      const m = metadata.inputs.find((i) => i.name === t.name);
-      if (!m) throw bad(`unexpected input "${t.name}"; inputs are [${metadata.inputs.map((i) => i.name).join(", ")}]`);
-      if (seen.has(t.name)) throw bad(`input "${t.name}" given twice`);
-      seen.add(t.name);
-      if (t.datatype !== m.datatype) throw bad(`input "${t.name}": expected ${m.datatype}, got ${t.datatype}`);
-      const ok = t.shape.length === m.shape.length && m.shape.every((d, i) => d === -1 || d === t.shape[i]);
-      if (!ok) throw bad(`input "${t.name}": expected shape ${formatShape(m.shape)}, got ${formatShape(t.shape)}`);
-      if (batching) {
-        const b = t.shape[0]!;
-        if (b < 1 || b > config.maxBatchSize) {
-          throw bad(`input "${t.name}": batch size ${b} is outside 1..${config.maxBatchSize}`);
-        }
-        if (batch !== undefined && b !== batch)
-          throw bad(`input "${t.name}": batch size ${b}, other inputs have ${batch}`);
-        batch = b;
-      }
-    }
-    for (const i of config.input) {
-      if (!i.optional && !seen.has(i.name)) throw bad(`missing input "${i.name}"`);
-    }
-    return batch ?? 1;
+    return checkInferRequest(request, requestSpec);
   }
 
   /** Which ensemble outputs to return, and the per-step requested outputs (classification passes through). */
@@ -270,7 +262,7 @@ function buildEnsemble(
     if (asked.length === 0) return { wanted: metadata.outputs.map((o) => o.name), perStep };
     for (const o of asked) {
       if (!metadata.outputs.some((m) => m.name === o.name)) {
-        throw new StageError(Code.InvalidArgument, name, `unknown output "${o.name}"`);
+        throw requestRefusal(tritonMessages.unexpectedOutput(name, o.name));
       }
       if (o.parameters && Object.keys(o.parameters).length > 0) {
         // The step producing it does the work (e.g. classification), unless another step reads the tensor.

@@ -470,20 +470,24 @@ describe("DAG execution", () => {
     ]);
   });
 
-  it("checks requests against the ensemble's inputs", async () => {
+  it("checks requests against the ensemble's inputs, in Triton's words (core src/infer_request.cc)", async () => {
     const { stages, resolveStep } = diamondStages();
     const ensemble = await createEnsemble({ config: diamondConfig(["inc", "dbl", "join"]), resolveStep });
     const wrongType = await ensemble
       .infer({ inputs: [tensor("X", "INT32", [1, 4], new Int32Array(4))] })
       .catch((e) => e);
     expect(wrongType.code).toBe(Code.InvalidArgument);
-    expect(wrongType.rawMessage).toBe('diamond: input "X": expected FP32, got INT32');
+    expect(wrongType.rawMessage).toBe(
+      "[request id: <id_unknown>] inference input 'X' data-type is 'INT32', but model 'diamond' expects 'FP32'",
+    );
     const tooBig = await ensemble
       .infer({ inputs: [tensor("X", "FP32", [9, 4], new Float32Array(36))] })
       .catch((e) => e);
-    expect(tooBig.rawMessage).toContain("batch size 9 is outside 1..8");
+    expect(tooBig.rawMessage).toContain("inference request batch-size must be <= 8 for 'diamond'");
     const missing = await ensemble.infer({ inputs: [] }).catch((e) => e);
-    expect(missing.rawMessage).toBe('diamond: missing input "X"');
+    expect(missing.rawMessage).toBe(
+      "[request id: <id_unknown>] expected 1 inputs but got 0 inputs for model 'diamond'. Got input(s) [], but missing required input(s) ['X']. Please provide all required input(s).",
+    );
     expect(stages.inc!.calls).toHaveLength(0);
   });
 

@@ -13,6 +13,7 @@ import {
   allocate,
   bytesOf,
   Code,
+  checkInferRequest,
   createDynamicBatcher,
   createSequenceBatcher,
   type DataType,
@@ -27,6 +28,7 @@ import {
   processCpuGate,
   type RateLimiter,
   type RateLimiterSlot,
+  type RequestSpec,
   randomData,
   type SequenceBatcher,
   type Stage,
@@ -105,60 +107,26 @@ async function resolveModelPath(stage: string, versionDir: string, filename: str
   return path;
 }
 
-/** Request checks against the config, before anything reaches ORT. */
+/** Request checks against the config, before anything reaches ORT: Triton's, in its words and order. */
 function requestValidator(config: ModelConfig): (request: InferRequest) => void {
-  const stage = config.name;
-  const batching = config.maxBatchSize > 0;
   // A sequence model also takes the control and state tensors its sequence batcher adds.
   const sequence = sequenceTensors(config);
-  const specs = [
-    ...config.input.map((c) => ({
-      name: c.name,
-      datatype: datatypeFromConfig(c.dataType),
-      dims: c.dims.map(Number),
-      optional: c.optional,
-    })),
-    ...sequence.inputs.map((s) => ({ ...s, optional: false })),
-  ].map((s) => ({ ...s, shape: [...(batching ? [-1] : []), ...s.dims] }));
-  const outputNames = [...config.output.map((o) => o.name), ...sequence.outputs.map((o) => o.name)];
-  const bad = (msg: string) => new StageError(Code.InvalidArgument, stage, msg);
+  const spec: RequestSpec = {
+    model: config.name,
+    maxBatchSize: config.maxBatchSize,
+    inputs: [
+      ...config.input.map((c) => ({
+        name: c.name,
+        datatype: datatypeFromConfig(c.dataType),
+        dims: c.dims.map(Number),
+        optional: c.optional,
+      })),
+      ...sequence.inputs.map((s) => ({ name: s.name, datatype: s.datatype, dims: s.dims })),
+    ],
+    outputs: [...config.output.map((o) => o.name), ...sequence.outputs.map((o) => o.name)],
+  };
   return (request) => {
-    const seen = new Set<string>();
-    for (const t of request.inputs) {
-      const spec = specs.find((s) => s.name === t.name);
-      if (!spec) {
-        throw bad(`unexpected input ${t.name}; expected inputs: ${specs.map((s) => s.name).join(", ")}`);
-      }
-      if (seen.has(t.name)) throw bad(`input ${t.name} is given more than once`);
-      seen.add(t.name);
-      if (t.datatype !== spec.datatype) {
-        throw bad(`input ${t.name}: expected datatype ${spec.datatype}, got ${t.datatype}`);
-      }
-      const shapeOk = t.shape.length === spec.shape.length && spec.shape.every((d, i) => d === -1 || d === t.shape[i]);
-      if (!shapeOk) {
-        throw bad(`input ${t.name}: expected shape ${formatShape(spec.shape)}, got ${formatShape(t.shape)}`);
-      }
-      const count = elementCount(t.shape);
-      const length = (t.data as TensorData).length;
-      if (length !== count) {
-        const size = elementSize(t.datatype);
-        throw bad(
-          size > 0
-            ? `input ${t.name}: ${t.datatype} shape ${formatShape(t.shape)} needs ${count * size} bytes, got ${length * size}`
-            : `input ${t.name}: BYTES shape ${formatShape(t.shape)} needs ${count} elements, got ${length}`,
-        );
-      }
-    }
-    for (const s of specs) {
-      if (!s.optional && !seen.has(s.name)) {
-        throw bad(`missing input ${s.name} (expected ${s.datatype} ${formatShape(s.shape)})`);
-      }
-    }
-    for (const o of request.outputs ?? []) {
-      if (!outputNames.includes(o.name)) {
-        throw bad(`unknown output ${o.name}; the model's outputs are ${outputNames.join(", ")}`);
-      }
-    }
+    checkInferRequest(request, spec);
   };
 }
 

@@ -211,34 +211,37 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
       await running;
     });
 
-    it("rejects wrong name, datatype, shape, size and outputs with INVALID_ARGUMENT naming expected and got", async () => {
+    it("rejects wrong name, datatype, shape, size and outputs with INVALID_ARGUMENT in Triton's words (core src/infer_request.cc)", async () => {
       const cases: [InferRequest, RegExp][] = [
         [
           { inputs: [tensor("image", "FP32", [1, 3, 224, 224], images(1, 1))] },
-          /unexpected input image; expected inputs: input/,
+          /unexpected inference input 'image' for model '\w+' \(its inputs: input\)$/,
         ],
         [
           { inputs: [tensor("input", "FP64", [1, 3, 224, 224], new Float64Array(IMAGE))] },
-          /input input: expected datatype FP32, got FP64/,
+          /inference input 'input' data-type is 'FP64', but model '\w+' expects 'FP32'/,
         ],
         [
           { inputs: [tensor("input", "FP32", [1, 3, 224, 225], new Float32Array(3 * 224 * 225))] },
-          /input input: expected shape \[-1,3,224,224\], got \[1,3,224,225\]/,
+          /unexpected shape for input 'input' for model '\w+'\. Expected \[-1,3,224,224\], got \[1,3,224,225\]/,
         ],
         [
           { inputs: [tensor("input", "FP32", [1, 224, 224], new Float32Array(224 * 224))] },
-          /expected shape \[-1,3,224,224\], got \[1,224,224\]/,
+          /Expected \[-1,3,224,224\], got \[1,224,224\]/,
         ],
         [
           { inputs: [{ name: "input", datatype: "FP32", shape: [2, 3, 224, 224], data: images(1, 1) }] },
-          /shape \[2,3,224,224\] needs 1204224 bytes, got 602112/,
+          /input byte size mismatch for input 'input' for model '\w+'\. Expected 1204224, got 602112/,
         ],
-        [{ inputs: [] }, /missing input input \(expected FP32 \[-1,3,224,224\]\)/],
+        [
+          { inputs: [] },
+          /expected 1 inputs but got 0 inputs for model '\w+'\. Got input\(s\) \[\], but missing required input\(s\) \['input'\]/,
+        ],
         [
           { ...imageRequest(1, 1), outputs: [{ name: "probs" }] },
-          /unknown output probs; the model's outputs are output/,
+          /unexpected inference output 'probs' for model '\w+' \(its outputs: output\)$/,
         ],
-        [imageRequest(17, 1), /batch size 17 exceeds the model's max_batch_size 16/],
+        [imageRequest(17, 1), /inference request batch-size must be <= 16 for '\w+' \(got 17\)/],
       ];
       for (const [req, message] of cases) {
         const err = await rejectionOf(stage.infer(req), StageError);
@@ -629,7 +632,9 @@ describe("Triton's reshape", () => {
     expect(Number((await stage.statistics()).executionCount)).toBe(1);
     // Clients are held to dims, not to the model's shape.
     const flatRequest = await stage.infer({ inputs: [tensor("a", "FP32", [1, 12], values(1, 0))] }).catch((e) => e);
-    expect((flatRequest as StageError).rawMessage).toMatch(/input a: expected shape \[-1,3,4\], got \[1,12\]/);
+    expect((flatRequest as StageError).rawMessage).toMatch(
+      /unexpected shape for input 'a' for model '\w+'\. Expected \[-1,3,4\], got \[1,12\]/,
+    );
   });
 
   it("gives an unbatched model its leading 1 (dims [4], reshape [1, 4]), as Triton configs commonly do", async () => {

@@ -9,8 +9,8 @@ import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import {
   bytesTensor,
   Code,
+  checkInferRequest,
   configParameter,
-  formatShape,
   type InferOptions,
   type InferRequest,
   type InferResponse,
@@ -142,26 +142,15 @@ export class PostprocessStage implements Stage {
 
   /** Checks the request; returns the logits, the batch size, and k for a classification request (0 = JSON). */
   private validate(request: InferRequest): { logits: Float32Array; n: number; classify: number } {
-    for (const t of request.inputs) {
-      if (t.name !== this.inputName) throw this.fail(`unexpected input ${t.name}; this model takes ${this.inputName}`);
-    }
-    const input = request.inputs.find((t) => t.name === this.inputName);
-    if (!input) throw this.fail(`missing input ${this.inputName}`);
-    if (input.datatype !== "FP32") throw this.fail(`input ${this.inputName}: expected FP32, got ${input.datatype}`);
-    const expected = formatShape(this.dims([this.classes]));
-    const shape = input.shape;
-    const okShape = this.batching
-      ? shape.length === 2 && shape[1] === this.classes && (shape[0] ?? 0) >= 1
-      : shape.length === 1 && shape[0] === this.classes;
-    if (!okShape) throw this.fail(`input ${this.inputName}: expected shape ${expected}, got ${formatShape(shape)}`);
-    const n = this.batching ? shape[0]! : 1;
-    if (this.batching && n > this.config.maxBatchSize) {
-      throw this.fail(`input ${this.inputName}: batch size ${n} exceeds max_batch_size ${this.config.maxBatchSize}`);
-    }
+    const n = checkInferRequest(request, {
+      model: this.name,
+      maxBatchSize: this.config.maxBatchSize,
+      inputs: [{ name: this.inputName, datatype: "FP32", dims: [this.classes] }],
+      outputs: [this.outputName],
+    });
+    const input = request.inputs[0]!;
     let classify = 0;
     for (const o of request.outputs ?? []) {
-      if (o.name !== this.outputName)
-        throw this.fail(`unknown output ${o.name}; this model produces ${this.outputName}`);
       const c = o.parameters?.classification;
       if (c !== undefined) {
         classify = parseK(c, `output ${o.name}: classification`, this.name, this.classes, Code.InvalidArgument);

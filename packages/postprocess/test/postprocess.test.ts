@@ -120,8 +120,8 @@ describe("postprocess on real MobileNetV2 logits", () => {
       await expectStageError(
         remote.infer(logitsRequest(new Float32Array(999), 1, 999)),
         Code.InvalidArgument,
-        "expected shape [-1,1000]",
-        "got [1,999]",
+        "unexpected shape for input 'LOGITS' for model",
+        "Expected [-1,1000], got [1,999]",
       );
       const stats = await remote.statistics();
       expect(stats.inferenceStats?.success?.count).toBeGreaterThanOrEqual(2n);
@@ -212,27 +212,27 @@ describe("postprocess errors and options", () => {
     expect(stage.statistics().inferenceStats?.fail?.count).toBe(2n);
   });
 
-  it("rejects wrong inputs with expected vs got", async () => {
+  it("rejects wrong inputs in Triton's words (core src/infer_request.cc, src/model.cc)", async () => {
     const stage = await createPostprocess({ config: await seedConfig(), versionDir: labelsDir });
     await expectStageError(
       stage.infer({ inputs: [tensor("LOGITS", "FP64", [1, 1000], new Float64Array(1000))] }),
       Code.InvalidArgument,
-      "expected FP32, got FP64",
+      "inference input 'LOGITS' data-type is 'FP64', but model 'resnet50_postprocess' expects 'FP32'",
     );
     await expectStageError(
       stage.infer({ inputs: [tensor("PROBS", "FP32", [1, 1000], new Float32Array(1000))] }),
       Code.InvalidArgument,
-      "unexpected input PROBS",
+      "unexpected inference input 'PROBS' for model 'resnet50_postprocess'",
     );
     await expectStageError(
       stage.infer(logitsRequest(new Float32Array(257000), 257, 1000)),
       Code.InvalidArgument,
-      "batch size 257 exceeds max_batch_size 256",
+      "inference request batch-size must be <= 256 for 'resnet50_postprocess'",
     );
     await expectStageError(
       stage.infer(logitsRequest(new Float32Array(1000), 1, 1000, { outputs: [{ name: "OUT" }] })),
       Code.InvalidArgument,
-      "unknown output OUT",
+      "unexpected inference output 'OUT' for model 'resnet50_postprocess'",
     );
   });
 

@@ -7,6 +7,7 @@
 import { DataType as ConfigDataType, type ModelConfig, parseModelConfig } from "@trellis/protocol";
 import {
   Code,
+  checkInferRequest,
   datatypeFromConfig,
   formatShape,
   type InferOptions,
@@ -16,6 +17,7 @@ import {
   metadataFromConfig,
   nowNs,
   processCpuGate,
+  type RequestSpec,
   type Stage,
   StageError,
   type StageFactoryOptions,
@@ -130,36 +132,27 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
   /** Requests none of whose images has started decoding (the limiter is full). */
   let waiting = 0;
 
+  /** What a request is checked against: Triton's checks and words, and [N] taken for [N,1]. */
+  const requestSpec: RequestSpec = {
+    model: name,
+    maxBatchSize: maxBatch,
+    inputs: [
+      {
+        name: inputName,
+        datatype: "BYTES",
+        dims: [1],
+        alsoAccepts: (shape) => shape.length === (batching ? 1 : 0),
+      },
+    ],
+    outputs: [outputName],
+    // An empty batch is answered with an empty one.
+    emptyBatch: true,
+  };
+
   /** The request's elements, checked against the config's input. */
   function elementsOf(request: InferRequest): Uint8Array[] {
-    const input = request.inputs.find((t) => t.name === inputName);
-    if (!input) {
-      const got = request.inputs.map((t) => t.name).join(", ") || "none";
-      throw invalidArgument(name, `missing input ${inputName} (got ${got})`);
-    }
-    const extra = request.inputs.find((t) => t.name !== inputName);
-    if (extra) throw invalidArgument(name, `unexpected input ${extra.name} (this model takes only ${inputName})`);
-    if (input.datatype !== "BYTES") {
-      throw invalidArgument(name, `input ${inputName}: expected datatype BYTES, got ${input.datatype}`);
-    }
-    const shape = input.shape;
-    const ok = batching
-      ? (shape.length === 2 && shape[1] === 1) || shape.length === 1
-      : (shape.length === 1 && shape[0] === 1) || shape.length === 0;
-    if (!ok) {
-      throw invalidArgument(
-        name,
-        `input ${inputName}: expected shape ${batching ? "[N,1]" : "[1]"}, got ${formatShape(shape)}`,
-      );
-    }
-    const items = input.data as Uint8Array[];
-    if (batching && items.length > maxBatch) {
-      throw invalidArgument(name, `input ${inputName}: batch of ${items.length} exceeds max_batch_size ${maxBatch}`);
-    }
-    for (const o of request.outputs ?? []) {
-      if (o.name !== outputName) throw invalidArgument(name, `unknown output ${o.name} (this model has ${outputName})`);
-    }
-    return items;
+    checkInferRequest(request, requestSpec);
+    return request.inputs[0]!.data as Uint8Array[];
   }
 
   async function infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {

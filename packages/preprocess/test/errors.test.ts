@@ -207,15 +207,24 @@ describe("encodings and request checks", () => {
     expect(e2.rawMessage).toMatch(/element 0: undecodable base64: invalid character 0xff at offset 0/);
   });
 
-  it("checks the input tensor's name, datatype and shape", async () => {
+  it("checks the input tensor's name, datatype and shape, in Triton's words (core src/infer_request.cc)", async () => {
     const cases: [Parameters<typeof stage.infer>[0], RegExp][] = [
-      [{ inputs: [bytesTensor("IMAGE", [1, 1], [chelsea])] }, /missing input RAW_IMAGE \(got IMAGE\)/],
+      [
+        { inputs: [bytesTensor("IMAGE", [1, 1], [chelsea])] },
+        /unexpected inference input 'IMAGE' for model '\w+' \(its inputs: RAW_IMAGE\)/,
+      ],
       [
         { inputs: [tensor("RAW_IMAGE", "UINT8", [1, 4], new Uint8Array(4))] },
-        /input RAW_IMAGE: expected datatype BYTES, got UINT8/,
+        /inference input 'RAW_IMAGE' data-type is 'UINT8', but model '\w+' expects 'BYTES'/,
       ],
-      [{ inputs: [bytesTensor("RAW_IMAGE", [1, 2], [chelsea, chelsea])] }, /expected shape \[N,1\], got \[1,2\]/],
-      [{ ...rawImageRequest([chelsea]), outputs: [{ name: "LOGITS" }] }, /unknown output LOGITS/],
+      [
+        { inputs: [bytesTensor("RAW_IMAGE", [1, 2], [chelsea, chelsea])] },
+        /unexpected shape for input 'RAW_IMAGE' for model '\w+'\. Expected \[-1,1\], got \[1,2\]/,
+      ],
+      [
+        { ...rawImageRequest([chelsea]), outputs: [{ name: "LOGITS" }] },
+        /unexpected inference output 'LOGITS' for model '\w+'/,
+      ],
     ];
     for (const [req, msg] of cases) {
       const err = asStageError(await stage.infer(req).catch((e) => e));

@@ -167,7 +167,8 @@ describe("createDynamicBatcher", () => {
     const h = harness(4, {});
     const err = await rejectionOf(h.infer(req(5, 1)), StageError);
     expect(err.code).toBe(Code.InvalidArgument);
-    expect(err.message).toMatch(/batch size 5 exceeds the model's max_batch_size 4/);
+    // Triton's words (core src/infer_request.cc, Normalize).
+    expect(err.message).toMatch(/inference request batch-size must be <= 4 for '\w+' \(got 5\)/);
     const mixed = await rejectionOf(
       h.infer({ inputs: [req(2, 1).inputs[0]!, { ...req(3, 1).inputs[0]!, name: "x" }] }),
       StageError,

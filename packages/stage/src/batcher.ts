@@ -20,6 +20,7 @@ import { type ExecutionTimes, nowNs, type StatisticsRecorder } from "./statistic
 import { allocate, elementCount, formatShape, type Tensor, type TensorData } from "./tensor.js";
 import { deadlineTimer } from "./timer.js";
 import { type RequestTrace, traceExecution } from "./trace.js";
+import { requestRefusal, tritonMessages } from "./triton-messages.js";
 
 export interface BatchContext {
   /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
@@ -196,32 +197,18 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
     if (!first) return 1;
     let size: number | undefined;
     for (const t of request.inputs) {
-      if (t.shape.length === 0) {
-        throw new StageError(
-          Code.InvalidArgument,
-          name,
-          `input ${t.name}: shape ${formatShape(t.shape)} has no batch dimension (max_batch_size ${maxBatchSize})`,
-        );
-      }
+      if (t.shape.length === 0) throw requestRefusal(tritonMessages.noBatchDimension(request.id, name, t.name));
       const b = t.shape[0]!;
       if (size === undefined) size = b;
       else if (b !== size) {
-        throw new StageError(
-          Code.InvalidArgument,
-          name,
-          `input ${t.name}: batch size ${b} differs from input ${first.name}'s ${size}`,
-        );
+        throw requestRefusal(tritonMessages.batchMismatch(request.id, name, t.name), `${b}, not ${size}`);
       }
     }
-    if (size === undefined || size < 1) {
-      throw new StageError(Code.InvalidArgument, name, `batch size must be at least 1, got ${size}`);
+    if (size !== undefined && size > maxBatchSize) {
+      throw requestRefusal(tritonMessages.batchTooLarge(request.id, name, maxBatchSize), `got ${size}`);
     }
-    if (size > maxBatchSize) {
-      throw new StageError(
-        Code.InvalidArgument,
-        name,
-        `batch size ${size} exceeds the model's max_batch_size ${maxBatchSize}`,
-      );
+    if (size === undefined || size < 1) {
+      throw requestRefusal(`batch size must be at least 1 for '${name}', got ${size}`);
     }
     return size;
   }

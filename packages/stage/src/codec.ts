@@ -18,6 +18,7 @@ import {
   type TensorDataMap,
   viewAs,
 } from "./tensor.js";
+import { requestRefusal, tritonMessages } from "./triton-messages.js";
 
 /** Which side a tensor is on; it opens every codec error message. */
 export type TensorRole = "input" | "output";
@@ -51,8 +52,17 @@ export function checkHeader(
   return { datatype: header.datatype, shape };
 }
 
-/** Reads a tensor from its raw bytes; numeric data is a view where aligned. */
-export function tensorFromRaw(role: TensorRole, header: TensorHeader, raw: Uint8Array, stage = ""): Tensor {
+/**
+ * Reads a tensor from its raw bytes; numeric data is a view where aligned. An input of the wrong
+ * byte size for a known model (`stage`) is refused in Triton's words, with the request's id.
+ */
+export function tensorFromRaw(
+  role: TensorRole,
+  header: TensorHeader,
+  raw: Uint8Array,
+  stage = "",
+  requestId?: string,
+): Tensor {
   const { datatype, shape } = checkHeader(role, header, stage);
   const { name } = header;
   const count = elementCount(shape);
@@ -60,6 +70,9 @@ export function tensorFromRaw(role: TensorRole, header: TensorHeader, raw: Uint8
     return { name, datatype, shape, data: unframeBytes(role, name, shape, count, raw, stage) };
   }
   const needed = count * elementSize(datatype);
+  if (raw.byteLength !== needed && role === "input" && stage) {
+    throw requestRefusal(tritonMessages.byteSize(requestId, stage, name, needed, raw.byteLength));
+  }
   if (raw.byteLength !== needed) {
     throw fail(
       role,

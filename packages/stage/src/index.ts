@@ -169,6 +169,14 @@ export {
 } from "./trace.js";
 export { describeTransportError, isConnectionLost, neverSent } from "./transport-errors.js";
 export {
+  checkInferRequest,
+  type RequestInputSpec,
+  type RequestSpec,
+  requestPrefix,
+  requestRefusal,
+  tritonMessages,
+} from "./triton-messages.js";
+export {
   refuseSharedMemoryRegister,
   type SharedMemoryKind,
   sharedMemoryStatus,

@@ -74,7 +74,7 @@ export function inferRequestFromWire(msg: ModelInferRequest, stage = ""): InferR
           `input ${input.name}: contents and raw_input_contents are both set`,
         );
       }
-      return tensorFromRaw("input", input, bytes, stage);
+      return tensorFromRaw("input", input, bytes, stage, msg.id || undefined);
     }
     if (!input.contents) {
       throw new StageError(

@@ -176,7 +176,10 @@ describe("serveStage over real HTTP/2 gRPC on 127.0.0.1", () => {
     bad.inputs[1] = { name: "VALUES", datatype: "FP32", shape: [3, 3], data: VALUES } as Tensor;
     const err = (await remote.infer(bad).catch((e: unknown) => e)) as StageError;
     expect(err.code).toBe(Code.InvalidArgument);
-    expect(err.rawMessage).toContain("input VALUES: FP32 shape [3,3] needs 36 bytes, got 24");
+    // Triton's words (core src/infer_request.cc, Normalize).
+    expect(err.rawMessage).toContain(
+      "input byte size mismatch for input 'VALUES' for model 'echo'. Expected 36, got 24",
+    );
   });
 
   it("answers LogSettings UNIMPLEMENTED when served without log settings (a stage alone)", async () => {
