@@ -250,7 +250,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--grpc-restricted-protocol <categories:header=value>",
-    "the same for gRPC methods (refused with PERMISSION_DENIED); repeatable",
+    "the same for gRPC methods (refused with UNAVAILABLE, as tritonserver); repeatable",
     collect,
     [],
   )

@@ -33,6 +33,7 @@ import {
   type Parameters,
   type RequestedOutput,
   type RequestTrace,
+  refuseClientSharedMemory,
   refuseSharedMemoryRegister,
   restrictionError,
   type SharedMemoryRef,
@@ -43,6 +44,7 @@ import {
   sharedMemoryRef,
   sharedMemoryStatus,
   shownValue,
+  statisticsStage,
   type TraceControl,
   withForwardedHeaders,
   withoutSharedMemory,
@@ -429,6 +431,8 @@ export function restHandler(ctx: RestContext) {
       requireMethod(req, "POST");
       if (action === "register") {
         if (!region) throw new HttpError(404, "Not Found");
+        // As Triton: with client shared memory off, register and unregister are refused (501), CUDA's too.
+        if (!ctx.sharedMemory) refuseClientSharedMemory();
         if (!regions) refuseSharedMemoryRegister(kind);
         const body = parseObject(await readBody(req, maxInputBytes), "register request");
         const count = (field: string, fallback?: number) => {
@@ -444,6 +448,8 @@ export function restHandler(ctx: RestContext) {
         regions.register(region, body.key, count("offset", 0), count("byte_size"));
         return sendEmpty(res, 200);
       }
+      if (!ctx.sharedMemory) refuseClientSharedMemory();
+      // No CUDA region is ever registered: unregistering one has nothing to do.
       regions?.unregister(region);
       return sendEmpty(res, 200);
     }
@@ -456,7 +462,12 @@ export function restHandler(ctx: RestContext) {
       );
       // The trace extension: a model named with no settings in the body clears all of the model's own.
       if (model && req.method === "POST" && Object.keys(changes).length === 0 && ctx.tracing) {
-        changes = Object.fromEntries(Object.keys(ctx.tracing.settings(model)).map((k) => [k, []]));
+        // trace_file is the server's alone (refused when a client names it), so not among them.
+        changes = Object.fromEntries(
+          Object.keys(ctx.tracing.settings(model))
+            .filter((k) => k !== "trace_file")
+            .map((k) => [k, []]),
+        );
       }
       return sendJson(res, 200, answerTraceSettings(ctx.tracing, model, changes, registry));
     }
@@ -531,17 +542,15 @@ export function restHandler(ctx: RestContext) {
       }
       requireMethod(req, "GET");
       if (action === "ready") {
-        let ready = false;
-        try {
-          ready = await registry.resolve(name, version).isReady();
-        } catch {
-          ready = false;
-        }
-        return sendEmpty(res, ready ? 200 : 400);
+        // As Triton's HandleModelReady: a model it cannot find answers with that error (404, or 503
+        // for a version not ready), one found but not ready with 400.
+        const ready = await registry.resolve(name, version).isReady();
+        if (!ready) throw new HttpError(400, "Model version not ready");
+        return sendEmpty(res, 200);
       }
+      if (action === "stats") return sendStats(res, [statisticsStage(registry, name, version)]);
       const stage = registry.resolve(name, version);
       if (action === "config") return sendJson(res, 200, configToJson(stage.config));
-      if (action === "stats") return sendStats(res, [stage]);
       const md = await stage.metadata();
       return sendJson(res, 200, {
         name: md.name,
@@ -661,12 +670,13 @@ export function restHandler(ctx: RestContext) {
   }
 
   async function infer(req: IncomingMessage, res: ServerResponse, model: string, version: string): Promise<void> {
-    // Triton answers an infer on an unknown or unavailable model with 400 (HandleInfer's error callback).
+    // Triton answers an infer on an unknown or unavailable model with its error's code: 404 for one
+    // not found (http_server.cc HandleInfer since server PR #6713), 503 for a version not ready.
     const resolve = () => {
       try {
         return registry.resolve(model, version);
       } catch (err) {
-        sendError(res, err, 400, withheld);
+        sendError(res, err, undefined, withheld);
         return undefined;
       }
     };

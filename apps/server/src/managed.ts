@@ -17,6 +17,7 @@ import {
 import {
   Code,
   configMaxQueueSize,
+  datatypeFromConfig,
   decoupledRefusal,
   type InferOptions,
   type InferRequest,
@@ -183,7 +184,7 @@ export class ManagedStage implements Stage {
   private async *stream(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
     const trace = options?.trace;
     if (trace) traceRequestStart(trace, request);
-    const classify = classificationRequests(this.name, request.outputs);
+    const classify = classificationRequests(this.name, request.outputs, this.config);
     this.started();
     let admitted = false;
     try {
@@ -244,7 +245,7 @@ export class ManagedStage implements Stage {
   }
 
   private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
-    const classify = classificationRequests(this.name, request.outputs);
+    const classify = classificationRequests(this.name, request.outputs, this.config);
     // After the cache lookup, as Triton's: a cached answer is served even while the queue is full.
     this.admit(nowNs());
     try {
@@ -256,8 +257,8 @@ export class ManagedStage implements Stage {
 
   /**
    * The response with the outputs `classify` names as Triton's classification. The request went
-   * through unchanged: a stage that implements classification itself (postprocess does, on its
-   * probabilities) answers with BYTES and is left alone.
+   * through unchanged, and the output the stage answers with is what is classified, as Triton's
+   * frontend does (src/classification.cc): a BYTES output is refused (see classification).
    */
   private classified(response: InferResponse, classify: Map<string, number>): InferResponse {
     if (classify.size === 0) return response;
@@ -266,7 +267,7 @@ export class ManagedStage implements Stage {
       ...response,
       outputs: response.outputs.map((t) => {
         const k = classify.get(t.name);
-        if (k === undefined || t.datatype === "BYTES") return t;
+        if (k === undefined) return t;
         return classification(this.name, t, k, batched, this.labels.get(t.name));
       }),
     };
@@ -283,8 +284,15 @@ export class ManagedStage implements Stage {
   }
 }
 
-/** Output name -> k for each requested output carrying the `classification` parameter. */
-function classificationRequests(model: string, outputs: RequestedOutput[] | undefined): Map<string, number> {
+/**
+ * Output name -> k for each requested output carrying the `classification` parameter; refused
+ * before the model runs when the config gives the output a type Triton cannot classify.
+ */
+function classificationRequests(
+  model: string,
+  outputs: RequestedOutput[] | undefined,
+  config: ModelConfig,
+): Map<string, number> {
   const classify = new Map<string, number>();
   for (const o of outputs ?? []) {
     const k = o.parameters?.classification;
@@ -297,10 +305,27 @@ function classificationRequests(model: string, outputs: RequestedOutput[] | unde
         `output ${o.name}: classification must be a positive integer, got ${String(k)}`,
       );
     }
+    const declared = config.output.find((c) => c.name === o.name);
+    // TYPE_INVALID (0): a config that does not say; the answer's type is checked then.
+    if (declared?.dataType) {
+      const datatype = datatypeFromConfig(declared.dataType);
+      if (UNCLASSIFIABLE.has(datatype)) throw unclassifiable(model, o.name, datatype);
+    }
     classify.set(o.name, count);
   }
   return classify;
 }
+
+/** Types Triton's classification refuses (src/classification.cc TopkClassifications). */
+const UNCLASSIFIABLE = new Set(["BYTES", "BOOL", "FP16", "BF16"]);
+
+/** Triton's refusal of classification on an output of `datatype`, naming the output after Triton's words. */
+const unclassifiable = (model: string, output: string, datatype: string) =>
+  new StageError(
+    Code.InvalidArgument,
+    model,
+    `class result not available for output due to unsupported type '${datatype}' (output '${output}')`,
+  );
 
 const encoder = new TextEncoder();
 
@@ -316,13 +341,7 @@ export function classification(
   batched: boolean,
   labels: string[] | undefined,
 ): Tensor {
-  if (t.datatype === "FP16" || t.datatype === "BF16") {
-    throw new StageError(
-      Code.InvalidArgument,
-      model,
-      `output ${t.name}: classification of ${t.datatype} is not supported`,
-    );
-  }
+  if (UNCLASSIFIABLE.has(t.datatype)) throw unclassifiable(model, t.name, t.datatype);
   const values = t.data as ArrayLike<number | bigint>;
   const items = batched ? (t.shape[0] ?? 1) : 1;
   const classes = items === 0 ? 0 : values.length / items;

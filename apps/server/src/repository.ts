@@ -238,7 +238,8 @@ export class RepositoryManager implements ModelRegistry {
     const ready = [...entry.versions.values()].filter((v) => v.state === "READY" && v.stage);
     const latest = ready.sort((a, b) => byVersion(a.version, b.version)).at(-1);
     if (!latest?.stage) {
-      throw new StageError(Code.Unavailable, "", `Request for unknown model: '${name}' has no available versions`);
+      // NOT_FOUND, as Triton's core (model_lifecycle.cc GetModel): no version to serve is no model to serve.
+      throw new StageError(Code.NotFound, "", `Request for unknown model: '${name}' has no available versions`);
     }
     return latest.stage;
   }
@@ -414,7 +415,8 @@ export class RepositoryManager implements ModelRegistry {
     const configOverride = options.config;
     const e = this.models.get(name);
     if (!e || (!e.model && !e.scanError)) {
-      throw new StageError(Code.NotFound, "", `failed to load '${name}': no such model in the model repository`);
+      // Triton's answer (INTERNAL), its repository poll finding no such model folder.
+      throw new StageError(Code.Internal, "", `${notPolled(name)}: no such model in the model repository`);
     }
     if (!e.model) throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
     const model = configOverride === undefined ? e.model : withConfig(e.model, configOverride);
@@ -435,7 +437,12 @@ export class RepositoryManager implements ModelRegistry {
   private async loadFromFiles(name: string, options: ModelLoadOptions): Promise<void> {
     const fail = (why: string) => new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${why}`);
     if (options.config === undefined) {
-      throw fail("file overrides need the 'config' parameter too (the model config as JSON)");
+      // Triton's answer (INTERNAL): its repository agent refuses the files, and the poll fails.
+      throw new StageError(
+        Code.Internal,
+        "",
+        `${notPolled(name)}: Load parameter 'config' must be specified for model file override (the model config as JSON)`,
+      );
     }
     const config = configFromJson(name, options.config);
     const files = options.files ?? {};
@@ -824,6 +831,9 @@ export class RepositoryManager implements ModelRegistry {
 function withConfig(model: RepositoryModel, json: string): RepositoryModel {
   return { ...model, config: configFromJson(model.name, json), configText: `config parameter:\n${json}` };
 }
+
+/** The start of Triton's refusal of a load its repository poll could not serve (model_repository_manager.cc). */
+const notPolled = (name: string) => `failed to load '${name}', failed to poll from model repository`;
 
 /** `name` from a client's load or unload, refused (INVALID_ARGUMENT) when it cannot name a model. */
 function checkedName(name: string, action: string): string {

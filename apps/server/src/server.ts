@@ -18,6 +18,7 @@ import {
   type SystemSharedMemory,
   serverCompression,
   serveStage,
+  TRITON_EXTENSIONS,
   type TraceControl,
 } from "@trellis/stage";
 import { type GrpcConnectionOptions, manageGrpcConnection } from "./grpc-connections.js";
@@ -32,18 +33,8 @@ type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallb
 
 export const SERVER_NAME = "trellis";
 export const SERVER_VERSION = "0.1.0";
-export const EXTENSIONS = [
-  "classification",
-  "model_repository",
-  "model_configuration",
-  "schedule_policy",
-  "statistics",
-  "binary_tensor_data",
-  // Request parameters reach the model (and forwarded headers join them).
-  "parameters",
-  "logging",
-  "trace",
-];
+/** The server metadata's extensions: Triton's list, whatever is switched on (see TRITON_EXTENSIONS). */
+export const EXTENSIONS: readonly string[] = TRITON_EXTENSIONS;
 
 export interface Logger {
   info(obj: object | string, msg?: string): void;
@@ -168,7 +159,8 @@ function listen(server: http.Server | http2.Http2Server, port: number, host: str
 
 export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
   const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
-  const extensions = options.sharedMemory ? [...EXTENSIONS, "system_shared_memory"] : EXTENSIONS;
+  // Triton lists system_shared_memory (and cuda_shared_memory) with client shared memory off too.
+  const extensions = [...EXTENSIONS];
   const serverName = options.serverName ?? SERVER_NAME;
   const serveOptions = {
     serverName,

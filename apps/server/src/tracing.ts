@@ -351,6 +351,15 @@ export class Tracer implements TraceControl {
   }
 
   update(model: string | undefined, changes: Record<string, string[]>): TraceSettings {
+    // As Triton (src/http_server.cc, src/grpc/grpc_server.cc): a client must not choose where the
+    // server writes; naming trace_file at all, even its current value or null, is refused.
+    if ("trace_file" in changes) {
+      throw new StageError(
+        Code.Unimplemented,
+        "",
+        "trace file location can not be updated through network protocol: it is set when the server starts (--trace-config triton,file=<path>)",
+      );
+    }
     if (this.global.mode === "opentelemetry") {
       throw new StageError(
         Code.Unimplemented,
@@ -371,13 +380,6 @@ export class Tracer implements TraceControl {
       Object.assign(set, parseTraceSetting(setting, values));
     }
     const current = this.effective(model);
-    if (set.file !== undefined && set.file !== current.file) {
-      // As Triton since 24.05: a client must not choose where the server writes.
-      throw invalid(
-        "trace_file can only be set when the server starts (--trace-config triton,file=<path>), not through the trace API",
-      );
-    }
-    delete set.file;
     if (set.mode !== undefined && set.mode !== current.mode) {
       throw invalid("trace_mode can only be set when the server starts (--trace-config mode=<mode>)");
     }

@@ -27,6 +27,7 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { echoConfig, makeRepository } from "./helpers.js";
 
 /** ONNX Runtime run directly on the seed's reference tensors on this CPU (the int8 model's kernels differ between CPUs). */
 const references = await referenceTop5OnThisCpu();
@@ -90,7 +91,10 @@ describe.runIf(pythonGrpcRequired())("a C-core gRPC client (grpcio, as tritoncli
     ]);
     expect(live?.response).toEqual({ live: true });
     expect(ready?.response).toEqual({ ready: true });
-    expect(meta?.response?.extensions).toContain("classification");
+    // Triton's list, always (core src/server.cc), with sequence and both shared memories.
+    expect(meta?.response?.extensions).toEqual(
+      expect.arrayContaining(["classification", "sequence", "cuda_shared_memory"]),
+    );
     expect(modelReady?.response).toEqual({ ready: true });
     expect(modelMeta?.response).toMatchObject({
       name: "resnet50_ensemble",
@@ -185,5 +189,64 @@ describe.runIf(pythonGrpcRequired())("a C-core gRPC client (grpcio, as tritoncli
     expect(badImage?.error?.details).toMatch(/RAW_IMAGE element 1: truncated or corrupt jpeg/);
     expect(late?.error?.code).toBe("DEADLINE_EXCEEDED");
     expect(answers(inferResponse(next?.response)).map(top1)).toEqual(["Egyptian cat"]);
+  });
+});
+
+describe.runIf(pythonGrpcRequired())("Triton's status codes to a C-core gRPC client (grpcio)", () => {
+  let repository: string;
+  let explicit: ServerProcess;
+  beforeAll(async () => {
+    repository = await makeRepository({ echo: { config: echoConfig("echo") } });
+    explicit = await startServerProcess([
+      "--model-repository",
+      repository,
+      "--model-control-mode",
+      "explicit",
+      "--load-model",
+      "echo",
+      "--grpc-restricted-protocol",
+      "model-repository:admin-key=s3cret",
+    ]);
+  });
+  afterAll(async () => {
+    expect(await explicit?.stop()).toBe(0);
+    await removeDir(repository);
+  });
+
+  it("unknown model, restricted call, infer after unload, load of an absent model: as Triton's (see parity-codes.test.ts)", async () => {
+    const echo = (modelName: string) =>
+      infer(
+        create(ModelInferRequestSchema, {
+          modelName,
+          inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+          rawInputContents: [new Uint8Array(Float32Array.from([1, 2, 3, 4]).buffer)],
+        }),
+      );
+    const key = { "admin-key": "s3cret" };
+    const [unknown, served, restricted, unloaded, afterUnload, absent] = await pythonGrpcCalls(
+      `127.0.0.1:${explicit.grpcPort}`,
+      [
+        echo("nope"),
+        echo("echo"),
+        { method: "RepositoryModelUnload", request: { modelName: "echo" } },
+        { method: "RepositoryModelUnload", request: { modelName: "echo" }, metadata: key },
+        echo("echo"),
+        { method: "RepositoryModelLoad", request: { modelName: "absent" }, metadata: key },
+      ],
+    );
+    // core src/model_repository_manager/model_lifecycle.cc GetModel.
+    expect(unknown?.error).toEqual({ code: "NOT_FOUND", details: "Request for unknown model: 'nope' is not found" });
+    expect(served?.error).toBeUndefined();
+    // server src/grpc/grpc_server.cc: UNAVAILABLE, not PERMISSION_DENIED.
+    expect(restricted?.error?.code).toBe("UNAVAILABLE");
+    expect(restricted?.error?.details).toMatch(/^This protocol is restricted, expecting header 'admin-key'/);
+    expect(unloaded?.error).toBeUndefined();
+    expect(afterUnload?.error).toEqual({
+      code: "NOT_FOUND",
+      details: "Request for unknown model: 'echo' has no available versions",
+    });
+    // qa/L0_lifecycle/lifecycle_test.py: "failed to load 'unknown_model', failed to poll from model repository".
+    expect(absent?.error?.code).toBe("INTERNAL");
+    expect(absent?.error?.details).toMatch(/^failed to load 'absent', failed to poll from model repository/);
   });
 });

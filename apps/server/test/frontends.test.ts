@@ -105,7 +105,8 @@ describe("startup", () => {
     expect((await fetch(`${server.http}/v2/health/live`)).status).toBe(200);
     expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
     expect((await fetch(`${server.http}/v2/models/echo/ready`)).status).toBe(200);
-    expect((await fetch(`${server.http}/v2/models/broken/ready`)).status).toBe(400);
+    // No version loaded: 404, as Triton's HandleModelReady answers a model it cannot find.
+    expect((await fetch(`${server.http}/v2/models/broken/ready`)).status).toBe(404);
   });
 
   it("reports every model's state and reason in the repository index", async () => {
@@ -314,12 +315,13 @@ describe("HTTP/REST", () => {
 
   it("maps errors to Triton's statuses with {error} bodies", async () => {
     const unknown = await postJson(`${server.http}/v2/models/nope/infer`, { inputs: [] });
-    expect(unknown).toEqual({ status: 400, json: { error: "Request for unknown model: 'nope' is not found" } });
+    expect(unknown).toEqual({ status: 404, json: { error: "Request for unknown model: 'nope' is not found" } });
     const meta = await fetch(`${server.http}/v2/models/nope`);
     expect(meta.status).toBe(404);
     expect((await jsonOf(meta)).error).toContain("'nope'");
     const oldVersion = await postJson(`${server.http}/v2/models/multi/versions/1/infer`, { inputs: [] });
-    expect(oldVersion.status).toBe(400);
+    // A version not served is not found: 404, as Triton since server PR #6713.
+    expect(oldVersion.status).toBe(404);
     expect(oldVersion.json.error).toContain("version 1");
 
     const badShape = await postJson(`${server.http}/v2/models/echo/infer`, {
@@ -499,21 +501,20 @@ describe("gRPC", () => {
     expect(await jsonOf(await fetch(`${server.http}/v2/logging`))).toEqual(defaults);
   });
 
-  it("answers shared memory, which it lacks, as a Triton without it would (nothing there, registering refused), and keeps tracing off without a trace file", async () => {
+  it("answers shared memory, which it lacks, as a Triton without client shm would (nothing there, registering and unregistering refused), and keeps tracing off without a trace file", async () => {
     // HTTP, as tritonclient.http's shm examples start: status, unregister all, then register.
+    // Triton with client shm off refuses unregister too (501; see parity-codes.test.ts).
+    const disabled = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.";
     for (const kind of ["system", "cuda"]) {
       const base = `${server.http}/v2/${kind}sharedmemory`;
       expect(await jsonOf(await fetch(`${base}/status`))).toEqual([]);
-      expect((await fetch(`${base}/unregister`, { method: "POST" })).status).toBe(200);
-      expect((await fetch(`${base}/region/input0/unregister`, { method: "POST" })).status).toBe(200);
+      expect(await postJson(`${base}/unregister`, {})).toEqual({ status: 501, json: { error: disabled } });
+      expect((await postJson(`${base}/region/input0/unregister`, {})).status).toBe(501);
       const region = await fetch(`${base}/region/input0/status`);
       expect(region.status).toBe(404);
       expect((await jsonOf(region)).error).toMatch(/^Unable to find (system|CUDA) shared memory region: 'input0'$/);
       const register = await postJson(`${base}/region/input0/register`, { key: "/input0", offset: 0, byte_size: 64 });
-      expect(register.status).toBe(501);
-      expect(register.json.error).toMatch(
-        /^(system shared memory is not enabled on|CUDA shared memory is not supported by) this server: send tensors in the request$/,
-      );
+      expect(register).toEqual({ status: 501, json: { error: disabled } });
     }
     // Tracing: Triton's defaults, and no trace file (none was given at start), so it cannot be turned on.
     const traceDefaults = {
@@ -539,7 +540,11 @@ describe("gRPC", () => {
     // gRPC: the same answers.
     const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
     expect((await client.systemSharedMemoryStatus({})).regions).toEqual({});
-    await client.cudaSharedMemoryUnregister({ name: "input0" });
+    const unregister = await client.cudaSharedMemoryUnregister({ name: "input0" }).catch((e: ConnectError) => e);
+    expect([(unregister as ConnectError).code, (unregister as ConnectError).rawMessage]).toEqual([
+      Code.Unimplemented,
+      disabled,
+    ]);
     const notFound = await client.systemSharedMemoryStatus({ name: "input0" }).catch((e: ConnectError) => e);
     expect((notFound as ConnectError).code).toBe(Code.NotFound);
     const refused = await client

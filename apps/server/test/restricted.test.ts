@@ -42,6 +42,9 @@ afterAll(async () => {
 });
 
 const DENIED_MESSAGE = "This API is restricted, expecting header 'admin-key' (the model-repository endpoints)";
+/** Triton's gRPC refusal, UNAVAILABLE (server src/grpc/grpc_server.cc); HTTP's is 403 (src/http_server.cc). */
+const GRPC_DENIED_MESSAGE =
+  "This protocol is restricted, expecting header 'admin-key' (the model-repository endpoints)";
 const inferBody = { inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] };
 
 describe("restricted APIs", () => {
@@ -62,13 +65,14 @@ describe("restricted APIs", () => {
       GRPCInferenceService,
       createConnectTransport({ baseUrl: server.http, httpVersion: "1.1" }),
     );
-    expect((await rejectionOf(overHttp.repositoryIndex({}), ConnectError)).code).toBe(Code.PermissionDenied);
+    // They are gRPC methods: refused as Triton's gRPC refuses them.
+    expect((await rejectionOf(overHttp.repositoryIndex({}), ConnectError)).code).toBe(Code.Unavailable);
   });
 
-  it("gRPC: PERMISSION_DENIED without the header, loads and unloads with it; inference stays open", async () => {
+  it("gRPC: UNAVAILABLE without the header, as Triton, loads and unloads with it; inference stays open", async () => {
     const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
     const denied = await rejectionOf(client.repositoryModelLoad({ modelName: "other" }), ConnectError);
-    expect([denied.code, denied.rawMessage]).toEqual([Code.PermissionDenied, DENIED_MESSAGE]);
+    expect([denied.code, denied.rawMessage]).toEqual([Code.Unavailable, GRPC_DENIED_MESSAGE]);
     await client.repositoryModelLoad({ modelName: "other" }, { headers: { "admin-key": "s3cret" } });
     expect((await client.modelReady({ name: "other" })).ready).toBe(true);
     const res = await client.modelInfer(
@@ -89,7 +93,7 @@ describe("restricted APIs", () => {
         { method: "RepositoryIndex", request: {} },
         { method: "RepositoryIndex", request: {}, metadata: { "admin-key": "s3cret" } },
       ]);
-      expect(without?.error).toEqual({ code: "PERMISSION_DENIED", details: DENIED_MESSAGE });
+      expect(without?.error).toEqual({ code: "UNAVAILABLE", details: GRPC_DENIED_MESSAGE });
       expect(((withKey?.response?.models ?? []) as unknown[]).length).toBeGreaterThan(0);
     },
   );

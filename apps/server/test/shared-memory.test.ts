@@ -196,9 +196,10 @@ it("without --allow-client-shm, refuses to register regions and requests that na
       key: key("in"),
       byte_size: INPUT_BYTES,
     });
+    // Triton's refusal (src/common.h kClientShmDisabledErrorStr).
     expect(register).toEqual({
       status: 501,
-      json: { error: "system shared memory is not enabled on this server: send tensors in the request" },
+      json: { error: "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable." },
     });
     const named = await postJson(`${server.http}/v2/models/resnet50_inference/infer`, {
       inputs: [

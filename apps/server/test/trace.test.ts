@@ -285,7 +285,12 @@ describe("trace settings, global and per model, over HTTP and gRPC", () => {
   it("refuses bad settings whole, naming them, with Triton's codes", async () => {
     const before = await settings();
     const cases: [unknown, number, RegExp][] = [
-      [{ trace_file: join(dir, "elsewhere.json") }, 400, /^trace_file can only be set when the server starts/],
+      // Triton: UNSUPPORTED (501), whatever the value (server src/http_server.cc).
+      [
+        { trace_file: join(dir, "elsewhere.json") },
+        501,
+        /^trace file location can not be updated through network protocol/,
+      ],
       [{ trace_rate: "-1" }, 400, /^trace_rate: expected a whole number ≥ 0, got "-1"$/],
       [{ trace_rate: "10", trace_count: "-2" }, 400, /^trace_count: expected a whole number ≥ -1, got "-2"$/],
       [{ trace_level: ["TENSORS", "OFF"] }, 400, /^trace_level: OFF goes alone$/],

@@ -120,6 +120,8 @@ export {
   type ServeOptions,
   serverCompression,
   serveStage,
+  statisticsStage,
+  TRITON_EXTENSIONS,
   widenSessionWindow,
 } from "./serve.js";
 export {
@@ -177,6 +179,8 @@ export {
   tritonMessages,
 } from "./triton-messages.js";
 export {
+  CLIENT_SHM_DISABLED,
+  refuseClientSharedMemory,
   refuseSharedMemoryRegister,
   type SharedMemoryKind,
   sharedMemoryStatus,

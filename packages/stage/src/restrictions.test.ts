@@ -34,5 +34,11 @@ describe("restricted APIs", () => {
     expect(refused?.rawMessage).toBe(
       "This API is restricted, expecting header 'admin-key' (the model-repository endpoints)",
     );
+    // A gRPC method: Triton's UNAVAILABLE "This protocol is restricted" (server src/grpc/grpc_server.cc).
+    const overGrpc = restrictionError(r, "model-repository", headers({}), "grpc");
+    expect([overGrpc?.code, overGrpc?.rawMessage]).toEqual([
+      Code.Unavailable,
+      "This protocol is restricted, expecting header 'admin-key' (the model-repository endpoints)",
+    ]);
   });
 });

@@ -79,27 +79,34 @@ export function grpcMethodCategory(service: string, method: string): ApiCategory
 }
 
 /**
- * Why a request to `category` is refused (PERMISSION_DENIED naming the header it lacks), or
- * undefined when it may go on. `header(name)` reads the request's header (name in lower case).
+ * Why a request to `category` is refused, naming the header it lacks, or undefined when it may
+ * go on. `header(name)` reads the request's header (name in lower case). As Triton words and
+ * codes it: over HTTP/REST, PERMISSION_DENIED (403) "This API is restricted, ..."
+ * (src/http_server.cc RespondIfRestricted); a gRPC method, UNAVAILABLE "This protocol is
+ * restricted, ..." (src/grpc/grpc_server.cc).
  */
 export function restrictionError(
   restrictions: ApiRestrictions | undefined,
   category: ApiCategory | undefined,
   header: (name: string) => string | null | undefined,
+  protocol: "http" | "grpc" = "http",
 ): ConnectError | undefined {
   const rule = category && restrictions?.[category];
   if (!rule || header(rule.header) === rule.value) return undefined;
-  return new ConnectError(
-    `This API is restricted, expecting header '${rule.header}' (the ${category} endpoints)`,
-    Code.PermissionDenied,
-  );
+  const what = `expecting header '${rule.header}' (the ${category} endpoints)`;
+  return protocol === "grpc"
+    ? new ConnectError(`This protocol is restricted, ${what}`, Code.Unavailable)
+    : new ConnectError(`This API is restricted, ${what}`, Code.PermissionDenied);
 }
 
-/** A Connect server interceptor enforcing `restrictions` on every call it sees. */
+/** A Connect server interceptor enforcing `restrictions` on every call it sees (gRPC, gRPC-Web, Connect: refused as gRPC). */
 export function restrictionInterceptor(restrictions: ApiRestrictions): Interceptor {
   return (next) => async (req) => {
-    const refused = restrictionError(restrictions, grpcMethodCategory(req.service.typeName, req.method.name), (h) =>
-      req.header.get(h),
+    const refused = restrictionError(
+      restrictions,
+      grpcMethodCategory(req.service.typeName, req.method.name),
+      (h) => req.header.get(h),
+      "grpc",
     );
     if (refused) throw refused;
     return next(req);

@@ -69,7 +69,7 @@ import {
   type Stage,
 } from "./stage.js";
 import { answerTraceSettings, type TraceControl } from "./trace.js";
-import { refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
+import { refuseClientSharedMemory, refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 import {
   inferRequestFromWire,
   inferResponseToWire,
@@ -101,17 +101,54 @@ export function loggingWithheld(
   return logger && ((detail, sent) => logger.warn({ detail, sent }, "error detail withheld from the client"));
 }
 
-const DEFAULT_EXTENSIONS = [
+/**
+ * The extensions Triton's server metadata lists, always, in its order (core src/server.cc,
+ * with statistics, trace and logging built in): clients probe them before using one.
+ */
+export const TRITON_EXTENSIONS: readonly string[] = [
   "classification",
+  "sequence",
   "model_repository",
   "model_repository(unload_dependents)",
   "schedule_policy",
   "model_configuration",
-  "statistics",
+  "system_shared_memory",
+  "cuda_shared_memory",
   "binary_tensor_data",
   // Request parameters reach the model (and forwarded headers join them).
   "parameters",
+  "statistics",
+  "trace",
+  "logging",
 ];
+
+/**
+ * The stage whose statistics a request for `name` (and `version`) asks, refused as Triton's core
+ * refuses it (src/tritonserver.cc TRITONSERVER_ServerModelStatistics): INVALID_ARGUMENT when
+ * the model or the version has no ready version to report on.
+ */
+export function statisticsStage(registry: ModelRegistry, name: string, version: string | undefined): Stage {
+  try {
+    return registry.resolve(name, version || undefined);
+  } catch (err) {
+    // Which of Triton's two refusals: the model has no ready version, or not this one.
+    let modelReady = false;
+    if (version) {
+      try {
+        registry.resolve(name);
+        modelReady = true;
+      } catch {}
+    }
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      modelReady
+        ? `requested model version is not available for model '${name}'`
+        : `requested model '${name}' is not available`,
+      { cause: err },
+    );
+  }
+}
 
 function asRegistry(x: Stage | ModelRegistry): ModelRegistry {
   return typeof (x as ModelRegistry).resolve === "function" ? (x as ModelRegistry) : stageRegistry(x as Stage);
@@ -356,7 +393,7 @@ export function inferenceService(
       create(ServerMetadataResponseSchema, {
         name: options.serverName ?? "trellis",
         version: options.serverVersion ?? "0.1.0",
-        extensions: options.extensions ?? DEFAULT_EXTENSIONS,
+        extensions: options.extensions ?? [...TRITON_EXTENSIONS],
       }),
     modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
     // As Triton answers it: normalized (version policy, backend, instance groups, ...).
@@ -457,7 +494,7 @@ export function inferenceService(
       if (inputError) throw inputError;
     },
     modelStatistics: async (req) => {
-      const stages = req.name ? [registry.resolve(req.name, req.version)] : registry.list();
+      const stages = req.name ? [statisticsStage(registry, req.name, req.version)] : registry.list();
       const stats: ModelStatistics[] = await Promise.all(stages.map((s) => s.statistics()));
       return create(ModelStatisticsResponseSchema, { modelStats: stats });
     },
@@ -497,17 +534,26 @@ export function inferenceService(
       sharedMemoryStatus("CUDA", req.name);
       return create(CudaSharedMemoryStatusResponseSchema);
     },
+    // As Triton: with client shared memory off, register and unregister are refused (UNIMPLEMENTED), CUDA's too.
     systemSharedMemoryRegister: (req) => {
-      if (!options.sharedMemory) refuseSharedMemoryRegister("system");
+      if (!options.sharedMemory) refuseClientSharedMemory();
       options.sharedMemory.register(req.name, req.key, Number(req.offset), Number(req.byteSize));
       return {};
     },
     systemSharedMemoryUnregister: (req) => {
-      options.sharedMemory?.unregister(req.name);
+      if (!options.sharedMemory) refuseClientSharedMemory();
+      options.sharedMemory.unregister(req.name);
       return {};
     },
-    cudaSharedMemoryRegister: () => refuseSharedMemoryRegister("CUDA"),
-    cudaSharedMemoryUnregister: () => ({}),
+    cudaSharedMemoryRegister: () => {
+      if (!options.sharedMemory) refuseClientSharedMemory();
+      return refuseSharedMemoryRegister("CUDA");
+    },
+    // No CUDA region is ever registered: unregistering one has nothing to do.
+    cudaSharedMemoryUnregister: () => {
+      if (!options.sharedMemory) refuseClientSharedMemory();
+      return {};
+    },
     traceSetting: (req) => {
       const settings = answerTraceSettings(
         options.tracing,
@@ -789,7 +835,8 @@ export function createGrpcServer(
         withheld: loggingWithheld(options.logger),
       }),
     maxInputBytes,
-    restrictions && ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined)),
+    restrictions &&
+      ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined, "grpc")),
     responseCompression,
     maxInputFlag,
   );

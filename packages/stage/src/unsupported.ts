@@ -1,8 +1,10 @@
 /**
- * Triton's shared-memory extensions, which Trellis does not implement,
- * answered the same over gRPC and HTTP: reads say nothing is there,
- * registering is refused by name. tritonclient's examples unregister shared
- * memory first; that works, and nothing is silently accepted and then ignored.
+ * Triton's shared-memory extensions where Trellis holds no region (CUDA shared
+ * memory, and system shared memory without --allow-client-shm), answered the
+ * same over gRPC and HTTP: reads say nothing is there; with client shared memory
+ * off, registering and unregistering are refused as Triton refuses them
+ * (UNIMPLEMENTED / 501, src/http_server.cc and src/grpc/grpc_server.cc), so
+ * nothing is silently accepted and then ignored.
  */
 import { Code, StageError } from "./errors.js";
 
@@ -22,4 +24,13 @@ export function refuseSharedMemoryRegister(kind: SharedMemoryKind): never {
       ? "system shared memory is not enabled on this server: send tensors in the request"
       : "CUDA shared memory is not supported by this server: send tensors in the request",
   );
+}
+
+/** Triton's words (src/common.h kClientShmDisabledErrorStr) for shared memory asked of a server without client shm. */
+export const CLIENT_SHM_DISABLED =
+  "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.";
+
+/** Register or unregister of shared memory (system or CUDA) while client shared memory is off. */
+export function refuseClientSharedMemory(): never {
+  throw new StageError(Code.Unimplemented, "", CLIENT_SHM_DISABLED);
 }

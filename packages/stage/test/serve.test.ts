@@ -242,7 +242,8 @@ describe("restricted APIs on the gRPC port", () => {
     try {
       const client = createClient(GRPCInferenceService, grpcTransport(own.url));
       const denied = await rejectionOf(connectStage(grpcTransport(own.url), "echo"), ConnectError);
-      expect(denied.code).toBe(Code.PermissionDenied);
+      // Triton's gRPC refusal: UNAVAILABLE "This protocol is restricted" (server src/grpc/grpc_server.cc).
+      expect(denied.code).toBe(Code.Unavailable);
       expect((await client.serverLive({})).live).toBe(true); // health is open
       const withKey = grpcTransport(own.url, { headers: { "api-key": "k1" } });
       const remote = await connectStage(withKey, "echo");
@@ -250,9 +251,9 @@ describe("restricted APIs on the gRPC port", () => {
       // ModelInfer's direct path: a grpc-js call without the key.
       const grpcJs = grpcJsInferenceClient(`127.0.0.1:${own.port}`);
       const failure = await grpcJs.modelInfer({ model_name: "echo", inputs: [] }).catch((e: grpc.ServiceError) => e);
-      expect((failure as grpc.ServiceError).code).toBe(grpc.status.PERMISSION_DENIED);
+      expect((failure as grpc.ServiceError).code).toBe(grpc.status.UNAVAILABLE);
       expect((failure as grpc.ServiceError).details).toBe(
-        "This API is restricted, expecting header 'api-key' (the inference endpoints)",
+        "This protocol is restricted, expecting header 'api-key' (the inference endpoints)",
       );
       grpcJs.close();
     } finally {
