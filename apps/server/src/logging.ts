@@ -85,7 +85,9 @@ export function createServerLogger(initial: InitialLogSettings): { logger: Logge
   const settings: LogSettingsControl = {
     get: () => ({ ...current }),
     update(changes: LogSettings) {
-      for (const [key, value] of Object.entries(changes)) {
+      // Triton leaves a setting sent as null as it is.
+      const given = Object.fromEntries(Object.entries(changes).filter(([, value]) => value !== null)) as LogSettings;
+      for (const [key, value] of Object.entries(given)) {
         const kind = KINDS[key as Setting];
         if (!kind) throw invalid(`unknown log setting '${key}' (settings: ${Object.keys(KINDS).join(", ")})`);
         const ok =
@@ -96,18 +98,19 @@ export function createServerLogger(initial: InitialLogSettings): { logger: Logge
           throw invalid(
             `log setting '${key}' must be ${kind === "uint32" ? "an unsigned integer" : `a ${kind}`}, got ${JSON.stringify(value)}`,
           );
-        if (key === "log_file" && value !== current.log_file) {
+        // As Triton (server src/http_server.cc HandleLogging): any log_file but null is refused.
+        if (key === "log_file") {
           throw new StageError(
             Code.Unimplemented,
             "",
-            "log_file can only be set when the server starts (--log-file <path>), not through the logging API",
+            "log file location can not be updated through network protocol: it is set when the server starts (--log-file <path>)",
           );
         }
         if (key === "log_format" && !(LOG_FORMATS as readonly unknown[]).includes(value)) {
           throw invalid(`log_format '${value}' is not supported (formats: ${LOG_FORMATS.join(", ")})`);
         }
       }
-      Object.assign(current, changes);
+      Object.assign(current, given);
       apply();
       return { ...current };
     },

@@ -76,14 +76,22 @@ export function traceSettingsOf(v: TraceValues): TraceSettings {
 const invalid = (msg: string) => new StageError(Code.InvalidArgument, "", msg);
 /** How long shutdown waits for the last spans to reach the OpenTelemetry collector. */
 const OTEL_SHUTDOWN_WAIT_MS = 2000;
-const noFile = "tracing needs a trace file: start the server with --trace-config triton,file=<path>";
+// Refusals start with Triton's words (server src/http_server.cc HandleTrace, src/tracer.cc); ours follow.
+const noFile =
+  "trace file name is not given: tracing needs a trace file, set when the server starts (--trace-config triton,file=<path>)";
 
 function wholeNumber(setting: string, values: string[], min: number): number {
-  if (values.length !== 1) throw invalid(`${setting}: expected one value, got ${values.length}`);
+  if (values.length !== 1) throw invalid(`Unable to parse '${setting}': expected one value, got ${values.length}`);
   const text = values[0]!.trim();
   const n = Number(text);
-  if (text === "" || !Number.isSafeInteger(n) || n < min) {
-    throw invalid(`${setting}: expected a whole number ≥ ${min}, got "${values[0]}"`);
+  if (text === "" || !Number.isSafeInteger(n)) throw invalid(`Unable to parse '${setting}', got: ${values[0]}`);
+  if (n < min) {
+    // Triton words the trace_count floor its own way; the others as out of range.
+    throw invalid(
+      setting === "trace_count"
+        ? `Unable to parse 'trace_count'. Expecting value >= ${min}, got:${values[0]}`
+        : `Unable to parse '${setting}', value is out of range [ ${min}, ${2 ** 32 - 1} ], got: ${values[0]}`,
+    );
   }
   return n;
 }
@@ -99,7 +107,9 @@ export function parseTraceSetting(setting: string, values: string[]): Partial<Tr
         if (v !== "OFF" && !(LEVELS as readonly string[]).includes(v))
           throw invalid(`trace_level: expected OFF, TIMESTAMPS or TENSORS, got "${v}"`);
       }
-      if (values.includes("OFF") && values.length > 1) throw invalid("trace_level: OFF goes alone");
+      if (values.includes("OFF") && values.length > 1) {
+        throw invalid("Expect only one trace level 'OFF' is specified");
+      }
       return { level: LEVELS.filter((l) => values.includes(l)) };
     }
     case "trace_rate":

@@ -488,10 +488,17 @@ describe("gRPC", () => {
     expect((await postJson(`${server.http}/v2/logging`, { log_level: 1 })).json.error).toMatch(
       /^unknown log setting 'log_level' \(settings: log_file, log_info/,
     );
+    // As Triton (server src/http_server.cc HandleLogging): log_file refused whatever its value, null ignored.
+    expect((await postJson(`${server.http}/v2/logging`, { log_file: "" })).status).toBe(501);
+    expect(await postJson(`${server.http}/v2/logging`, { log_file: null, log_info: null })).toEqual({
+      status: 200,
+      json: defaults,
+    });
     expect(await postJson(`${server.http}/v2/logging`, { log_file: "/tmp/trellis.log" })).toEqual({
       status: 501,
       json: {
-        error: "log_file can only be set when the server starts (--log-file <path>), not through the logging API",
+        error:
+          "log file location can not be updated through network protocol: it is set when the server starts (--log-file <path>)",
       },
     });
     const grpcBad = await client
@@ -533,7 +540,10 @@ describe("gRPC", () => {
     expect(await postJson(`${server.http}/v2/trace/setting`, { trace_level: ["TIMESTAMPS"], trace_rate: "1" })).toEqual(
       {
         status: 400,
-        json: { error: "tracing needs a trace file: start the server with --trace-config triton,file=<path>" },
+        json: {
+          error:
+            "trace file name is not given: tracing needs a trace file, set when the server starts (--trace-config triton,file=<path>)",
+        },
       },
     );
 

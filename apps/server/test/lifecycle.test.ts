@@ -678,7 +678,8 @@ describe("--log-file", () => {
       expect(await postJson(`${server.http}/v2/logging`, { log_file: join(repo, "elsewhere.log") })).toEqual({
         status: 501,
         json: {
-          error: "log_file can only be set when the server starts (--log-file <path>), not through the logging API",
+          error:
+            "log file location can not be updated through network protocol: it is set when the server starts (--log-file <path>)",
         },
       });
     } finally {

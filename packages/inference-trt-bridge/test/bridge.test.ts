@@ -274,8 +274,9 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]`);
 
   it("reports a model the server does not host as not ready", async () => {
     const server = await serve(scaleStage(scaleConfig()));
+    // Long enough for its ServerReady poll to answer on a loaded machine (300 ms once read "server is not ready").
     const err = await rejectionOf(
-      createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "resnet50_trt", readyTimeoutMs: 300 }),
+      createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "resnet50_trt", readyTimeoutMs: 2000 }),
       ConnectError,
     );
     expect(err.message).toMatch(
