@@ -120,9 +120,8 @@ export function checkInferRequest(request: InferRequest, spec: RequestSpec): num
     }
   }
   const required = spec.inputs.filter((s) => !s.optional);
-  if (request.inputs.length > spec.inputs.length || request.inputs.length < required.length) {
-    const missing = required.filter((s) => !seen.has(s.name)).map((s) => s.name);
-    throw requestRefusal(
+  const countRefusal = (missing: string[]) =>
+    requestRefusal(
       tritonMessages.inputCount(
         id,
         model,
@@ -132,6 +131,8 @@ export function checkInferRequest(request: InferRequest, spec: RequestSpec): num
         missing,
       ),
     );
+  if (request.inputs.length > spec.inputs.length || request.inputs.length < required.length) {
+    throw countRefusal(required.filter((s) => !seen.has(s.name)).map((s) => s.name));
   }
   for (const t of request.inputs) {
     if (!specs.has(t.name)) {
@@ -143,18 +144,7 @@ export function checkInferRequest(request: InferRequest, spec: RequestSpec): num
   }
   // Every input is known; a required one not given is caught here when the count matched.
   const absent = required.find((s) => !seen.has(s.name));
-  if (absent) {
-    throw requestRefusal(
-      tritonMessages.inputCount(
-        id,
-        model,
-        spec.inputs.length,
-        required.length,
-        request.inputs.map((t) => t.name),
-        [absent.name],
-      ),
-    );
-  }
+  if (absent) throw countRefusal([absent.name]);
   const batching = spec.maxBatchSize > 0;
   let batch: number | undefined;
   if (batching) {
