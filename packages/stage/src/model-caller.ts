@@ -5,21 +5,10 @@
  * a call runs the model as any client's request does (its own statistics,
  * batching, cache), on the caller's trace as a child when the request is traced.
  */
-import { answersOf, type InferOptions, type InferRequest, type InferResponse, type Stage } from "./stage.js";
+import { answersOf, type InferOptions, type ModelCaller, type ModelCallOptions, type Stage } from "./stage.js";
 
-export interface ModelCallOptions extends InferOptions {
-  /** The version to run; default: the latest ready one. */
-  version?: string;
-}
-
-export interface ModelCaller {
-  /** `model`'s answer to `request` (a decoupled model refuses: use inferStream). */
-  infer(model: string, request: InferRequest, options?: ModelCallOptions): Promise<InferResponse>;
-  /** `model`'s responses to `request` as they come: any number for a decoupled model, else its one answer. */
-  inferStream(model: string, request: InferRequest, options?: ModelCallOptions): AsyncIterable<InferResponse>;
-  /** Whether `model` (that version, if given) is loaded and ready (`pb_utils.is_model_ready`). */
-  isReady(model: string, version?: string): Promise<boolean>;
-}
+// The interface is the contract's (stage.ts, which hands a ModelCaller to factories); made here.
+export type { ModelCaller, ModelCallOptions };
 
 /** A ModelCaller over `resolve` (a model name and optional version → its stage; throws NOT_FOUND / UNAVAILABLE). */
 export function createModelCaller(resolve: (model: string, version?: string) => Stage | Promise<Stage>): ModelCaller {

@@ -4,7 +4,6 @@
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
-import type { ModelCaller } from "./model-caller.js";
 import type { RateLimiter } from "./rate-limiter.js";
 import type { DataType, Tensor } from "./tensor.js";
 import type { RequestTrace } from "./trace.js";
@@ -169,4 +168,18 @@ export function configInteger(config: ModelConfig, key: string, min = 0): number
     );
   }
   return n;
+}
+
+export interface ModelCallOptions extends InferOptions {
+  /** The version to run; default: the latest ready one. */
+  version?: string;
+}
+
+export interface ModelCaller {
+  /** `model`'s answer to `request` (a decoupled model refuses: use inferStream). */
+  infer(model: string, request: InferRequest, options?: ModelCallOptions): Promise<InferResponse>;
+  /** `model`'s responses to `request` as they come: any number for a decoupled model, else its one answer. */
+  inferStream(model: string, request: InferRequest, options?: ModelCallOptions): AsyncIterable<InferResponse>;
+  /** Whether `model` (that version, if given) is loaded and ready (`pb_utils.is_model_ready`). */
+  isReady(model: string, version?: string): Promise<boolean>;
 }

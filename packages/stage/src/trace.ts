@@ -6,7 +6,6 @@
  * the server records each model's input and output tensors.
  */
 import { Code, StageError } from "./errors.js";
-import type { ModelRegistry } from "./registry.js";
 import type { ExecutionTimes } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
 
@@ -98,7 +97,8 @@ export function answerTraceSettings(
   control: TraceControl | undefined,
   model: string | undefined,
   changes: Record<string, string[]>,
-  registry?: Pick<ModelRegistry, "resolve">,
+  // A ModelRegistry's resolve (throws NOT_FOUND for a model it does not serve); typed here so trace.ts needs no registry.
+  registry?: { resolve(name: string, version?: string): unknown },
 ): TraceSettings {
   if (model) registry?.resolve(model, "");
   if (control) return Object.keys(changes).length === 0 ? control.settings(model) : control.update(model, changes);
