@@ -6,6 +6,15 @@
 import { create, fromJson } from "@bufbuild/protobuf";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import {
+  type ClosableTransport,
+  grpcTransport,
+  inferRequestToWire,
+  inferResponseFromWire,
+  metadataFromWire,
+  tensorFromRaw,
+  tensorToRaw,
+} from "@trellis/kserve";
+import {
   GRPCInferenceService,
   InferParameterSchema,
   type ModelInferRequest,
@@ -15,23 +24,15 @@ import {
   ModelStatisticsSchema,
 } from "@trellis/protocol";
 import {
-  allocate,
-  type ClosableTransport,
   Code,
   codeName,
-  grpcTransport,
   type InferRequest,
   type InferResponse,
-  inferRequestToWire,
-  inferResponseFromWire,
-  isDataType,
-  metadataFromWire,
   StageError,
   type StageMetadata,
   type Tensor,
-  tensorFromRaw,
-  tensorToRaw,
 } from "@trellis/stage";
+import { allocate, isDataType } from "@trellis/stage/backend";
 
 export type Protocol = "grpc" | "http";
 

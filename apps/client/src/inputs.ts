@@ -7,12 +7,12 @@ import { randomBytes } from "node:crypto";
 import {
   Code,
   type InferRequest,
-  randomData,
   StageError,
   type StageMetadata,
   type Tensor,
   type TensorMetadata,
 } from "@trellis/stage";
+import { randomData } from "@trellis/stage/backend";
 
 /** A model input's shape for a batch of `batch`: the batch dimension (-1 first) filled in, other -1s as 1. */
 export function concreteShape(input: TensorMetadata, batch: number): number[] {

@@ -14,9 +14,9 @@ import {
   type GrpcTlsOptions,
   headerForwardPattern,
   parseRestriction,
-  RateLimiter,
   type ResponseCompressionLevel,
-} from "@trellis/stage";
+} from "@trellis/kserve";
+import { RateLimiter } from "@trellis/runtime";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { type CacheChoice, readCacheConfig } from "./cache-config.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";

@@ -7,37 +7,26 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { promisify } from "node:util";
 import { constants, deflate, gunzip, gzip, type ZlibOptions } from "node:zlib";
 import { toJson } from "@bufbuild/protobuf";
-import { type ModelConfig, ModelStatisticsSchema, modelConfigToJson } from "@trellis/protocol";
 import {
   type ApiCategory,
   type ApiRestrictions,
   answerLogSettings,
-  answersOf,
   answerTraceSettings,
-  Code,
   checkFileOverridePath,
   checkModelName,
   clientError,
   clientMessage,
   forwardedHeaders,
-  type InferOptions,
-  type InferRequest,
-  type InferResponse,
   inferOptionsFromParameters,
   inflateDeflate,
   type LogSettings,
   type LogSettingsControl,
   type ModelRegistry,
   normalizedModelConfig,
-  nowNs,
-  type Parameters,
-  type RequestedOutput,
-  type RequestTrace,
   refuseClientSharedMemory,
   refuseSharedMemoryRegister,
   restrictionError,
   type SharedMemoryRef,
-  StageError,
   type SystemSharedMemory,
   sharedMemoryNotTaken,
   sharedMemoryOutputParameters,
@@ -48,7 +37,20 @@ import {
   type TraceControl,
   withForwardedHeaders,
   withoutSharedMemory,
+} from "@trellis/kserve";
+import { type ModelConfig, ModelStatisticsSchema, modelConfigToJson } from "@trellis/protocol";
+import {
+  Code,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  nowNs,
+  type Parameters,
+  type RequestedOutput,
+  type RequestTrace,
+  StageError,
 } from "@trellis/stage";
+import { answersOf } from "@trellis/stage/backend";
 import { generateAnswer, generateRequest } from "./generate.js";
 import {
   type JsonInferRequest,

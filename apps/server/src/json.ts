@@ -6,21 +6,17 @@
  */
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
-import { type InferTensorContents, InferTensorContentsSchema } from "@trellis/protocol";
 import {
-  Code,
   contentsFieldOf,
-  type DataType,
-  isDataType,
-  type Parameters,
-  StageError,
   shownValue,
-  type Tensor,
   tensorFromContents,
   tensorFromRaw,
   tensorToContents,
   tensorToRaw,
-} from "@trellis/stage";
+} from "@trellis/kserve";
+import { type InferTensorContents, InferTensorContentsSchema } from "@trellis/protocol";
+import { Code, type DataType, type Parameters, StageError, type Tensor } from "@trellis/stage";
+import { isDataType } from "@trellis/stage/backend";
 
 export interface JsonTensor {
   name: string;

@@ -1,12 +1,7 @@
 /** The server's model loader: @trellis/ensemble-runner's repository scan and stage loader. */
-import {
-  connectRemote,
-  loadStage,
-  type RemoteOptions,
-  readEndpointsFile,
-  scanRepository,
-} from "@trellis/ensemble-runner";
-import type { GrpcTlsOptions } from "@trellis/stage";
+
+import type { GrpcTlsOptions } from "@trellis/kserve";
+import { connectRemote, loadStage, type RemoteOptions, readEndpointsFile, scanRepository } from "@trellis/model-loader";
 import type { ModelLoader } from "./repository.js";
 
 /**

@@ -6,7 +6,9 @@
  * milliseconds since the epoch, or "ISO8601". Logs go to stdout or to --log-file's
  * file (log_file: set only at start, as in Triton since 24.05).
  */
-import { Code, type LogSettings, type LogSettingsControl, StageError } from "@trellis/stage";
+
+import type { LogSettings, LogSettingsControl } from "@trellis/kserve";
+import { Code, StageError } from "@trellis/stage";
 import { type Logger, pino } from "pino";
 
 const KINDS = {

@@ -5,7 +5,8 @@
  */
 import { resolve } from "node:path";
 import v8 from "node:v8";
-import { ResponseCache, SystemSharedMemory } from "@trellis/stage";
+import { SystemSharedMemory } from "@trellis/kserve";
+import { ResponseCache } from "@trellis/runtime";
 import { ensureSeedModels } from "./bootstrap.js";
 import { readCommandLine, UsageError } from "./cli.js";
 import { loadEndpoints, modelLoader } from "./loader.js";

@@ -14,24 +14,22 @@ import {
   ModelStatisticsSchema,
   StatisticDurationSchema,
 } from "@trellis/protocol";
+import { type ResponseStore, responseCacheKey } from "@trellis/runtime";
 import {
   Code,
-  configMaxQueueSize,
   datatypeFromConfig,
-  decoupledRefusal,
   type InferOptions,
   type InferRequest,
   type InferResponse,
   nowNs,
   type RequestedOutput,
   type RequestTrace,
-  type ResponseStore,
-  responseCacheKey,
   type Stage,
   StageError,
   type StageMetadata,
   type Tensor,
 } from "@trellis/stage";
+import { configMaxQueueSize, decoupledRefusal } from "@trellis/stage/backend";
 
 /**
  * The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size):

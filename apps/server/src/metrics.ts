@@ -5,7 +5,7 @@
  */
 import { cpus, freemem, totalmem } from "node:os";
 import type { ModelStatistics } from "@trellis/protocol";
-import { observeFirstResponses, observeRequests } from "@trellis/stage";
+import { observeFirstResponses, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
 import type { ManagedStage } from "./managed.js";
 

@@ -11,15 +11,10 @@ import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { ConnectionOptions } from "node:tls";
 import { fromBinary, toBinary } from "@bufbuild/protobuf";
+import { inferResponseFromWire, inferResponseToWire } from "@trellis/kserve";
 import { ModelInferResponseSchema } from "@trellis/protocol";
-import {
-  type InferRequest,
-  type InferResponse,
-  inferResponseFromWire,
-  inferResponseToWire,
-  type ResponseStore,
-  type StageLogger,
-} from "@trellis/stage";
+import type { ResponseStore } from "@trellis/runtime";
+import type { InferRequest, InferResponse, StageLogger } from "@trellis/stage";
 import { Redis, type RedisOptions } from "ioredis";
 
 /** Triton's redis cache settings (cache-config.ts reads them from the command line). */

@@ -9,25 +9,20 @@ import { createReadStream } from "node:fs";
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, isAbsolute, join, resolve, sep } from "node:path";
-import type { LoadStageOptions, RepositoryModel, RepositoryScan, RepositorySource } from "@trellis/ensemble-runner";
-import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
 import {
-  answersOf,
-  Code,
   createModelCaller,
   type ModelIndexEntry,
   type ModelLoadOptions,
   type ModelRegistry,
   type ModelRepositoryControl,
   type ModelUnloadOptions,
-  modelFilePath,
   modelNameProblem,
-  type RateLimiter,
-  type ResponseStore,
-  type Stage,
-  StageError,
-  type StageLogger,
-} from "@trellis/stage";
+} from "@trellis/kserve";
+import type { LoadStageOptions, RepositoryModel, RepositoryScan, RepositorySource } from "@trellis/model-loader";
+import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
+import { CpuGate, type ResponseStore } from "@trellis/runtime";
+import { Code, type RateLimiter, type Stage, StageError, type StageLogger } from "@trellis/stage";
+import { answersOf, modelFilePath } from "@trellis/stage/backend";
 import pLimit, { type LimitFunction } from "p-limit";
 import { DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed.js";
 
@@ -130,6 +125,8 @@ export function selectVersions(config: ModelConfig, available: string[]): string
 
 export class RepositoryManager implements ModelRegistry {
   private readonly models = new Map<string, ModelEntry>();
+  /** The process's CPU, shared by every model this manager loads: ONNX runs with exclusive_cpu against image decodes. */
+  private readonly cpuGate = new CpuGate();
   private readonly opts: Required<
     Omit<
       RepositoryManagerOptions,
@@ -622,6 +619,7 @@ export class RepositoryManager implements ModelRegistry {
         strictModelConfig: this.opts.strictModelConfig,
         ...(this.opts.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize } : {}),
         ...(this.opts.rateLimiter ? { rateLimiter: this.opts.rateLimiter } : {}),
+        cpuGate: this.cpuGate,
         models: this.modelCaller,
         logger: this.opts.logger,
       });

@@ -30,8 +30,10 @@
 import { realpath, stat } from "node:fs/promises";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { basename, dirname, join, relative, resolve, sep } from "node:path";
-import { scanRepository } from "@trellis/ensemble-runner";
-import { type ApiRestrictions, Code, restrictionError, toConnectError } from "@trellis/stage";
+import { type ApiRestrictions, restrictionError } from "@trellis/kserve";
+import { scanRepository } from "@trellis/model-loader";
+import { Code } from "@trellis/stage";
+import { toConnectError } from "@trellis/stage/backend";
 import { forwardTo, type Handler, sendError } from "./cloud-endpoint.js";
 import { sendJson } from "./http.js";
 

@@ -20,7 +20,7 @@ import {
   serveStage,
   TRITON_EXTENSIONS,
   type TraceControl,
-} from "@trellis/stage";
+} from "@trellis/kserve";
 import { type GrpcConnectionOptions, manageGrpcConnection } from "./grpc-connections.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, type RestContext, restHandler } from "./http.js";
 import { createMetrics, type MetricsOptions } from "./metrics.js";

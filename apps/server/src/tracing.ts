@@ -8,19 +8,9 @@
  * "opentelemetry", spans over OTLP (otel.ts).
  */
 import { rename, writeFile } from "node:fs/promises";
-import {
-  Code,
-  float16ArrayToFloat32,
-  nowNs,
-  type RequestTrace,
-  StageError,
-  type StageLogger,
-  type Tensor,
-  type TensorActivity,
-  type TraceActivity,
-  type TraceControl,
-  type TraceSettings,
-} from "@trellis/stage";
+import type { TraceControl, TraceSettings } from "@trellis/kserve";
+import { Code, nowNs, type RequestTrace, StageError, type StageLogger, type Tensor } from "@trellis/stage";
+import { float16ArrayToFloat32, type TensorActivity, type TraceActivity } from "@trellis/stage/backend";
 import type { FinishedTrace, OtelExport } from "./otel.js";
 
 export type TraceMode = "triton" | "opentelemetry";

@@ -11,8 +11,8 @@ import { deflateSync } from "node:zlib";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { frameBytes } from "@trellis/kserve";
 import { GRPCInferenceService, type ModelInferRequestSchema } from "@trellis/protocol";
-import { frameBytes } from "@trellis/stage";
 import {
   makeSeedRepository,
   readFixtureImage,

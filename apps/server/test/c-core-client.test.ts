@@ -6,6 +6,7 @@
 import { create, fromJson, type JsonObject, toJson } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { frameBytes, tensorFromRaw } from "@trellis/kserve";
 import {
   GRPCInferenceService,
   type ModelInferRequest,
@@ -13,7 +14,6 @@ import {
   type ModelInferResponse,
   ModelInferResponseSchema,
 } from "@trellis/protocol";
-import { frameBytes, tensorFromRaw } from "@trellis/stage";
 import {
   makeSeedRepository,
   type PythonGrpcCall,

@@ -7,13 +7,13 @@
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { frameBytes } from "@trellis/kserve";
 import {
   GRPCInferenceService,
   InferParameterSchema,
   type ModelInferRequest,
   ModelInferRequestSchema,
 } from "@trellis/protocol";
-import { frameBytes } from "@trellis/stage";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { echoConfig, makeRepository } from "./helpers.js";

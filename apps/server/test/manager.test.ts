@@ -5,8 +5,9 @@
 import http from "node:http";
 import { gzipSync } from "node:zlib";
 import { ConnectError, createClient } from "@connectrpc/connect";
+import { grpcTransport, listenStage } from "@trellis/kserve";
 import { GRPCInferenceService, parseModelConfig } from "@trellis/protocol";
-import { Code, grpcTransport, listenStage, type Stage, tensor } from "@trellis/stage";
+import { Code, type Stage, tensor } from "@trellis/stage";
 import { removeDir } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { httpStatus } from "../src/http.js";

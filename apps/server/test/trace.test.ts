@@ -10,8 +10,8 @@ import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { Code, type ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { frameBytes } from "@trellis/kserve";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
-import { frameBytes } from "@trellis/stage";
 import {
   grpcJsInferenceClient,
   makeSeedRepository,

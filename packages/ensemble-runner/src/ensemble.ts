@@ -13,10 +13,7 @@ import {
 } from "@trellis/protocol";
 import {
   Code,
-  checkInferRequest,
   codeName,
-  configMaxQueueSize,
-  decoupledRefusal,
   type InferOptions,
   type InferRequest,
   type InferResponse,
@@ -24,8 +21,6 @@ import {
   metadataFromConfig,
   nowNs,
   type RequestedOutput,
-  type RequestSpec,
-  requestRefusal,
   type Stage,
   StageError,
   type StageLogger,
@@ -33,8 +28,15 @@ import {
   StatisticsRecorder,
   type Tensor,
   traceExecution,
-  tritonMessages,
 } from "@trellis/stage";
+import {
+  checkInferRequest,
+  configMaxQueueSize,
+  decoupledRefusal,
+  type RequestSpec,
+  requestRefusal,
+  tritonMessages,
+} from "@trellis/stage/backend";
 import { Limiter } from "./limiter.js";
 import { type EnsemblePlan, ensembling, planEnsemble, type StepPlan, stepLabel } from "./plan.js";
 

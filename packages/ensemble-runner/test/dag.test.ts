@@ -1,18 +1,9 @@
 import { createClient } from "@connectrpc/connect";
+import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
 import { GRPCInferenceService } from "@trellis/protocol";
-import {
-  Code,
-  connectStage,
-  defineStage,
-  grpcTransport,
-  invalidArgument,
-  listenStage,
-  type Stage,
-  StageError,
-  type Tensor,
-  tensor,
-  withSequenceBatching,
-} from "@trellis/stage";
+import { withSequenceBatching } from "@trellis/runtime";
+import { Code, defineStage, type Stage, StageError, type Tensor, tensor } from "@trellis/stage";
+import { invalidArgument } from "@trellis/stage/backend";
 import { describe, expect, it, vi } from "vitest";
 import { createEnsemble, EnsembleStepError } from "../src/index.js";
 import { cfg, deferred, type FnStage, fnStage, mapF32, unaryConfig, untilAborted } from "./helpers.js";

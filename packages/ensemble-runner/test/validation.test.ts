@@ -1,6 +1,7 @@
 /** Every load-time error the planner raises, each from a config that has exactly that problem. */
 import type { ModelConfig } from "@trellis/protocol";
-import { Code, notFound } from "@trellis/stage";
+import { Code } from "@trellis/stage";
+import { notFound } from "@trellis/stage/backend";
 import { describe, expect, it } from "vitest";
 import { createEnsemble } from "../src/index.js";
 import { cfg, fnStage, mapF32, unaryConfig } from "./helpers.js";

@@ -12,16 +12,9 @@ import {
   ModelInputSchema,
   ModelOutputSchema,
 } from "@trellis/protocol";
-import {
-  Code,
-  type DataType,
-  datatypeFromConfig,
-  datatypeToConfig,
-  formatShape,
-  type SequenceTensorSpec,
-  StageError,
-  sequenceTensors,
-} from "@trellis/stage";
+import { type SequenceTensorSpec, sequenceTensors } from "@trellis/runtime";
+import { Code, type DataType, datatypeFromConfig, formatShape, StageError } from "@trellis/stage";
+import { datatypeToConfig } from "@trellis/stage/backend";
 import type { ModelTensorInfo } from "./protocol.js";
 
 const ORT_TO_KSERVE: Record<string, DataType> = {

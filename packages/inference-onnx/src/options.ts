@@ -4,15 +4,9 @@
  */
 import { availableParallelism } from "node:os";
 import { type ModelConfig, ModelInstanceGroup_Kind } from "@trellis/protocol";
-import {
-  type BatchingStrategy,
-  Code,
-  configInteger,
-  configParameter,
-  type RateLimiterResource,
-  rateLimiterResources,
-  StageError,
-} from "@trellis/stage";
+import { type BatchingStrategy, rateLimiterResources } from "@trellis/runtime";
+import { Code, configInteger, configParameter, StageError } from "@trellis/stage";
+import type { RateLimiterResource } from "@trellis/stage/backend";
 
 /** One session to create: which execution providers, which device. */
 export interface InstancePlan {

@@ -9,39 +9,38 @@ import { readFile, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { type ModelConfig, type ModelDynamicBatching, ModelDynamicBatchingSchema } from "@trellis/protocol";
+import { createDynamicBatcher, createSequenceBatcher, type SequenceBatcher, sequenceTensors } from "@trellis/runtime";
 import {
-  allocate,
-  bytesOf,
   Code,
-  checkInferRequest,
-  createDynamicBatcher,
-  createSequenceBatcher,
+  type CpuGate,
   type DataType,
   datatypeFromConfig,
   elementCount,
-  elementSize,
   formatShape,
   type InferRequest,
   metadataFromConfig,
-  modelFilePath,
   nowNs,
-  processCpuGate,
   type RateLimiter,
-  type RateLimiterSlot,
-  type RequestSpec,
-  randomData,
-  type SequenceBatcher,
   type Stage,
   StageError,
   type StageFactoryOptions,
   type StageLogger,
   type StageMetadata,
   StatisticsRecorder,
-  sequenceTensors,
   type Tensor,
   type TensorData,
-  viewAs,
 } from "@trellis/stage";
+import {
+  allocate,
+  bytesOf,
+  checkInferRequest,
+  elementSize,
+  modelFilePath,
+  type RateLimiterSlot,
+  type RequestSpec,
+  randomData,
+  viewAs,
+} from "@trellis/stage/backend";
 import {
   autoCompleteConfig,
   checkConfigAgainstModel,
@@ -71,6 +70,8 @@ export interface OnnxStageOptions {
   defaultMaxBatchSize?: number;
   /** The server's rate limiter: each instance's runs are admitted through it (its group's rate_limiter). */
   rateLimiter?: RateLimiter;
+  /** The server's CPU gate: with exclusive_cpu, each run holds it alone; absent: runs are not gated. */
+  cpuGate?: CpuGate;
 }
 
 export interface OnnxStage extends Stage {
@@ -326,8 +327,9 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   const outputNames = config.output.map((o) => o.name);
   const reshape = reshaper(config);
   const recorder = new StatisticsRecorder(name, version);
-  const gate = processCpuGate();
-  const gateAdmit = exclusive ? () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) : undefined;
+  const gate = options.cpuGate;
+  const gateAdmit =
+    exclusive && gate ? () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) : undefined;
   const dynamicBatching = batchingOf(config);
   const batcher = createDynamicBatcher({
     name,

@@ -2,17 +2,14 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync
 import { createRequire } from "node:module";
 import { availableParallelism, tmpdir } from "node:os";
 import { dirname, join } from "node:path";
+import { connectStage, grpcTransport, type ListeningServer, listenStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
+import { CpuGate } from "@trellis/runtime";
 import {
   bytesTensor,
   bytesToStrings,
   Code,
-  connectStage,
-  grpcTransport,
   type InferRequest,
-  type ListeningServer,
-  listenStage,
-  processCpuGate,
   type Stage,
   StageError,
   type StageLogger,
@@ -354,10 +351,11 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
       `max_batch_size: 8
        parameters { key: "exclusive_cpu" value: { string_value: "${exclusive}" } }
        parameters { key: "exclusive_cpu_max_wait_ms" value: { string_value: "${maxWaitMs}" } }`;
-    const exclusive = await load("mnet_exclusive", MOBILENET_PATH, params("true", 60_000));
-    const bounded = await load("mnet_bounded", MOBILENET_PATH, params("true", 30));
-    const overlapping = await load("mnet_overlapping", MOBILENET_PATH, params("false", 60_000));
-    const decode = await processCpuGate().acquireShared();
+    const cpuGate = new CpuGate();
+    const exclusive = await load("mnet_exclusive", MOBILENET_PATH, params("true", 60_000), { cpuGate });
+    const bounded = await load("mnet_bounded", MOBILENET_PATH, params("true", 30), { cpuGate });
+    const overlapping = await load("mnet_overlapping", MOBILENET_PATH, params("false", 60_000), { cpuGate });
+    const decode = await cpuGate.acquireShared();
     let answered = false;
     const gated = exclusive.infer(imageRequest(1, 1)).then(() => {
       answered = true;
@@ -370,14 +368,14 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
     decode();
     await gated;
     expect(answered).toBe(true);
-    expect(processCpuGate().heldExclusively).toBe(false);
+    expect(cpuGate.heldExclusively).toBe(false);
 
     // A decode that takes too long: the bounded stage waits 30 ms for it, then runs alongside.
-    const slowDecode = await processCpuGate().acquireShared();
+    const slowDecode = await cpuGate.acquireShared();
     const t0 = performance.now();
     expect((await bounded.infer(imageRequest(1, 3))).outputs[0]?.shape).toEqual([1, 1000]);
     expect(performance.now() - t0).toBeGreaterThanOrEqual(25);
-    expect(processCpuGate().sharedHolders).toBe(1);
+    expect(cpuGate.sharedHolders).toBe(1);
     slowDecode();
 
     const bad = await loadError("mnet_exclusive_bad", MOBILENET_PATH, params("maybe", 50));

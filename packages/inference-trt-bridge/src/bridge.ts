@@ -3,22 +3,22 @@
  * Triton (TensorRT backend) reached over KServe v2 gRPC.
  */
 import { type Client, ConnectError, createClient } from "@connectrpc/connect";
+import {
+  connectStage,
+  describeTransportError,
+  type GrpcTlsOptions,
+  grpcTransport,
+  neverSent,
+  remoteError,
+} from "@trellis/kserve";
 import { GRPCInferenceService, type ModelConfig, type ModelStatistics } from "@trellis/protocol";
 import {
   Code,
-  connectStage,
-  describeTransportError,
-  float16ArrayToFloat32,
-  float32ArrayToFloat16,
-  type GrpcTlsOptions,
-  grpcTransport,
   type InferOptions,
   type InferRequest,
   type InferResponse,
   metadataFromConfig,
-  neverSent,
   nowNs,
-  remoteError,
   type Stage,
   StageError,
   type StageLogger,
@@ -28,6 +28,7 @@ import {
   tensor,
   traceExecution,
 } from "@trellis/stage";
+import { float16ArrayToFloat32, float32ArrayToFloat16 } from "@trellis/stage/backend";
 import { type BridgePlan, checkRemote, type TensorPlan } from "./check.js";
 
 export interface TrtBridgeOptions {

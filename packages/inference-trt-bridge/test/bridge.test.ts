@@ -2,17 +2,10 @@ import { readFileSync } from "node:fs";
 import http2, { type ServerHttp2Session } from "node:http2";
 import { ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { type ListeningServer, type ListenOptions, listenStage, serveStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
-import {
-  Code,
-  float32ToFloat16Bits,
-  type ListeningServer,
-  type ListenOptions,
-  listenStage,
-  type Stage,
-  serveStage,
-  tensor,
-} from "@trellis/stage";
+import { Code, type Stage, tensor } from "@trellis/stage";
+import { float32ToFloat16Bits } from "@trellis/stage/backend";
 import { rejectionOf, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { createStage, createTrtBridge } from "../src/index.js";

@@ -9,13 +9,11 @@ import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import {
   bytesTensor,
   Code,
-  checkInferRequest,
   configParameter,
   type InferOptions,
   type InferRequest,
   type InferResponse,
   metadataFromConfig,
-  modelFilePath,
   nowNs,
   type ParameterValue,
   type Stage,
@@ -26,6 +24,7 @@ import {
   StatisticsRecorder,
   traceExecution,
 } from "@trellis/stage";
+import { checkInferRequest, modelFilePath } from "@trellis/stage/backend";
 import { cFixed6, pyJsonFloatList, pyJsonStringList } from "./format.js";
 import { loadLabels } from "./labels.js";
 import { softmaxRowF32, topK } from "./softmax.js";

@@ -1,17 +1,9 @@
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
+import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
-import {
-  bytesToStrings,
-  Code,
-  connectStage,
-  grpcTransport,
-  type InferRequest,
-  listenStage,
-  type StageError,
-  tensor,
-} from "@trellis/stage";
+import { bytesToStrings, Code, type InferRequest, type StageError, tensor } from "@trellis/stage";
 import { type CpuTop5, LABELS_PATH, modelsDir, referenceTop5OnThisCpu, STABLE_TOP1 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPostprocess, createStage, type PostprocessStage } from "../src/index.js";

@@ -3,7 +3,7 @@
  * layout and float width, written straight into the batch's output array as the
  * resize produces them (no intermediate crop image).
  */
-import { float32ToFloat16Bits } from "@trellis/stage";
+import { float32ToFloat16Bits } from "@trellis/stage/backend";
 import type { ChannelOrder, Layout } from "./options.js";
 import type { RowSink } from "./resize.js";
 

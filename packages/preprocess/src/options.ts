@@ -5,7 +5,8 @@
  */
 import os from "node:os";
 import type { ModelConfig } from "@trellis/protocol";
-import { configParameter, invalidArgument } from "@trellis/stage";
+import { configParameter } from "@trellis/stage";
+import { invalidArgument } from "@trellis/stage/backend";
 
 export type Mode = "seed" | "fast";
 export type Encoding = "auto" | "raw" | "base64";

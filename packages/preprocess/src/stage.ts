@@ -7,17 +7,14 @@
 import { DataType as ConfigDataType, type ModelConfig, parseModelConfig } from "@trellis/protocol";
 import {
   Code,
-  checkInferRequest,
+  type CpuGate,
   datatypeFromConfig,
   formatShape,
   type InferOptions,
   type InferRequest,
   type InferResponse,
-  invalidArgument,
   metadataFromConfig,
   nowNs,
-  processCpuGate,
-  type RequestSpec,
   type Stage,
   StageError,
   type StageFactoryOptions,
@@ -27,6 +24,7 @@ import {
   tensor,
   traceExecution,
 } from "@trellis/stage";
+import { checkInferRequest, invalidArgument, type RequestSpec } from "@trellis/stage/backend";
 import { decodeCrop, ElementError, unwrap } from "./image.js";
 import { lookupTables, rowWriter } from "./normalize.js";
 import { type PreprocessParameters, parametersFromConfig, resolveParameters } from "./options.js";
@@ -38,6 +36,8 @@ export interface PreprocessOptions extends Partial<PreprocessParameters> {
   name?: string;
   version?: string;
   logger?: StageLogger;
+  /** The server's CPU gate: decodes hold it shared, so an inference run that takes every core waits for them; absent: ungated. */
+  cpuGate?: CpuGate;
 }
 
 const DEFAULT_INPUT = "RAW_IMAGE";
@@ -124,7 +124,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
   const maxBatch = config.maxBatchSize;
   const stats = new StatisticsRecorder(name, version);
   const limiter = new Limiter(params.concurrency);
-  const gate = processCpuGate();
+  const gate = options.cpuGate;
   const tables = lookupTables(params);
   const perImage = 3 * params.cropSize * params.cropSize;
   const metadata = metadataFromConfig(config, [version]);
@@ -173,7 +173,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
         waiting--;
       };
       // Decodes share the CPU gate: an inference run that uses every core waits for them, and they for it.
-      const releaseCpu = gate.tryAcquireShared() ?? (await gate.acquireShared());
+      const releaseCpu = gate ? (gate.tryAcquireShared() ?? (await gate.acquireShared())) : () => {};
       await Promise.all(
         items.map((element, index) =>
           limiter.run(async () => {
@@ -242,5 +242,6 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
 export function createStage(options: StageFactoryOptions): Stage {
   const stageOptions: PreprocessOptions = { config: options.config, version: options.version };
   if (options.logger) stageOptions.logger = options.logger;
+  if (options.cpuGate) stageOptions.cpuGate = options.cpuGate;
   return createPreprocess(stageOptions);
 }

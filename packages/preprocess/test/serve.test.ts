@@ -1,16 +1,9 @@
 import { join } from "node:path";
+import { connectStage, grpcTransport, type ListeningServer, listenStage } from "@trellis/kserve";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
-import {
-  Code,
-  connectStage,
-  float16BitsToFloat32,
-  grpcTransport,
-  type ListeningServer,
-  listenStage,
-  processCpuGate,
-  type Stage,
-  StageError,
-} from "@trellis/stage";
+import { CpuGate } from "@trellis/runtime";
+import { Code, type Stage, StageError } from "@trellis/stage";
+import { float16BitsToFloat32 } from "@trellis/stage/backend";
 import { modelsDir, readFixtureImage, readReferenceTensor } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPreprocess, createStage } from "../src/index.js";
@@ -207,8 +200,9 @@ describe("pending requests", () => {
   });
 
   it("counts the requests waiting while an inference run holds the CPU gate, and decodes them once it ends", async () => {
-    const s = createPreprocess({});
-    const run = await processCpuGate().acquireExclusive();
+    const cpuGate = new CpuGate();
+    const s = createPreprocess({ cpuGate });
+    const run = await cpuGate.acquireExclusive();
     let answered = false;
     const waiting = s.infer(rawImageRequest([readFixtureImage("chelsea.jpg")])).then((r) => {
       answered = true;
@@ -220,6 +214,6 @@ describe("pending requests", () => {
     run();
     expect((await waiting).outputs[0]?.shape).toEqual([1, 3, 224, 224]);
     expect(s.pendingRequests?.()).toBe(0);
-    expect(processCpuGate().sharedHolders).toBe(0);
+    expect(cpuGate.sharedHolders).toBe(0);
   });
 });

@@ -5,19 +5,12 @@
  */
 import { ConnectError } from "@connectrpc/connect";
 import type { ModelConfig } from "@trellis/protocol";
+import { isDecoupled, metadataFromConfig } from "./config.js";
 import { Code, StageError, toConnectError } from "./errors.js";
-import {
-  decoupledRefusal,
-  type InferOptions,
-  type InferRequest,
-  type InferResponse,
-  isDecoupled,
-  type Stage,
-} from "./stage.js";
+import { decoupledRefusal, type InferOptions, type InferRequest, type InferResponse, type Stage } from "./stage.js";
 import { nowNs, StatisticsRecorder } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
 import { traceExecution } from "./trace.js";
-import { metadataFromConfig } from "./wire.js";
 
 export interface StageDefinition {
   /** The model's configuration: its name names the stage, its inputs and outputs make the metadata. */

@@ -4,7 +4,7 @@
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
-import type { RateLimiter } from "./rate-limiter.js";
+import type { CpuGate, RateLimiter } from "./instances.js";
 import type { DataType, Tensor } from "./tensor.js";
 import type { RequestTrace } from "./trace.js";
 
@@ -97,9 +97,6 @@ export interface Stage {
   close(): Promise<void>;
 }
 
-/** Whether `config` makes a decoupled model (model_transaction_policy { decoupled: true }). */
-export const isDecoupled = (config: ModelConfig): boolean => config.modelTransactionPolicy?.decoupled === true;
-
 /** A stage's answers to one request: a decoupled stage's responses (inferStream), else its one answer. */
 export async function* answersOf(
   stage: Stage,
@@ -137,6 +134,8 @@ export interface StageFactoryOptions {
   logger?: StageLogger;
   /** The server's rate limiter (--rate-limit execution_count): a stage with instances admits their runs through it. */
   rateLimiter?: RateLimiter;
+  /** The server's CPU gate, for a stage whose work competes with runs that take every core; absent: ungated. */
+  cpuGate?: CpuGate;
   /** The server's models, for a stage that calls others as it runs (Triton's business logic scripting). */
   models?: ModelCaller;
 }
@@ -148,27 +147,6 @@ export interface StageLogger {
 }
 
 export type StageFactory = (options: StageFactoryOptions) => Stage | Promise<Stage>;
-
-/** A config `parameters` entry, trimmed; undefined when absent or blank. */
-export function configParameter(config: ModelConfig, key: string): string | undefined {
-  const v = config.parameters[key]?.stringValue.trim();
-  return v ? v : undefined;
-}
-
-/** A whole-number config parameter ≥ `min`; undefined when absent, INVALID_ARGUMENT naming it when malformed. */
-export function configInteger(config: ModelConfig, key: string, min = 0): number | undefined {
-  const v = configParameter(config, key);
-  if (v === undefined) return undefined;
-  const n = Number(v);
-  if (!Number.isSafeInteger(n) || n < min) {
-    throw new StageError(
-      Code.InvalidArgument,
-      config.name,
-      `parameter ${key}: expected a whole number ≥ ${min}, got "${v}"`,
-    );
-  }
-  return n;
-}
 
 export interface ModelCallOptions extends InferOptions {
   /** The version to run; default: the latest ready one. */

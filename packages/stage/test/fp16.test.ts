@@ -4,7 +4,7 @@ import {
   float16BitsToFloat32,
   float32ArrayToFloat16,
   float32ToFloat16Bits,
-} from "../src/index.js";
+} from "../src/backend.js";
 
 const isNaNBits = (h: number) => (h & 0x7c00) === 0x7c00 && (h & 0x3ff) !== 0;
 

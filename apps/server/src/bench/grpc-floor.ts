@@ -9,8 +9,8 @@ import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { encodeEnvelope } from "@connectrpc/connect/protocol";
+import { frameBytes, HTTP2_SETTINGS, widenSessionWindow } from "@trellis/kserve";
 import { ModelInferResponseSchema } from "@trellis/protocol";
-import { frameBytes, HTTP2_SETTINGS, widenSessionWindow } from "@trellis/stage";
 
 const top5 = new TextEncoder().encode(JSON.stringify({ top5_labels: ["tabby"], top5_probs: [0.5] }).padEnd(160));
 const message = toBinary(

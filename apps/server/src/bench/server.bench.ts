@@ -30,9 +30,10 @@ import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
+import { frameBytes, grpcTransport } from "@trellis/kserve";
 import { createPreprocess } from "@trellis/preprocess";
 import { GRPCInferenceService, ModelInferRequestSchema, parseModelConfig } from "@trellis/protocol";
-import { bytesTensor, frameBytes, grpcTransport } from "@trellis/stage";
+import { bytesTensor } from "@trellis/stage";
 import {
   closedLoop,
   grpcJsInferenceClient,

@@ -9,8 +9,8 @@ import { gzipSync } from "node:zlib";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { type Client, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { frameBytes } from "@trellis/kserve";
 import { GRPCInferenceService, type ModelInferRequest, ModelInferRequestSchema } from "@trellis/protocol";
-import { frameBytes } from "@trellis/stage";
 import { readFixtureImage, readReferenceTop5, TRUNCATED_PHOTO } from "@trellis/testing";
 
 /** What a client saw: "OK", a gRPC code name, "HTTP <status>", or "CLIENT ABORT" / "NETWORK ERROR" / ... */

@@ -12,7 +12,7 @@ import { mkdtempSync, readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { frameBytes } from "@trellis/stage";
+import { frameBytes } from "@trellis/kserve";
 import { grpcJsInferenceClient, median, startServerProcess } from "@trellis/testing";
 import { summarizeTraces } from "../trace-summary.js";
 import { fullHdPhotos } from "./photos.js";

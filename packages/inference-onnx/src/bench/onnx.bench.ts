@@ -11,8 +11,9 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
+import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
-import { connectStage, grpcTransport, listenStage, type Stage, tensor } from "@trellis/stage";
+import { type Stage, tensor } from "@trellis/stage";
 import { closedLoop, percentile } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
 import { createOnnxStage } from "../index.js";

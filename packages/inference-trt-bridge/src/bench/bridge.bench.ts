@@ -1,15 +1,10 @@
 // Bench: FP16 conversion throughput and the bridge's round-trip cost over
 // loopback gRPC against an echo stage (no model work, so the figure is the bridge + transport).
+
+import { listenStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
-import {
-  defineStage,
-  float16ArrayToFloat32,
-  float32ArrayToFloat16,
-  float32ToFloat16Bits,
-  listenStage,
-  type Stage,
-  tensor,
-} from "@trellis/stage";
+import { defineStage, type Stage, tensor } from "@trellis/stage";
+import { float16ArrayToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "@trellis/stage/backend";
 import { createTrtBridge } from "../bridge.js";
 
 const config = parseModelConfig(`

@@ -1,0 +1,65 @@
+/**
+ * What the inference service needs from whoever hosts models: a lookup from
+ * (name, version) to a Stage, plus optional repository control. A single
+ * stage, the ensemble runner and the server's repository manager all fit.
+ */
+
+import type { Stage } from "@trellis/stage";
+import { Code, StageError } from "@trellis/stage";
+
+export interface ModelIndexEntry {
+  name: string;
+  version: string;
+  /** Triton's states: READY, UNAVAILABLE, LOADING, UNLOADING. */
+  state: string;
+  reason: string;
+}
+
+export interface ModelLoadOptions {
+  /** A model config in Triton's JSON form to load with instead of the repository's config.pbtxt. */
+  config?: string;
+  /**
+   * Triton's file overrides ("file:<path>" load parameters): the model's folder made of
+   * these files instead of the repository's, by path inside it ("1/model.onnx"). Needs `config`.
+   */
+  files?: Record<string, Uint8Array>;
+}
+
+export interface ModelUnloadOptions {
+  /**
+   * Triton's "unload_dependents": an ensemble's composing models are unloaded too (nested
+   * ensembles' as well), except those another loaded model still uses.
+   */
+  unloadDependents?: boolean;
+}
+
+export interface ModelRepositoryControl {
+  index(readyOnly: boolean): ModelIndexEntry[] | Promise<ModelIndexEntry[]>;
+  load(name: string, options?: ModelLoadOptions): Promise<void>;
+  unload(name: string, options?: ModelUnloadOptions): Promise<void>;
+}
+
+export interface ModelRegistry {
+  /** The stage serving name/version ("" = by policy, usually latest); throws NOT_FOUND or UNAVAILABLE. */
+  resolve(name: string, version?: string): Stage;
+  /** Every stage currently loaded (for statistics over all models). */
+  list(): Stage[];
+  /** Server readiness; defaults to "every loaded stage is ready". */
+  isReady?(): boolean | Promise<boolean>;
+  repository?: ModelRepositoryControl;
+}
+
+/** A registry over a fixed set of stages, e.g. one stage served as a microservice. */
+export function stageRegistry(...stages: Stage[]): ModelRegistry {
+  return {
+    resolve(name, version) {
+      const stage = stages.find((s) => s.name === name);
+      if (!stage) throw new StageError(Code.NotFound, "", `unknown model "${name}"`);
+      if (version && version !== stage.version) {
+        throw new StageError(Code.NotFound, "", `model "${name}" has no version ${version} (serving ${stage.version})`);
+      }
+      return stage;
+    },
+    list: () => stages,
+  };
+}

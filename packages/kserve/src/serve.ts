@@ -1,0 +1,925 @@
+/**
+ * serveStage: any Stage (or a registry of them) as a KServe v2
+ * GRPCInferenceService and grpc.health.v1.Health over Connect, so gRPC,
+ * gRPC-Web and Connect clients all reach it from one handler.
+ */
+import http2 from "node:http2";
+import type { AddressInfo } from "node:net";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
+import type { Compression } from "@connectrpc/connect/protocol";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import {
+  CudaSharedMemoryStatusResponseSchema,
+  GRPCInferenceService,
+  Health,
+  HealthCheckResponseSchema,
+  InferParameterSchema,
+  type LogSettingsResponse_SettingValueSchema,
+  LogSettingsResponseSchema,
+  ModelConfigResponseSchema,
+  type ModelInferRequest,
+  ModelInferRequestSchema,
+  type ModelInferResponse,
+  ModelInferResponseSchema,
+  type ModelRepositoryParameter,
+  type ModelStatistics,
+  ModelStatisticsResponseSchema,
+  type ModelStreamInferResponse,
+  ModelStreamInferResponseSchema,
+  RepositoryIndexResponse_ModelIndexSchema,
+  RepositoryIndexResponseSchema,
+  ServerMetadataResponseSchema,
+  HealthCheckResponse_ServingStatus as ServingStatus,
+  SystemSharedMemoryStatusResponseSchema,
+  TraceSettingResponseSchema,
+} from "@trellis/protocol";
+import {
+  Code,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  type Parameters,
+  type Stage,
+  StageError,
+} from "@trellis/stage";
+import { answersOf } from "@trellis/stage/backend";
+import { clientError, clientMessage } from "./client-errors.js";
+import { tensorFromContents, tensorToRaw } from "./codec.js";
+import { namingInputLimit, requestCompression } from "./compression.js";
+import { normalizedModelConfig } from "./config-normalize.js";
+import {
+  type GrpcCallTimes,
+  grpcModelInferHandler,
+  MODEL_INFER_PATH,
+  withReadableGrpcMessage,
+} from "./grpc-model-infer.js";
+import { forwardedHeaders, withForwardedHeaders } from "./header-forwarding.js";
+import { closeOnResetDrift, GRPC_SESSION_MEMORY_MB, ignoreIdleStreamFrames } from "./http2-resets.js";
+import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
+import { type ModelLoadOptions, type ModelRegistry, type ModelUnloadOptions, stageRegistry } from "./registry.js";
+import { checkFileOverridePath, checkModelName, inferOptionsFromParameters } from "./request-checks.js";
+import { type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
+import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
+import {
+  namesSharedMemory,
+  type SharedMemoryRef,
+  type SystemSharedMemory,
+  sharedMemoryNotTaken,
+  sharedMemoryOutputParameters,
+  sharedMemoryRef,
+  withoutSharedMemory,
+} from "./shared-memory.js";
+import { answerTraceSettings, type TraceControl } from "./trace-settings.js";
+import { refuseClientSharedMemory, refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
+import {
+  inferRequestFromWire,
+  inferResponseToWire,
+  metadataToWire,
+  parametersFromWire,
+  parametersToWire,
+} from "./wire.js";
+
+export interface ServeOptions {
+  serverName?: string;
+  serverVersion?: string;
+  extensions?: string[];
+  /** The logging extension's settings (LogSettings); without it the call answers UNIMPLEMENTED. */
+  logSettings?: LogSettingsControl;
+  /** The trace extension: samples requests and keeps the settings; without it tracing stays OFF. */
+  tracing?: TraceControl;
+  /** System shared memory regions clients may register and name in requests; without it, none can be. */
+  sharedMemory?: SystemSharedMemory;
+  /** Headers of ModelInfer calls whose names match become request parameters (see header-forwarding.ts). */
+  forwardHeaders?: RegExp;
+  /** Hears of error detail withheld from a client (paths, addresses; see clientError), to log it. */
+  logger?: { warn(obj: object, msg?: string): void };
+}
+
+/** A logger's report of error detail withheld from a client. */
+export function loggingWithheld(
+  logger: { warn(obj: object, msg?: string): void } | undefined,
+): ((detail: string, sent: string) => void) | undefined {
+  return logger && ((detail, sent) => logger.warn({ detail, sent }, "error detail withheld from the client"));
+}
+
+/**
+ * The extensions Triton's server metadata lists, always, in its order (core src/server.cc,
+ * with statistics, trace and logging built in): clients probe them before using one.
+ */
+export const TRITON_EXTENSIONS: readonly string[] = [
+  "classification",
+  "sequence",
+  "model_repository",
+  "model_repository(unload_dependents)",
+  "schedule_policy",
+  "model_configuration",
+  "system_shared_memory",
+  "cuda_shared_memory",
+  "binary_tensor_data",
+  // Request parameters reach the model (and forwarded headers join them).
+  "parameters",
+  "statistics",
+  "trace",
+  "logging",
+];
+
+/**
+ * The stage whose statistics a request for `name` (and `version`) asks, refused as Triton's core
+ * refuses it (src/tritonserver.cc TRITONSERVER_ServerModelStatistics): INVALID_ARGUMENT when
+ * the model or the version has no ready version to report on.
+ */
+export function statisticsStage(registry: ModelRegistry, name: string, version: string | undefined): Stage {
+  try {
+    return registry.resolve(name, version || undefined);
+  } catch (err) {
+    // Which of Triton's two refusals: the model has no ready version, or not this one.
+    let modelReady = false;
+    if (version) {
+      try {
+        registry.resolve(name);
+        modelReady = true;
+      } catch {}
+    }
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      modelReady
+        ? `requested model version is not available for model '${name}'`
+        : `requested model '${name}' is not available`,
+      { cause: err },
+    );
+  }
+}
+
+function asRegistry(x: Stage | ModelRegistry): ModelRegistry {
+  return typeof (x as ModelRegistry).resolve === "function" ? (x as ModelRegistry) : stageRegistry(x as Stage);
+}
+
+async function serverReady(registry: ModelRegistry): Promise<boolean> {
+  if (registry.isReady) return registry.isReady();
+  const all = await Promise.all(registry.list().map((s) => s.isReady()));
+  return all.every(Boolean);
+}
+
+/**
+ * Options for one request from its KServe parameters (priority, timeout) and the call's signal;
+ * those parameters, sequence_id, sequence_start and sequence_end refused when of the wrong type.
+ */
+function inferOptions(request: InferRequest, signal: AbortSignal, model: string): InferOptions {
+  return { ...inferOptionsFromParameters(request.parameters, model), signal };
+}
+
+/** What a ModelInfer call has besides its message: tracing, what the call can tell, shared memory. */
+export interface ModelInferContext {
+  tracing?: TraceControl;
+  /** Regions the request may name for its inputs and outputs. */
+  sharedMemory?: SystemSharedMemory;
+  /** The direct gRPC path's call: its read times go on the trace, which the path finishes once the answer is sent. */
+  call?: GrpcCallTimes;
+  /** The call's headers (a W3C traceparent continues the caller's trace). */
+  header?: (name: string) => string | undefined;
+  /** Parameters from the call's forwarded headers; the request's own parameters win over them. */
+  forwarded?: Parameters;
+  /** Hears of error detail withheld from the client (see clientError). */
+  withheld?: (detail: string, sent: string) => void;
+}
+
+/** Triton's request parameter asking that a stream's last answer to the request say so, and the answer's flag. */
+const EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response";
+const FINAL_RESPONSE = "triton_final_response";
+
+/**
+ * Takes Triton's triton_enable_empty_final_response off the request: it is the stream's
+ * setting (see modelStreamInfer), not the model's; refused unless it is a bool, as in Triton.
+ */
+function dropFinalResponseFlag(request: InferRequest, model: string): void {
+  const value = request.parameters?.[EMPTY_FINAL_RESPONSE];
+  if (value === undefined) return;
+  if (typeof value !== "boolean") {
+    throw new StageError(
+      Code.InvalidArgument,
+      model,
+      `invalid value type for '${EMPTY_FINAL_RESPONSE}' parameter, expected bool_param`,
+    );
+  }
+  const { [EMPTY_FINAL_RESPONSE]: _, ...rest } = request.parameters ?? {};
+  request.parameters = Object.keys(rest).length > 0 ? rest : undefined;
+}
+
+/**
+ * Runs one ModelInfer against the registry; `signal` is the call's. Errors come back as ConnectErrors.
+ * With `tracing`, a sampled request is traced; with `sharedMemory`, it may name regions (see ModelInferContext).
+ */
+export async function handleModelInfer(
+  registry: ModelRegistry,
+  msg: ModelInferRequest,
+  signal: AbortSignal,
+  context: ModelInferContext = {},
+): Promise<ModelInferResponse> {
+  let call: ReturnType<typeof prepareModelInfer> | undefined;
+  try {
+    call = prepareModelInfer(registry, msg, signal, context);
+    return call.encode(await call.stage.infer(call.request, call.options));
+  } catch (err) {
+    throw clientError(err, context.withheld);
+  } finally {
+    if (!context.call) call?.options.trace?.end();
+  }
+}
+
+/**
+ * One ModelStreamInfer request's answers: a decoupled model's responses as it sends them
+ * (Stage.inferStream), else its one answer. Whether the model is decoupled is known before
+ * the first answer, for the stream's final-response flags.
+ */
+function streamModelInfer(
+  registry: ModelRegistry,
+  msg: ModelInferRequest,
+  signal: AbortSignal,
+  context: ModelInferContext,
+): { decoupled: boolean; responses: AsyncGenerator<ModelInferResponse> } {
+  const { stage, request, options, encode } = prepareModelInfer(registry, msg, signal, context);
+  async function* encoded() {
+    try {
+      for await (const answer of answersOf(stage, request, options)) yield encode(answer);
+    } catch (err) {
+      throw clientError(err, context.withheld);
+    } finally {
+      if (!context.call) options.trace?.end();
+    }
+  }
+  return { decoupled: stage.inferStream !== undefined, responses: encoded() };
+}
+
+/** A ModelInfer request read for its stage (shared memory, forwarded headers, trace), and how its answers go back. */
+function prepareModelInfer(
+  registry: ModelRegistry,
+  msg: ModelInferRequest,
+  signal: AbortSignal,
+  { tracing, call, header, sharedMemory, forwarded }: ModelInferContext,
+): { stage: Stage; request: InferRequest; options: InferOptions; encode(response: InferResponse): ModelInferResponse } {
+  const stage = registry.resolve(msg.modelName, msg.modelVersion);
+  const shm = withSharedMemoryInputs(msg, sharedMemory);
+  const request = inferRequestFromWire(shm.msg, stage.name);
+  dropFinalResponseFlag(request, stage.name);
+  if (forwarded) request.parameters = withForwardedHeaders(request.parameters, forwarded);
+  const options = inferOptions(request, signal, stage.name);
+  const trace = tracing?.begin(stage.name, stage.version, msg.id || undefined, header ?? call?.header);
+  if (trace) {
+    options.trace = trace;
+    if (call) {
+      trace.stamp("GRPC_WAITREAD_START", call.readStartNs);
+      trace.stamp("GRPC_WAITREAD_END", call.readEndNs);
+      call.trace = trace;
+    }
+  }
+  const encode = (answer: InferResponse) => {
+    const response = inferResponseToWire(answer);
+    if (sharedMemory && shm.outputs.size > 0) writeSharedMemoryOutputs(response, shm.outputs, sharedMemory);
+    return response;
+  };
+  return { stage, request, options, encode };
+}
+
+/**
+ * The request with every input's bytes in raw_input_contents (those naming a shared memory
+ * region read from it), and requested outputs without their shared_memory_* parameters, which
+ * come back separately by output name. raw_input_contents may list only the inputs not in
+ * shared memory (as tritonclient sends it) or one entry per input.
+ */
+function withSharedMemoryInputs(
+  msg: ModelInferRequest,
+  sharedMemory: SystemSharedMemory | undefined,
+): { msg: ModelInferRequest; outputs: Map<string, SharedMemoryRef> } {
+  const outputs = new Map<string, SharedMemoryRef>();
+  // The common case, no region named, costs two key lookups per tensor.
+  if (
+    !msg.inputs.some((i) => namesSharedMemory(i.parameters)) &&
+    !msg.outputs.some((o) => namesSharedMemory(o.parameters))
+  ) {
+    return { msg, outputs };
+  }
+  if (!sharedMemory) throw sharedMemoryNotTaken();
+  const inputRefs = msg.inputs.map((i) => sharedMemoryRef(parametersFromWire(i.parameters), `input ${i.name}`));
+  for (const o of msg.outputs) {
+    const ref = sharedMemoryRef(parametersFromWire(o.parameters), `output ${o.name}`);
+    if (ref) outputs.set(o.name, ref);
+  }
+  const raw = msg.rawInputContents;
+  const inShm = inputRefs.filter(Boolean).length;
+  const byIndex = raw.length === msg.inputs.length;
+  if (raw.length > 0 && !byIndex && raw.length !== msg.inputs.length - inShm) {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      `raw_input_contents has ${raw.length} entries for ${msg.inputs.length} inputs, ${inShm} of them in shared memory`,
+    );
+  }
+  let next = 0;
+  const contents = msg.inputs.map((input, i) => {
+    const ref = inputRefs[i];
+    if (ref) {
+      if (byIndex) next++;
+      return sharedMemory.read(ref, `input ${input.name}`);
+    }
+    const bytes = raw.length > 0 ? raw[byIndex ? i : next++] : undefined;
+    if (bytes) return bytes;
+    // An input sent as typed contents, among others in shared memory: its bytes too.
+    if (!input.contents) {
+      throw new StageError(
+        Code.InvalidArgument,
+        "",
+        `input ${input.name}: no data (neither contents nor raw_input_contents)`,
+      );
+    }
+    return tensorToRaw(tensorFromContents("input", input, input.contents));
+  });
+  const requested = msg.outputs.map((o) =>
+    outputs.has(o.name)
+      ? { ...o, parameters: parametersToWire(withoutSharedMemory(parametersFromWire(o.parameters))) }
+      : o,
+  );
+  return {
+    msg: create(ModelInferRequestSchema, {
+      ...msg,
+      inputs: msg.inputs.map((i) => ({ ...i, contents: undefined })),
+      outputs: requested,
+      rawInputContents: contents,
+    }),
+    outputs,
+  };
+}
+
+/** Writes each output the request placed in shared memory there; its answer says where, and carries no bytes. */
+function writeSharedMemoryOutputs(
+  response: ModelInferResponse,
+  refs: Map<string, SharedMemoryRef>,
+  sharedMemory: SystemSharedMemory,
+): void {
+  response.outputs.forEach((output, i) => {
+    const ref = refs.get(output.name);
+    if (!ref) return;
+    const bytes = response.rawOutputContents[i] ?? new Uint8Array(0);
+    sharedMemory.write(ref, bytes, `output ${output.name}`);
+    output.parameters = {
+      ...output.parameters,
+      ...parametersToWire(sharedMemoryOutputParameters(ref, bytes.byteLength)),
+    };
+    // Kept in place (empty), so raw_output_contents stays one entry per output.
+    response.rawOutputContents[i] = new Uint8Array(0);
+  });
+}
+
+export function inferenceService(
+  registry: ModelRegistry,
+  options: ServeOptions = {},
+): Partial<ServiceImpl<typeof GRPCInferenceService>> {
+  const repo = () => {
+    if (!registry.repository)
+      throw new StageError(Code.Unimplemented, "", "this server has no model repository control");
+    return registry.repository;
+  };
+  const withheld = loggingWithheld(options.logger);
+  return withClientErrors(withheld, {
+    serverLive: () => ({ live: true }),
+    serverReady: async () => ({ ready: await serverReady(registry) }),
+    modelReady: async (req) => {
+      try {
+        return { ready: await registry.resolve(req.name, req.version).isReady() };
+      } catch {
+        return { ready: false };
+      }
+    },
+    serverMetadata: () =>
+      create(ServerMetadataResponseSchema, {
+        name: options.serverName ?? "trellis",
+        version: options.serverVersion ?? "0.1.0",
+        extensions: options.extensions ?? [...TRITON_EXTENSIONS],
+      }),
+    modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
+    // As Triton answers it: normalized (version policy, backend, instance groups, ...).
+    modelConfig: (req) =>
+      create(ModelConfigResponseSchema, {
+        config: normalizedModelConfig(registry.resolve(req.name, req.version).config),
+      }),
+    modelInfer: (msg, ctx) =>
+      handleModelInfer(registry, msg, ctx.signal, {
+        tracing: options.tracing,
+        sharedMemory: options.sharedMemory,
+        header: (name) => ctx.requestHeader.get(name) ?? undefined,
+        forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
+        withheld,
+      }),
+    // As Triton does: every request on the stream runs as soon as it arrives (so they can
+    // batch together), and each is answered as it completes, in completion order (a decoupled
+    // model's responses as it sends them); a failed one is answered with its error (and its
+    // id) and the stream goes on.
+    async *modelStreamInfer(requests, ctx) {
+      const answered: ModelStreamInferResponse[] = [];
+      let running = 0;
+      let inputEnded = false;
+      let inputError: unknown;
+      let wake: (() => void) | undefined;
+      const send = (response: ModelStreamInferResponse) => {
+        answered.push(response);
+        wake?.();
+      };
+      const finalFlag = (value: boolean) => ({
+        [FINAL_RESPONSE]: create(InferParameterSchema, { parameterChoice: { case: "boolParam", value } }),
+      });
+      const answerAll = async (msg: ModelInferRequest) => {
+        // Triton's triton_enable_empty_final_response: each answer says whether it is the request's
+        // last, as streaming clients wait for. A model answering once says so on its answer; a
+        // decoupled one's answers say false, and an empty answer saying true follows the last.
+        const asked = msg.parameters[EMPTY_FINAL_RESPONSE]?.parameterChoice;
+        const flagged = asked?.case === "boolParam" && asked.value;
+        const empty = () =>
+          create(ModelInferResponseSchema, {
+            id: msg.id,
+            modelName: msg.modelName,
+            modelVersion: msg.modelVersion,
+            ...(flagged ? { parameters: finalFlag(true) } : {}),
+          });
+        try {
+          const { decoupled, responses } = streamModelInfer(registry, msg, ctx.signal, {
+            withheld,
+            tracing: options.tracing,
+            sharedMemory: options.sharedMemory,
+            header: (name) => ctx.requestHeader.get(name) ?? undefined,
+            forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
+          });
+          for await (const inferResponse of responses) {
+            // The client went away: stop the model's responses (its iterator is returned) rather than queue them unread.
+            if (ctx.signal.aborted) return;
+            if (flagged) Object.assign(inferResponse.parameters, finalFlag(!decoupled));
+            send(create(ModelStreamInferResponseSchema, { inferResponse }));
+          }
+          if (decoupled && flagged) send(create(ModelStreamInferResponseSchema, { inferResponse: empty() }));
+        } catch (err) {
+          send(
+            create(ModelStreamInferResponseSchema, {
+              errorMessage: clientError(err, withheld).rawMessage,
+              inferResponse: empty(),
+            }),
+          );
+        }
+      };
+      void (async () => {
+        try {
+          for await (const msg of requests) {
+            running++;
+            void answerAll(msg).finally(() => {
+              running--;
+              wake?.();
+            });
+          }
+        } catch (err) {
+          inputError = err;
+        } finally {
+          inputEnded = true;
+          wake?.();
+        }
+      })();
+      for (;;) {
+        const next = answered.shift();
+        if (next) {
+          yield next;
+          continue;
+        }
+        if (inputEnded && running === 0) break;
+        await new Promise<void>((resolve) => {
+          wake = resolve;
+        });
+        wake = undefined;
+      }
+      if (inputError) throw inputError;
+    },
+    modelStatistics: async (req) => {
+      const stages = req.name ? [statisticsStage(registry, req.name, req.version)] : registry.list();
+      const stats: ModelStatistics[] = await Promise.all(stages.map((s) => s.statistics()));
+      return create(ModelStatisticsResponseSchema, { modelStats: stats });
+    },
+    repositoryIndex: async (req) =>
+      create(RepositoryIndexResponseSchema, {
+        // A load failure's reason says where the server looked: the client gets it without the paths.
+        models: (await repo().index(req.ready)).map((m) =>
+          create(RepositoryIndexResponse_ModelIndexSchema, { ...m, reason: clientMessage(m.reason) }),
+        ),
+      }),
+    repositoryModelLoad: async (req) => {
+      checkModelName(req.modelName);
+      await repo().load(req.modelName, loadOptions(req.parameters));
+      return {};
+    },
+    repositoryModelUnload: async (req) => {
+      checkModelName(req.modelName);
+      await repo().unload(req.modelName, unloadOptions(req.parameters));
+      return {};
+    },
+    systemSharedMemoryStatus: (req) => {
+      if (!options.sharedMemory) {
+        sharedMemoryStatus("system", req.name);
+        return create(SystemSharedMemoryStatusResponseSchema);
+      }
+      const regions = options.sharedMemory.status(req.name);
+      return create(SystemSharedMemoryStatusResponseSchema, {
+        regions: Object.fromEntries(
+          regions.map((r) => [
+            r.name,
+            { name: r.name, key: r.key, offset: BigInt(r.offset), byteSize: BigInt(r.byteSize) },
+          ]),
+        ),
+      });
+    },
+    cudaSharedMemoryStatus: (req) => {
+      sharedMemoryStatus("CUDA", req.name);
+      return create(CudaSharedMemoryStatusResponseSchema);
+    },
+    // As Triton: with client shared memory off, register and unregister are refused (UNIMPLEMENTED), CUDA's too.
+    systemSharedMemoryRegister: (req) => {
+      if (!options.sharedMemory) refuseClientSharedMemory();
+      options.sharedMemory.register(req.name, req.key, Number(req.offset), Number(req.byteSize));
+      return {};
+    },
+    systemSharedMemoryUnregister: (req) => {
+      if (!options.sharedMemory) refuseClientSharedMemory();
+      options.sharedMemory.unregister(req.name);
+      return {};
+    },
+    cudaSharedMemoryRegister: () => {
+      if (!options.sharedMemory) refuseClientSharedMemory();
+      return refuseSharedMemoryRegister("CUDA");
+    },
+    // No CUDA region is ever registered: unregistering one has nothing to do.
+    cudaSharedMemoryUnregister: () => {
+      if (!options.sharedMemory) refuseClientSharedMemory();
+      return {};
+    },
+    traceSetting: (req) => {
+      const settings = answerTraceSettings(
+        options.tracing,
+        req.modelName || undefined,
+        Object.fromEntries(Object.entries(req.settings).map(([k, v]) => [k, v.value])),
+        registry,
+      );
+      return create(TraceSettingResponseSchema, {
+        settings: Object.fromEntries(
+          Object.entries(settings).map(([k, value]) => [k, { value: Array.isArray(value) ? value : [value] }]),
+        ),
+      });
+    },
+    logSettings: (req) => {
+      const changes = Object.fromEntries(
+        Object.entries(req.settings).flatMap(([k, v]) =>
+          v.parameterChoice.case === undefined ? [] : [[k, v.parameterChoice.value] as const],
+        ),
+      );
+      const settings = answerLogSettings(options.logSettings, changes);
+      return create(LogSettingsResponseSchema, {
+        settings: Object.fromEntries(Object.entries(settings).map(([k, v]) => [k, settingToWire(v)])),
+      });
+    },
+  });
+}
+
+/**
+ * `impl` with each method's errors as a client may see them (clientError: no paths or
+ * addresses of the server's; `withheld` hears of the detail), streams' errors too.
+ */
+function withClientErrors<T extends object>(
+  withheld: ((detail: string, sent: string) => void) | undefined,
+  impl: T,
+): T {
+  const wrapped: Record<string, unknown> = {};
+  for (const [name, method] of Object.entries(impl)) {
+    if (typeof method !== "function") {
+      wrapped[name] = method;
+    } else if (method.constructor.name === "AsyncGeneratorFunction") {
+      wrapped[name] = async function* (...args: unknown[]) {
+        try {
+          yield* method.apply(impl, args);
+        } catch (err) {
+          throw clientError(err, withheld);
+        }
+      };
+    } else {
+      wrapped[name] = async (...args: unknown[]) => {
+        try {
+          return await method.apply(impl, args);
+        } catch (err) {
+          throw clientError(err, withheld);
+        }
+      };
+    }
+  }
+  return wrapped as T;
+}
+
+function settingToWire(v: LogSettingValue): MessageInitShape<typeof LogSettingsResponse_SettingValueSchema> {
+  if (typeof v === "boolean") return { parameterChoice: { case: "boolParam", value: v } };
+  if (typeof v === "number") return { parameterChoice: { case: "uint32Param", value: v } };
+  return { parameterChoice: { case: "stringParam", value: v } };
+}
+
+/** A load request's parameters: "config" (a JSON model config) and "file:<path>" overrides (bytes), as Triton's. */
+function loadOptions(parameters: { [key: string]: ModelRepositoryParameter }): ModelLoadOptions {
+  const options: ModelLoadOptions = {};
+  for (const [key, value] of Object.entries(parameters)) {
+    if (key.startsWith("file:")) {
+      checkFileOverridePath(key.slice("file:".length));
+      if (value.parameterChoice.case !== "bytesParam") {
+        throw new StageError(Code.InvalidArgument, "", `load parameter '${key}' must be bytes (the file's content)`);
+      }
+      options.files = { ...options.files, [key.slice("file:".length)]: value.parameterChoice.value };
+      continue;
+    }
+    if (key === "config") {
+      if (value.parameterChoice.case !== "stringParam") {
+        throw new StageError(
+          Code.InvalidArgument,
+          "",
+          "load parameter 'config' must be a string (the model config as JSON)",
+        );
+      }
+      options.config = value.parameterChoice.value;
+    }
+  }
+  return options;
+}
+
+/** The unload request's parameters, read as Triton's gRPC frontend reads them. */
+function unloadOptions(parameters: { [key: string]: ModelRepositoryParameter }): ModelUnloadOptions {
+  const flag = parameters.unload_dependents;
+  if (!flag) return {};
+  if (flag.parameterChoice.case !== "boolParam") {
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      "invalid value type for 'unload_dependents' parameter, expected bool_param.",
+    );
+  }
+  return { unloadDependents: flag.parameterChoice.value };
+}
+
+export function healthService(registry: ModelRegistry): Partial<ServiceImpl<typeof Health>> {
+  const status = async (service: string) => {
+    if (service && service !== "inference.GRPCInferenceService") {
+      throw new StageError(Code.NotFound, "", `unknown service "${service}"`);
+    }
+    return (await serverReady(registry)) ? ServingStatus.SERVING : ServingStatus.NOT_SERVING;
+  };
+  return {
+    check: async (req) => create(HealthCheckResponseSchema, { status: await status(req.service) }),
+    async *watch(req, ctx) {
+      let last: ServingStatus | undefined;
+      while (!ctx.signal.aborted) {
+        const now = await status(req.service);
+        if (now !== last) yield create(HealthCheckResponseSchema, { status: now });
+        last = now;
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    },
+  };
+}
+
+/**
+ * Connect routes serving `target` (one Stage or a registry) as KServe v2
+ * gRPC plus health. Pass to connectNodeAdapter or createRouterTransport.
+ */
+export function serveStage(target: Stage | ModelRegistry, options: ServeOptions = {}) {
+  const registry = asRegistry(target);
+  return (router: ConnectRouter) => {
+    router.service(GRPCInferenceService, inferenceService(registry, options));
+    router.service(Health, healthService(registry));
+  };
+}
+
+/**
+ * HTTP/2 flow-control windows for tensor traffic. Node's 64 KiB defaults
+ * make a batch of images (megabytes per message) wait on a WINDOW_UPDATE
+ * round trip every 64 KiB; these let a whole batch flow at once.
+ */
+export const HTTP2_WINDOW_BYTES = 32 * 1024 * 1024;
+export const HTTP2_SETTINGS: http2.Settings = { initialWindowSize: HTTP2_WINDOW_BYTES, maxFrameSize: 2 ** 24 - 1 };
+
+/** Widens a new session's connection-level window (settings only cover streams). */
+export function widenSessionWindow(session: http2.Http2Session): void {
+  const widen = () => session.setLocalWindowSize(HTTP2_WINDOW_BYTES);
+  if (session.connecting) session.once("connect", widen);
+  else widen();
+}
+
+/**
+ * Handler options for tensor traffic: requests compressed with gzip, deflate
+ * (gRPC's two codings, both of which Triton takes) or br are accepted, each
+ * inflated only up to the handler's readMaxBytes (a larger one is refused
+ * RESOURCE_EXHAUSTED naming the limit and `maxInputFlag`, the setting that
+ * raises it), but responses are never compressed. Tensors barely compress and
+ * gzip on a megabyte response costs more than sending it over loopback or a
+ * datacenter link (Triton does not compress by default either).
+ */
+export function serverCompression(maxInputFlag?: string): {
+  acceptCompression: Compression[];
+  compressMinBytes: number;
+} {
+  return { acceptCompression: requestCompression(maxInputFlag), compressMinBytes: Number.POSITIVE_INFINITY };
+}
+
+/** serverCompression() with refusals that name no setting. */
+export const SERVER_COMPRESSION = serverCompression();
+
+const INFER_PATHS = new Set([MODEL_INFER_PATH, "/inference.GRPCInferenceService/ModelStreamInfer"]);
+
+/**
+ * The largest gRPC request message accepted unless told otherwise: 64 MiB, the
+ * default of Triton's --http-max-input-size, and so the same cap on both ports.
+ * Triton's gRPC frontend takes up to INT32_MAX (2^31 - 1) bytes, a cap that
+ * holds for compressed messages only once inflated: a 1 MB gzip message then
+ * grew a server by over 2 GB and stalled it for seconds. A larger message
+ * needs the cap raised (maxInputBytes, the server's --grpc-max-input-size).
+ */
+export const DEFAULT_GRPC_MAX_INPUT_BYTES = 64 * 1024 * 1024;
+
+export interface GrpcServerOptions extends ServeOptions {
+  /**
+   * Largest request message accepted (default DEFAULT_GRPC_MAX_INPUT_BYTES), compressed
+   * ones once inflated; a larger one is refused with RESOURCE_EXHAUSTED as soon as its
+   * envelope's length prefix arrives (or, compressed, as soon as inflating passes it).
+   */
+  maxInputBytes?: number;
+  /** The setting that raises maxInputBytes (e.g. "--grpc-max-input-size"), named in those refusals. */
+  maxInputFlag?: string;
+  /** Serve over TLS (h2) instead of cleartext HTTP/2. */
+  tls?: GrpcServerTlsOptions;
+  /** Endpoint groups that require a header (tritonserver's --grpc-restricted-protocol). */
+  restrictions?: ApiRestrictions;
+  /**
+   * Compress ModelInfer and ModelStreamInfer responses (tritonserver's
+   * --grpc-infer-response-compression-level; default none), with the algorithm gRPC
+   * core picks for the level among those the client accepts.
+   */
+  responseCompression?: ResponseCompressionLevel;
+}
+
+export interface GrpcServerTlsOptions {
+  /** The server's certificate chain and private key (PEM). */
+  cert: string | Buffer;
+  key: string | Buffer;
+  /** CA certificate(s) client certificates must chain to (mutual TLS). */
+  ca?: string | Buffer;
+  /** Refuse clients without a certificate that chains to `ca` (mutual TLS). Default false. */
+  requireClientCert?: boolean;
+}
+
+export interface ListenOptions extends GrpcServerOptions {
+  /** Interface to bind (default 127.0.0.1). */
+  host?: string;
+  /** Port to bind (default 0: an ephemeral port). */
+  port?: number;
+}
+
+export interface ListeningServer {
+  /** The bound port (useful with port 0). */
+  port: number;
+  host: string;
+  /** Base URL for createGrpcTransport: http://, or https:// with TLS. */
+  url: string;
+  server: http2.Http2Server | http2.Http2SecureServer;
+  /** Stops accepting and closes open sessions. */
+  close(): Promise<void>;
+}
+
+export interface GrpcServer {
+  server: http2.Http2Server | http2.Http2SecureServer;
+  /** The HTTP/2 sessions open right now (for GOAWAY at shutdown). */
+  sessions: ReadonlySet<http2.ServerHttp2Session>;
+}
+
+/**
+ * An HTTP/2 server for `target` (gRPC, gRPC-Web and Connect, as serveStage;
+ * cleartext, or TLS with `tls`), set up for tensor traffic: wide flow-control windows,
+ * uncompressed responses, requests over `maxInputBytes` refused with
+ * RESOURCE_EXHAUSTED. Unary ModelInfer over gRPC takes a direct path
+ * (see grpc-model-infer.ts); everything else goes through Connect.
+ */
+export function createGrpcServer(
+  target: Stage | ModelRegistry,
+  {
+    maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES,
+    maxInputFlag,
+    tls,
+    restrictions,
+    responseCompression = "none",
+    ...options
+  }: GrpcServerOptions = {},
+): GrpcServer {
+  const registry = asRegistry(target);
+  const adapter = (compressMinBytes: number) =>
+    connectNodeAdapter({
+      routes: serveStage(registry, options),
+      readMaxBytes: maxInputBytes,
+      interceptors: restrictions ? [restrictionInterceptor(restrictions)] : [],
+      ...serverCompression(maxInputFlag),
+      compressMinBytes,
+    });
+  const connect = adapter(SERVER_COMPRESSION.compressMinBytes);
+  // Inference responses through Connect (streams, compressed requests) compress at the level
+  // set, the rest never: a second handler, told which algorithm to answer with.
+  const connectInfer = responseCompression === "none" ? connect : adapter(0);
+  const modelInfer = grpcModelInferHandler(
+    (msg, signal, call) =>
+      handleModelInfer(registry, msg, signal, {
+        tracing: options.tracing,
+        sharedMemory: options.sharedMemory,
+        call,
+        forwarded: options.forwardHeaders && forwardedHeaders(options.forwardHeaders, call.headers()),
+        withheld: loggingWithheld(options.logger),
+      }),
+    maxInputBytes,
+    restrictions &&
+      ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined, "grpc")),
+    responseCompression,
+    maxInputFlag,
+  );
+  const handle = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
+    if (modelInfer(req, res)) return;
+    // Connect writes its status trailers through addTrailers; grpc-js clients need grpc-message
+    // encoded as the gRPC spec does (see encodeGrpcMessage), and its refusals of a message over
+    // the cap name the setting that raises it.
+    const addTrailers = res.addTrailers.bind(res);
+    res.addTrailers = (trailers) => addTrailers(withReadableGrpcMessage(namingLimit(trailers, maxInputFlag)));
+    if (connectInfer !== connect && INFER_PATHS.has(req.url)) {
+      // Connect answers with the first encoding the client accepts: accept only gRPC core's pick.
+      const accept = req.headers["grpc-accept-encoding"];
+      req.headers["grpc-accept-encoding"] =
+        responseAlgorithm(responseCompression, Array.isArray(accept) ? accept.join(",") : accept) ?? "identity";
+      connectInfer(req, res);
+      return;
+    }
+    connect(req, res);
+  };
+  const server = tls
+    ? http2.createSecureServer(
+        {
+          settings: HTTP2_SETTINGS,
+          maxSessionMemory: GRPC_SESSION_MEMORY_MB,
+          cert: tls.cert,
+          key: tls.key,
+          ca: tls.ca,
+          requestCert: tls.requireClientCert ?? false,
+          rejectUnauthorized: tls.requireClientCert ?? false,
+        },
+        handle,
+      )
+    : http2.createServer({ settings: HTTP2_SETTINGS, maxSessionMemory: GRPC_SESSION_MEMORY_MB }, handle);
+  // A client resetting its own calls must not break the connection its other calls share (see http2-resets.ts).
+  ignoreIdleStreamFrames(server, !!tls);
+  const sessions = new Set<http2.ServerHttp2Session>();
+  server.on("session", (s) => {
+    widenSessionWindow(s);
+    closeOnResetDrift(s);
+    sessions.add(s);
+    s.on("close", () => sessions.delete(s));
+  });
+  return { server, sessions };
+}
+
+/** `trailers` with Connect's refusal of a message over readMaxBytes reworded by namingInputLimit. */
+function namingLimit(trailers: http2.OutgoingHttpHeaders, flag: string | undefined): http2.OutgoingHttpHeaders {
+  const message = trailers["grpc-message"];
+  if (String(trailers["grpc-status"]) !== String(Code.ResourceExhausted) || typeof message !== "string")
+    return trailers;
+  let text: string;
+  try {
+    text = decodeURIComponent(message);
+  } catch {
+    return trailers;
+  }
+  const named = namingInputLimit(text, flag);
+  return named === text ? trailers : { ...trailers, "grpc-message": encodeURIComponent(named) };
+}
+
+/** Serves `target` over HTTP/2 (gRPC's transport; TLS with `tls`) on host:port (0 = ephemeral). */
+export async function listenStage(
+  target: Stage | ModelRegistry,
+  { host = "127.0.0.1", port = 0, ...options }: ListenOptions = {},
+): Promise<ListeningServer> {
+  const { server, sessions } = createGrpcServer(target, options);
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve());
+  });
+  const bound = (server.address() as AddressInfo).port;
+  return {
+    port: bound,
+    host,
+    url: `${options.tls ? "https" : "http"}://${host.includes(":") ? `[${host}]` : host}:${bound}`,
+    server,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        for (const s of sessions) s.close();
+      }),
+  };
+}

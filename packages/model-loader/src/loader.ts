@@ -1,0 +1,332 @@
+/**
+ * loadStage: one repository model to a Stage, by backend. This is the
+ * loader both the ensemble's steps and the server use.
+ */
+import { stat } from "node:fs/promises";
+import { isAbsolute, join, resolve } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { createEnsemble, type ResolveStep } from "@trellis/ensemble-runner";
+import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
+import { withSequenceBatching } from "@trellis/runtime";
+import {
+  Code,
+  type CpuGate,
+  configParameter,
+  isDecoupled,
+  type ModelCaller,
+  type RateLimiter,
+  type Stage,
+  StageError,
+  type StageFactory,
+  type StageFactoryOptions,
+  type StageLogger,
+} from "@trellis/stage";
+import { type RepositoryModel, type RepositorySource, scanRepository } from "./repository.js";
+
+export interface LoadStageOptions {
+  /** Version folder to load. */
+  version: string;
+  /** How an ensemble reaches its steps; default: load them from `repositories` (and `endpoints`). */
+  resolveStep?: ResolveStep;
+  /** Repositories for the default resolveStep. */
+  repositories?: (string | RepositorySource)[];
+  /** Model name -> KServe v2 gRPC base URL: that model is a remote stage. */
+  endpoints?: Record<string, string>;
+  /** TLS for https:// endpoints: the CA to trust instead of the system's, a client certificate for mutual TLS. */
+  remoteTls?: GrpcTlsOptions;
+  /** Deadlines and keepalive of calls to endpoints (see connectRemote). */
+  remote?: RemoteOptions;
+  /** Default true; false lets the ONNX stage complete the config from the model. */
+  strictModelConfig?: boolean;
+  /** max_batch_size that auto-complete gives a batchable ONNX model whose config has none (Triton's default-max-batch-size, 4). */
+  defaultMaxBatchSize?: number;
+  /** The server's rate limiter (--rate-limit execution_count), handed to each stage factory. */
+  rateLimiter?: RateLimiter;
+  /** The server's models, handed to each stage factory: a TypeScript stage may call them (Triton's BLS). */
+  models?: ModelCaller;
+  /** The server's CPU gate, handed to each stage factory (ONNX runs with exclusive_cpu hold it alone, decodes shared). */
+  cpuGate?: CpuGate;
+  logger?: StageLogger;
+}
+
+/** Ensemble config parameters `endpoint.<model>` name remote steps inside the config itself. */
+const ENDPOINT_PARAMETER = "endpoint.";
+
+const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
+
+/** How remote models (--endpoints) are called. */
+export interface RemoteOptions {
+  /** Deadline of each call to the remote, in ms (a decoupled model's: of each response); 0: none. Default 30 s. */
+  timeoutMs?: number;
+  /** HTTP/2 keepalive ping after this many ms without a frame while calls are in flight; 0: none. Default 10 s. */
+  keepaliveTimeMs?: number;
+  /** A ping unanswered this long (ms) closes the connection, failing its calls UNAVAILABLE. Default 5 s. */
+  keepaliveTimeoutMs?: number;
+  /** Where a remote going away (and coming back) is logged, with its URL. */
+  logger?: StageLogger;
+}
+
+export const REMOTE_DEFAULTS = { timeoutMs: 30_000, keepaliveTimeMs: 10_000, keepaliveTimeoutMs: 5_000 } as const;
+
+/**
+ * A remote model over KServe v2 gRPC; version "" lets the server choose.
+ * Each call has a deadline and the connection a keepalive (see RemoteOptions);
+ * readiness answers from the last known state, checked in the background, so
+ * a health check never waits on the remote. Errors name the model, never its
+ * URL (that goes to the log): a deadline is DEADLINE_EXCEEDED, a remote that
+ * cannot be reached, dropped the connection, or does not have the model
+ * loaded (restarting) is UNAVAILABLE, so callers can tell "that service is
+ * down, retry" from a real error.
+ */
+export async function connectRemote(
+  name: string,
+  url: string,
+  version = "",
+  tls?: GrpcTlsOptions,
+  remote: RemoteOptions = {},
+): Promise<Stage> {
+  const timeoutMs = remote.timeoutMs ?? REMOTE_DEFAULTS.timeoutMs;
+  const keepaliveTimeMs = remote.keepaliveTimeMs ?? REMOTE_DEFAULTS.keepaliveTimeMs;
+  const options: ConnectStageOptions = {
+    redactTransportErrors: true,
+    endpoint: url,
+    cachedReadiness: {},
+    ...(timeoutMs > 0 ? { timeoutMs } : {}),
+    ...(remote.logger ? { logger: remote.logger } : {}),
+  };
+  if (version) options.version = version;
+  const transport = grpcTransport(url, {
+    ...(tls ? { tls } : {}),
+    ...(keepaliveTimeMs > 0
+      ? {
+          keepalive: {
+            timeMs: keepaliveTimeMs,
+            timeoutMs: remote.keepaliveTimeoutMs ?? REMOTE_DEFAULTS.keepaliveTimeoutMs,
+          },
+        }
+      : {}),
+  });
+  let stage: Stage;
+  try {
+    stage = await connectStage(transport, name, options);
+  } catch (err) {
+    transport.close();
+    throw err;
+  }
+  // The stage owns its connection: closing it (unload, ensemble close) ends the HTTP/2 session.
+  return {
+    name: stage.name,
+    version: stage.version,
+    config: stage.config,
+    isReady: () => stage.isReady(),
+    metadata: () => stage.metadata(),
+    infer: (request, opts) => stage.infer(request, opts),
+    ...(stage.inferStream ? { inferStream: stage.inferStream } : {}),
+    statistics: () => stage.statistics(),
+    close: async () => {
+      await stage.close();
+      transport.close();
+    },
+  };
+}
+
+/** The remote options of a load, with its logger unless they name one. */
+const remoteOptions = (options: LoadStageOptions): RemoteOptions => ({
+  ...(options.logger ? { logger: options.logger } : {}),
+  ...options.remote,
+});
+
+/** The factory a module exports: `createStage`, else a default-exported function. */
+function factoryOf(mod: Record<string, unknown>, where: string, model: string): StageFactory {
+  const f = mod.createStage ?? mod.default;
+  if (typeof f !== "function") {
+    throw new StageError(Code.InvalidArgument, model, `${where} exports neither createStage nor a default function`);
+  }
+  return f as StageFactory;
+}
+
+async function importModule(specifier: string, model: string): Promise<Record<string, unknown>> {
+  try {
+    return (await import(specifier)) as Record<string, unknown>;
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err);
+    // Node names the importing file; when that is this loader, it says nothing about the model.
+    const own = ` imported from ${fileURLToPath(import.meta.url)}`;
+    const why = message.endsWith(own) ? message.slice(0, -own.length) : message;
+    throw new StageError(Code.NotFound, model, `cannot import ${specifier}: ${why}`, { cause: err });
+  }
+}
+
+/** `backend: "typescript"`: the module named by parameter `module`, else `<versionDir>/model.js` / `model.mjs`. */
+async function typescriptFactory(model: RepositoryModel, versionDir: string): Promise<StageFactory> {
+  const param = configParameter(model.config, "module");
+  if (param) {
+    // A path is the user's file (relative to the version folder); anything else is a package name.
+    const isPath = param.startsWith(".") || isAbsolute(param);
+    const specifier = isPath ? pathToFileURL(resolve(versionDir, param)).href : param;
+    return factoryOf(await importModule(specifier, model.name), `module "${param}"`, model.name);
+  }
+  for (const file of ["model.js", "model.mjs"]) {
+    const path = join(versionDir, file);
+    if (await exists(path))
+      return factoryOf(await importModule(pathToFileURL(path).href, model.name), path, model.name);
+  }
+  throw new StageError(
+    Code.InvalidArgument,
+    model.name,
+    `backend "typescript" needs a parameter "module" naming a stage package (e.g. "@trellis/preprocess") or a ${join(versionDir, "model.js")} exporting createStage`,
+  );
+}
+
+/**
+ * Loads `model` (version `options.version`) as a Stage: an ensemble, an ONNX
+ * model, a TypeScript stage, or, when `options.endpoints` names it, the
+ * remote model at that URL.
+ */
+export async function loadStage(model: RepositoryModel, options: LoadStageOptions): Promise<Stage> {
+  const { config } = model;
+  const { version, logger } = options;
+  const remote = options.endpoints?.[model.name];
+  if (remote) return connectRemote(model.name, remote, "", options.remoteTls, remoteOptions(options));
+
+  if (!model.versions.includes(version)) {
+    throw new StageError(
+      Code.NotFound,
+      model.name,
+      `no version folder "${version}" in ${model.modelDir} (versions: [${model.versions.join(", ")}])`,
+    );
+  }
+  const versionDir = join(model.modelDir, version);
+
+  if (isDecoupled(config)) {
+    // Served as if coupled, a model meant to answer many times (or none) would be misread: refused.
+    const refuse = (why: string) =>
+      new StageError(Code.InvalidArgument, model.name, `model_transaction_policy { decoupled: true }: ${why}`);
+    if (config.backend === "onnxruntime" || config.platform === "onnxruntime_onnx") {
+      throw refuse("an ONNX Runtime model answers each request once");
+    }
+    if (config.responseCache?.enable) throw refuse("the response cache does not support decoupled models");
+  }
+
+  if (config.platform === "ensemble") {
+    const ownsSteps = !options.resolveStep;
+    const resolveStep = options.resolveStep ?? repositoryResolver(model, options);
+    return createEnsemble({ config, version, resolveStep, logger, ownsSteps });
+  }
+
+  const onnx = config.backend === "onnxruntime" || config.platform === "onnxruntime_onnx";
+  const sequence = config.schedulingChoice.case === "sequenceBatching";
+  if (sequence && isDecoupled(config)) {
+    throw new StageError(
+      Code.InvalidArgument,
+      model.name,
+      "sequence_batching with model_transaction_policy { decoupled: true } is not supported: a sequence's requests here are answered once each",
+    );
+  }
+  if (sequence && config.responseCache?.enable) {
+    // As Triton's: only the default and dynamic batch schedulers cache; a stateful answer depends on the sequence so far.
+    throw new StageError(
+      Code.InvalidArgument,
+      model.name,
+      "response_cache is not supported with sequence_batching: a stateful model's answer depends on the sequence so far, not on the request alone",
+    );
+  }
+
+  const factoryOptions: StageFactoryOptions = { config, modelDir: model.modelDir, version, versionDir };
+  if (logger) factoryOptions.logger = logger;
+  if (options.rateLimiter) factoryOptions.rateLimiter = options.rateLimiter;
+  if (options.models) factoryOptions.models = options.models;
+  if (options.cpuGate) factoryOptions.cpuGate = options.cpuGate;
+  const backend = config.backend;
+  if (onnx) {
+    const mod = await importModule(ONNX_PACKAGE, model.name);
+    const onnxOptions = {
+      ...factoryOptions,
+      strictModelConfig: options.strictModelConfig ?? true,
+      ...(options.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: options.defaultMaxBatchSize } : {}),
+    };
+    return factoryOf(mod, ONNX_PACKAGE, model.name)(onnxOptions);
+  }
+  if (backend === "typescript") {
+    const stage = await (await typescriptFactory(model, versionDir))(factoryOptions);
+    if (isDecoupled(config) && !stage.inferStream) {
+      await stage.close();
+      throw new StageError(
+        Code.InvalidArgument,
+        model.name,
+        "model_transaction_policy { decoupled: true }, but the stage has no inferStream to send its responses (defineStage: give computeStream)",
+      );
+    }
+    if (!sequence) return stage;
+    // The ONNX stage applies sequence_batching itself (ORT needs the control tensors); a TypeScript one is wrapped.
+    const instances = config.instanceGroup.reduce((n, g) => n + Math.max(1, g.count), 0) || 1;
+    return withSequenceBatching(stage, { modelDir: model.modelDir, instances }).catch(async (err: unknown) => {
+      await stage.close();
+      throw err;
+    });
+  }
+  if (backend === "python") {
+    throw new StageError(
+      Code.InvalidArgument,
+      model.name,
+      `backend "python" is not supported: Trellis runs TypeScript stages. Set backend: "typescript" and either parameters { key: "module" value: { string_value: "<stage package>" } } or put a model.js exporting createStage(options) in ${versionDir} (the TypeScript counterpart of model.py)`,
+    );
+  }
+  const what = backend ? `backend "${backend}"` : config.platform ? `platform "${config.platform}"` : "no backend";
+  throw new StageError(
+    Code.InvalidArgument,
+    model.name,
+    `unsupported ${what}; supported: platform "ensemble", backend "onnxruntime" / platform "onnxruntime_onnx", backend "typescript", or a remote model listed in the endpoint map`,
+  );
+}
+
+// Imported by name at load time so onnxruntime is only loaded when an ONNX model is.
+const ONNX_PACKAGE = "@trellis/inference-onnx";
+
+/**
+ * The default way an ensemble reaches its steps: a remote endpoint when the
+ * endpoint map (or the ensemble's `endpoint.<model>` parameters) names the
+ * model, else the model from the same repositories. Each (model, version)
+ * loads once, however many steps use it.
+ */
+function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions): ResolveStep {
+  const endpoints: Record<string, string> = {};
+  for (const [key, p] of Object.entries(ensemble.config.parameters)) {
+    if (key.startsWith(ENDPOINT_PARAMETER) && p.stringValue)
+      endpoints[key.slice(ENDPOINT_PARAMETER.length)] = p.stringValue;
+  }
+  Object.assign(endpoints, options.endpoints);
+  const repositories = options.repositories ?? [ensemble.repository];
+  let scan: ReturnType<typeof scanRepository> | undefined;
+  const loaded = new Map<string, Promise<Stage>>();
+  return (name, version) => {
+    const key = `${name}@${version}`;
+    let stage = loaded.get(key);
+    if (!stage) {
+      stage = (async () => {
+        const url = endpoints[name];
+        if (url) {
+          const v = version >= 0n ? String(version) : "";
+          return connectRemote(name, url, v, options.remoteTls, remoteOptions(options));
+        }
+        scan ??= scanRepository(repositories);
+        const { models, errors } = await scan;
+        const model = models.find((m) => m.name === name);
+        if (!model) {
+          const broken = errors.find((e) => e.name === name);
+          if (broken) throw new StageError(Code.InvalidArgument, name, broken.error.message, { cause: broken.error });
+          throw new StageError(
+            Code.NotFound,
+            name,
+            `unknown model "${name}" (not in ${repositories.map((r) => (typeof r === "string" ? r : r.path)).join(", ")} nor the endpoint map)`,
+          );
+        }
+        const v = version >= 0n ? String(version) : model.versions.at(-1);
+        if (!v) throw new StageError(Code.NotFound, name, `no version folders in ${model.modelDir}`);
+        return loadStage(model, { ...options, version: v, resolveStep: undefined, endpoints });
+      })();
+      loaded.set(key, stage);
+    }
+    return stage;
+  };
+}

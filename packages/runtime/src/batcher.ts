@@ -1,0 +1,522 @@
+/**
+ * A dynamic batcher in the manner of Triton's: per-request infer() calls are
+ * queued by priority level, merged along dim 0 into batches that respect
+ * max_batch_size / preferred_batch_size / max_queue_delay_microseconds, run
+ * by a per-batch executor on up to `instances` slots at once, and the
+ * outputs are split back to each request. Any stage can wrap its executor
+ * with it; without a dynamic_batching config every request runs alone
+ * through the same path (queueing, cancellation, statistics).
+ */
+import { ConnectError } from "@connectrpc/connect";
+import { type ModelDynamicBatching, type ModelQueuePolicy, ModelQueuePolicy_TimeoutAction } from "@trellis/protocol";
+import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
+import {
+  Code,
+  type ExecutionTimes,
+  elementCount,
+  formatShape,
+  nowNs,
+  type RequestTrace,
+  StageError,
+  type StatisticsRecorder,
+  type Tensor,
+  type TensorData,
+  traceExecution,
+} from "@trellis/stage";
+import { allocate, deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
+
+export interface BatchContext {
+  /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
+  batchSize: number;
+  /** The requests merged into this batch, in order. */
+  requests: readonly InferRequest[];
+  /** Which execution slot (0 ≤ instance < instances) runs the batch, e.g. which session or worker. */
+  instance: number;
+  /** True when the batcher allocated the inputs (concatenation), so the executor may transfer or reuse their buffers. */
+  ownsInputs: boolean;
+}
+
+export interface BatchResult {
+  /** Every output the batch asked for (or all), with dim 0 = batchSize when the model batches. */
+  outputs: Tensor[];
+  /** What the executor measured itself; anything missing counts as compute_infer. */
+  times?: Partial<ExecutionTimes>;
+}
+
+export type BatchExecutor = (batch: InferRequest, context: BatchContext) => Promise<BatchResult>;
+
+export type BatchingStrategy = "delay" | "eager";
+
+export interface DynamicBatcherOptions {
+  /** Model name: prefixes errors and fills InferResponse.modelName. */
+  name: string;
+  /** Model version for responses; defaults to the recorder's. */
+  version?: string;
+  /** config.max_batch_size; 0 means the model has no batch dimension (requests never merge). */
+  maxBatchSize: number;
+  /** config.dynamic_batching; absent means every request executes alone, in arrival order. */
+  dynamicBatching?: ModelDynamicBatching;
+  /** Executions allowed in flight at once (instance_group count); default 1. */
+  instances?: number;
+  execute: BatchExecutor;
+  /**
+   * "eager" (default): an idle instance takes whatever is queued at once, so
+   * batches form while every instance is busy: no added latency at low load,
+   * full batches under saturation. "delay" (Triton's rule): a batch short of
+   * a preferred size waits up to max_queue_delay for more requests, even
+   * while instances sit idle (a lone request always waits the full delay).
+   */
+  strategy?: BatchingStrategy;
+  /** Checks one request before it is queued, so a bad request fails alone (throw a StageError). */
+  validate?: (request: InferRequest) => void;
+  /**
+   * Called before each batch is formed, with the instance that will run it; gives
+   * (at once, or once it resolves) a function called when that execution ends.
+   * While it is awaited, arriving requests join the batch. For holding a CpuGate
+   * exclusively during runs that use every core, and for the rate limiter.
+   */
+  admit?: (instance: number) => (() => void) | Promise<() => void>;
+  recorder: StatisticsRecorder;
+}
+
+export interface DynamicBatcher {
+  infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
+  /** Requests waiting in the queue (not executing). */
+  readonly queued: number;
+  /** Executions in flight. */
+  readonly executing: number;
+  /** Fails queued requests with UNAVAILABLE and waits for executions in flight. */
+  close(): Promise<void>;
+}
+
+interface Policy {
+  maxQueueSize: number;
+  timeoutUs: number;
+  delayOnTimeout: boolean;
+  allowOverride: boolean;
+}
+
+interface Level {
+  number: number;
+  policy: Policy;
+  queue: Pending[];
+  /** Requests whose timeout expired under timeout_action DELAY: served after this level's queue. */
+  delayed: Pending[];
+}
+
+interface Pending {
+  request: InferRequest;
+  size: number;
+  key: string;
+  level: Level;
+  startNs: number;
+  enqueuedNs: number;
+  queueNs: number;
+  trace?: RequestTrace;
+  timer?: NodeJS.Timeout;
+  detach?: () => void;
+  resolve(response: InferResponse): void;
+  reject(err: ConnectError): void;
+}
+
+function resolvePolicy(p: ModelQueuePolicy | undefined): Policy {
+  return {
+    maxQueueSize: p?.maxQueueSize ?? 0,
+    timeoutUs: Number(p?.defaultTimeoutMicroseconds ?? 0n),
+    delayOnTimeout: p?.timeoutAction === ModelQueuePolicy_TimeoutAction.DELAY,
+    allowOverride: p?.allowTimeoutOverride ?? false,
+  };
+}
+
+/** Triton's rule: levels 1..priority_levels; 0 or out of range means default_priority_level. */
+function buildLevels(db: ModelDynamicBatching | undefined): { levels: Level[]; defaultIndex: number } {
+  const count = Math.max(1, Number(db?.priorityLevels ?? 0n));
+  const levels: Level[] = [];
+  for (let n = 1; n <= count; n++) {
+    const specific = count > 1 ? db?.priorityQueuePolicy[String(n)] : undefined;
+    levels.push({ number: n, policy: resolvePolicy(specific ?? db?.defaultQueuePolicy), queue: [], delayed: [] });
+  }
+  const def = Number(db?.defaultPriorityLevel ?? 0n);
+  return { levels, defaultIndex: def >= 1 && def <= count ? def - 1 : 0 };
+}
+
+function abortError(name: string, signal: AbortSignal): ConnectError {
+  const reason: unknown = signal.reason;
+  if (reason instanceof ConnectError) return reason;
+  const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
+  return new StageError(Code.Canceled, name, `request cancelled while queued${text ? `: ${text}` : ""}`);
+}
+
+const removeFrom = (list: Pending[], p: Pending) => {
+  const i = list.indexOf(p);
+  if (i >= 0) list.splice(i, 1);
+  return i >= 0;
+};
+
+export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {
+  const { name, maxBatchSize, dynamicBatching: db, execute, validate, recorder } = options;
+  const version = options.version ?? recorder.version;
+  const batching = db !== undefined && maxBatchSize > 0;
+  const preferred = new Set((db?.preferredBatchSize ?? []).filter((n) => n > 0 && n <= maxBatchSize));
+  const delayNs = (options.strategy ?? "eager") === "eager" ? 0 : Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
+  const instances = Math.max(1, options.instances ?? 1);
+  const { levels, defaultIndex } = buildLevels(db);
+  const free = Array.from({ length: instances }, (_, i) => instances - 1 - i);
+  const inFlight = new Set<Promise<void>>();
+  let delayTimer: NodeJS.Timeout | undefined;
+  let queued = 0;
+  let closed = false;
+  /** An admission is being awaited (options.admit): batches wait for it. */
+  let admitting = false;
+
+  /** Items this request carries, checking every input agrees on dim 0. */
+  function requestSize(request: InferRequest): number {
+    if (maxBatchSize <= 0) return 1;
+    const first = request.inputs[0];
+    if (!first) return 1;
+    let size: number | undefined;
+    for (const t of request.inputs) {
+      if (t.shape.length === 0) throw requestRefusal(tritonMessages.noBatchDimension(request.id, name, t.name));
+      const b = t.shape[0]!;
+      if (size === undefined) size = b;
+      else if (b !== size) {
+        throw requestRefusal(tritonMessages.batchMismatch(request.id, name, t.name), `${b}, not ${size}`);
+      }
+    }
+    if (size !== undefined && size > maxBatchSize) {
+      throw requestRefusal(tritonMessages.batchTooLarge(request.id, name, maxBatchSize), `got ${size}`);
+    }
+    if (size === undefined || size < 1) {
+      throw requestRefusal(`batch size must be at least 1 for '${name}', got ${size}`);
+    }
+    return size;
+  }
+
+  /** Requests merge only when every input has the same name, datatype and non-batch dims. */
+  function batchKey(request: InferRequest): string {
+    if (!batching) return "";
+    return request.inputs
+      .map((t) => `${t.name}\u0000${t.datatype}\u0000${t.shape.slice(1).join(",")}`)
+      .sort()
+      .join("\u0001");
+  }
+
+  function* ordered(): Generator<Pending> {
+    for (const level of levels) {
+      yield* level.queue;
+      yield* level.delayed;
+    }
+  }
+
+  function dequeue(p: Pending): void {
+    if (removeFrom(p.level.queue, p) || removeFrom(p.level.delayed, p)) queued -= 1;
+    clearTimeout(p.timer);
+    p.detach?.();
+  }
+
+  function fail(p: Pending, err: ConnectError): void {
+    recorder.requestFailed(nowNs() - p.startNs);
+    p.reject(err);
+  }
+
+  /** The next batch to run now, the time to wait for more requests, or nothing queued. */
+  function nextBatch(): { batch: Pending[] } | { waitNs: number } | undefined {
+    const batch: Pending[] = [];
+    let total = 0;
+    let bestPreferred = 0;
+    let full = false;
+    for (const p of ordered()) {
+      if (batch.length === 0) {
+        batch.push(p);
+        total = p.size;
+        if (!batching) return { batch };
+      } else if (p.key !== batch[0]!.key || total + p.size > maxBatchSize) {
+        // The batch cannot grow past this request without reordering the queue.
+        full = true;
+        break;
+      } else {
+        batch.push(p);
+        total += p.size;
+      }
+      if (preferred.has(total)) bestPreferred = batch.length;
+      if (total === maxBatchSize) {
+        full = true;
+        break;
+      }
+    }
+    if (batch.length === 0) return undefined;
+    if (total === maxBatchSize) return { batch };
+    if (bestPreferred > 0) return { batch: batch.slice(0, bestPreferred) };
+    if (full) return { batch };
+    const oldest = Math.min(...batch.map((p) => p.enqueuedNs));
+    const waitNs = oldest + delayNs - nowNs();
+    return waitNs <= 0 ? { batch } : { waitNs };
+  }
+
+  function schedule(): void {
+    clearTimeout(delayTimer);
+    delayTimer = undefined;
+    while (!closed && free.length > 0 && !admitting) {
+      const next = nextBatch();
+      if (!next) return;
+      if ("waitNs" in next) {
+        delayTimer = setTimeout(schedule, Math.max(1, Math.ceil(next.waitNs / 1e6)));
+        return;
+      }
+      const slot = free.pop()!;
+      const admission = options.admit?.(slot);
+      if (typeof admission === "function") {
+        dispatch(next.batch, slot, admission);
+        continue;
+      }
+      if (admission) {
+        admitting = true;
+        void admission.then((release) => {
+          admitting = false;
+          // Formed now, so that what arrived during the wait rides along.
+          const admitted = closed ? undefined : nextBatch();
+          if (admitted && "batch" in admitted) dispatch(admitted.batch, slot, release);
+          else {
+            release();
+            free.push(slot);
+          }
+          schedule();
+        });
+        return;
+      }
+      dispatch(next.batch, slot);
+    }
+  }
+
+  function dispatch(batch: Pending[], slot: number, release?: () => void): void {
+    const now = nowNs();
+    for (const p of batch) {
+      dequeue(p);
+      p.queueNs = now - p.enqueuedNs;
+    }
+    const run = runBatch(batch, slot).finally(() => {
+      release?.();
+      inFlight.delete(run);
+      free.push(slot);
+      schedule();
+    });
+    inFlight.add(run);
+  }
+
+  async function runBatch(batch: Pending[], instance: number): Promise<void> {
+    const t0 = nowNs();
+    const total = batch.reduce((n, p) => n + p.size, 0);
+    let merged: InferRequest;
+    let result: BatchResult;
+    let t1: number;
+    let t2: number;
+    try {
+      merged = batch.length === 1 ? batch[0]!.request : mergeRequests(batch.map((p) => p.request));
+      t1 = nowNs();
+      result = await execute(merged, {
+        batchSize: total,
+        requests: batch.map((p) => p.request),
+        instance,
+        ownsInputs: batch.length > 1,
+      });
+      t2 = nowNs();
+    } catch (err) {
+      // Only the requests in this execution fail; the queue carries on.
+      const e = toConnectError(err, name);
+      for (const p of batch) fail(p, e);
+      return;
+    }
+    const responses: (InferResponse | ConnectError)[] = [];
+    let offset = 0;
+    for (const p of batch) {
+      try {
+        const outputs =
+          batch.length === 1 ? result.outputs : result.outputs.map((t) => sliceRows(t, offset, p.size, total));
+        responses.push({
+          id: p.request.id,
+          modelName: name,
+          modelVersion: version,
+          outputs: pickOutputs(p.request, outputs),
+        });
+      } catch (err) {
+        responses.push(toConnectError(err, name));
+      }
+      offset += p.size;
+    }
+    const t3 = nowNs();
+    const reported = result.times ?? {};
+    const times: ExecutionTimes = {
+      computeInputNs: t1 - t0 + (reported.computeInputNs ?? 0),
+      computeInferNs:
+        reported.computeInferNs ?? t2 - t1 - (reported.computeInputNs ?? 0) - (reported.computeOutputNs ?? 0),
+      computeOutputNs: t3 - t2 + (reported.computeOutputNs ?? 0),
+    };
+    recorder.executed(total, times);
+    batch.forEach((p, i) => {
+      const r = responses[i]!;
+      if (r instanceof ConnectError) {
+        fail(p, r);
+      } else {
+        recorder.requestSucceeded(t3 - p.startNs, p.size, p.queueNs, times);
+        traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t3, times);
+        p.resolve(r);
+      }
+    });
+  }
+
+  function sliceRows(t: Tensor, offset: number, rows: number, total: number): Tensor {
+    if (t.shape[0] !== total) {
+      throw new StageError(
+        Code.Internal,
+        name,
+        `output ${t.name}: batch of ${total} produced dim 0 = ${t.shape[0]} (shape ${formatShape(t.shape)})`,
+      );
+    }
+    const per = elementCount(t.shape.slice(1));
+    const data = sliceData(t.data, offset * per, (offset + rows) * per);
+    return { name: t.name, datatype: t.datatype, shape: [rows, ...t.shape.slice(1)], data } as Tensor;
+  }
+
+  function pickOutputs(request: InferRequest, outputs: Tensor[]): Tensor[] {
+    const wanted = request.outputs ?? [];
+    if (wanted.length === 0) return outputs;
+    return wanted.map((o) => {
+      const t = outputs.find((x) => x.name === o.name);
+      if (!t) throw new StageError(Code.Internal, name, `execution produced no output ${o.name}`);
+      return t;
+    });
+  }
+
+  async function infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
+    const startNs = nowNs();
+    let size: number;
+    let level: Level;
+    let timeoutUs: number;
+    try {
+      if (closed) throw new StageError(Code.Unavailable, name, "model is unloading");
+      validate?.(request);
+      size = requestSize(request);
+      if (opts.signal?.aborted) throw abortError(name, opts.signal);
+      const p = opts.priority ?? 0;
+      level = levels[p >= 1 && p <= levels.length ? p - 1 : defaultIndex]!;
+      const { maxQueueSize } = level.policy;
+      if (maxQueueSize > 0 && level.queue.length + level.delayed.length >= maxQueueSize) {
+        // Triton's answer to a full queue: UNAVAILABLE (HTTP 503), worth retrying later.
+        throw new StageError(
+          Code.Unavailable,
+          name,
+          `Exceeds maximum queue size: ${maxQueueSize} requests already queued at priority level ${level.number}`,
+        );
+      }
+      const override = opts.timeoutMicroseconds ?? 0;
+      timeoutUs = level.policy.allowOverride && override > 0 ? override : level.policy.timeoutUs;
+    } catch (err) {
+      recorder.requestFailed(nowNs() - startNs);
+      throw toConnectError(err, name);
+    }
+    return new Promise<InferResponse>((resolve, reject) => {
+      const p: Pending = {
+        request,
+        size,
+        key: batchKey(request),
+        level,
+        startNs,
+        enqueuedNs: nowNs(),
+        queueNs: 0,
+        trace: opts.trace,
+        resolve,
+        reject,
+      };
+      if (timeoutUs > 0) {
+        p.timer = deadlineTimer(Math.max(1, Math.ceil(timeoutUs / 1000)), () => {
+          if (level.policy.delayOnTimeout) {
+            // DELAY: still served, but after every request of this level that is within its timeout.
+            if (removeFrom(level.queue, p)) level.delayed.push(p);
+            schedule();
+            return;
+          }
+          dequeue(p);
+          fail(
+            p,
+            new StageError(
+              Code.Unavailable,
+              name,
+              `Request timeout expired: queued longer than its timeout of ${timeoutUs} µs (priority level ${level.number})`,
+            ),
+          );
+          schedule();
+        });
+      }
+      const signal = opts.signal;
+      if (signal) {
+        const onAbort = () => {
+          dequeue(p);
+          fail(p, abortError(name, signal));
+          schedule();
+        };
+        signal.addEventListener("abort", onAbort, { once: true });
+        p.detach = () => signal.removeEventListener("abort", onAbort);
+      }
+      level.queue.push(p);
+      queued += 1;
+      schedule();
+    });
+  }
+
+  return {
+    infer,
+    get queued() {
+      return queued;
+    },
+    get executing() {
+      return inFlight.size;
+    },
+    async close() {
+      closed = true;
+      clearTimeout(delayTimer);
+      for (const level of levels) {
+        for (const p of [...level.queue, ...level.delayed]) {
+          dequeue(p);
+          fail(p, new StageError(Code.Unavailable, name, "model is unloading"));
+        }
+      }
+      await Promise.allSettled([...inFlight]);
+    },
+  };
+}
+
+function sliceData(data: TensorData, start: number, end: number): TensorData {
+  // subarray: a view, so splitting a batch copies nothing; BYTES arrays are sliced.
+  return Array.isArray(data)
+    ? data.slice(start, end)
+    : (data as Exclude<TensorData, Uint8Array[]>).subarray(start, end);
+}
+
+/** Concatenates the requests' inputs along dim 0 (they share a batch key, so shapes agree past dim 0). */
+function mergeRequests(requests: InferRequest[]): InferRequest {
+  const first = requests[0]!;
+  const inputs = first.inputs.map((t): Tensor => {
+    const parts = requests.map((r) => r.inputs.find((x) => x.name === t.name)!);
+    const rows = parts.reduce((n, x) => n + x.shape[0]!, 0);
+    const shape = [rows, ...t.shape.slice(1)];
+    if (t.datatype === "BYTES") {
+      return { name: t.name, datatype: "BYTES", shape, data: parts.flatMap((x) => x.data as Uint8Array[]) };
+    }
+    const data = allocate(t.datatype, elementCount(shape)) as Exclude<TensorData, Uint8Array[]>;
+    let offset = 0;
+    for (const x of parts) {
+      const src = x.data as Exclude<TensorData, Uint8Array[]>;
+      (data as Float32Array).set(src as Float32Array, offset);
+      offset += src.length;
+    }
+    return { name: t.name, datatype: t.datatype, shape, data } as Tensor;
+  });
+  // Every output any request wants, or all when one of them wants all.
+  const wantsAll = requests.some((r) => !r.outputs || r.outputs.length === 0);
+  const names = new Set(requests.flatMap((r) => (r.outputs ?? []).map((o) => o.name)));
+  return {
+    inputs,
+    outputs: wantsAll ? undefined : [...names].map((n) => ({ name: n })),
+    parameters: first.parameters,
+  };
+}

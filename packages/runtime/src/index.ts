@@ -1,0 +1,11 @@
+export { type BatchingStrategy, createDynamicBatcher } from "./batcher.js";
+export { CpuGate } from "./cpu-gate.js";
+export { RateLimiter, rateLimiterResources } from "./rate-limiter.js";
+export { ResponseCache, type ResponseStore, responseCacheKey } from "./response-cache.js";
+export {
+  createSequenceBatcher,
+  type SequenceBatcher,
+  type SequenceTensorSpec,
+  sequenceTensors,
+  withSequenceBatching,
+} from "./sequence-batcher.js";

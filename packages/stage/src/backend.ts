@@ -1,0 +1,34 @@
+export { configMaxQueueSize, datatypeToConfig } from "./config.js";
+export { internal, invalidArgument, notFound, resourceExhausted, toConnectError, unavailable } from "./errors.js";
+export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
+export type { RateLimitedInstance, RateLimiterResource, RateLimiterSlot } from "./instances.js";
+export { modelFilePath } from "./model-files.js";
+export { answersOf, decoupledRefusal } from "./stage.js";
+export {
+  type FirstResponseSample,
+  observeFirstResponses,
+  observeRequests,
+  type RequestObserver,
+  type RequestSample,
+} from "./statistics.js";
+export {
+  allocate,
+  bytesOf,
+  DATATYPES,
+  elementSize,
+  isDataType,
+  type NumericType,
+  randomData,
+  type TensorDataMap,
+  viewAs,
+} from "./tensor.js";
+export { deadlineTimer, MAX_TIMER_MS } from "./timer.js";
+export type { TensorActivity, TraceActivity } from "./trace.js";
+export {
+  checkInferRequest,
+  type RequestInputSpec,
+  type RequestSpec,
+  requestPrefix,
+  requestRefusal,
+  tritonMessages,
+} from "./triton-messages.js";

@@ -1,0 +1,87 @@
+/**
+ * What a stage reads from its config.pbtxt: parameters, datatypes, the metadata
+ * it declares, whether it is decoupled, how many requests it queues.
+ */
+import { DataType as ConfigDataType, type ModelConfig } from "@trellis/protocol";
+import { Code, StageError } from "./errors.js";
+import type { StageMetadata, TensorMetadata } from "./stage.js";
+import type { DataType } from "./tensor.js";
+
+/** Whether `config` makes a decoupled model (model_transaction_policy { decoupled: true }). */
+export const isDecoupled = (config: ModelConfig): boolean => config.modelTransactionPolicy?.decoupled === true;
+
+/** A config `parameters` entry, trimmed; undefined when absent or blank. */
+export function configParameter(config: ModelConfig, key: string): string | undefined {
+  const v = config.parameters[key]?.stringValue.trim();
+  return v ? v : undefined;
+}
+
+/** A whole-number config parameter ≥ `min`; undefined when absent, INVALID_ARGUMENT naming it when malformed. */
+export function configInteger(config: ModelConfig, key: string, min = 0): number | undefined {
+  const v = configParameter(config, key);
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n < min) {
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `parameter ${key}: expected a whole number ≥ ${min}, got "${v}"`,
+    );
+  }
+  return n;
+}
+
+/** Config datatype (TYPE_FP32) to KServe datatype (FP32); TYPE_STRING is BYTES. */
+export function datatypeFromConfig(dt: ConfigDataType): DataType {
+  if (dt === ConfigDataType.TYPE_STRING) return "BYTES";
+  if (dt === ConfigDataType.TYPE_INVALID) throw new TypeError("datatype TYPE_INVALID");
+  return ConfigDataType[dt].replace(/^TYPE_/, "") as DataType;
+}
+
+/** KServe datatype (FP32) to config datatype (TYPE_FP32). */
+export function datatypeToConfig(dt: DataType): ConfigDataType {
+  if (dt === "BYTES") return ConfigDataType.TYPE_STRING;
+  return ConfigDataType[`TYPE_${dt}` as keyof typeof ConfigDataType] as ConfigDataType;
+}
+
+/** The tensors a config declares, with the batch dimension (-1) prepended when it batches. */
+export function metadataFromConfig(config: ModelConfig, versions: string[]): StageMetadata {
+  const batch = config.maxBatchSize > 0 ? [-1] : [];
+  const tensors = (list: { name: string; dataType: ConfigDataType; dims: bigint[] }[]): TensorMetadata[] =>
+    list.map((t) => ({
+      name: t.name,
+      datatype: datatypeFromConfig(t.dataType),
+      shape: [...batch, ...t.dims.map(Number)],
+    }));
+  return {
+    name: config.name,
+    versions,
+    platform: config.platform || config.backend,
+    inputs: tensors(config.input),
+    outputs: tensors(config.output),
+  };
+}
+
+/**
+ * The bound a config's dynamic_batching queue policies put on the requests a model holds
+ * queued, every priority level together: undefined when no policy sets max_queue_size (the
+ * server's default bound then applies), 0 when some level is left unbounded.
+ */
+export function configMaxQueueSize(config: ModelConfig): number | undefined {
+  const choice = config.schedulingChoice;
+  if (choice.case !== "dynamicBatching") return undefined;
+  const db = choice.value;
+  const count = Math.max(1, Number(db.priorityLevels));
+  let total = 0;
+  let set = false;
+  let unbounded = false;
+  for (let n = 1; n <= count; n++) {
+    const policy = (count > 1 ? db.priorityQueuePolicy[String(n)] : undefined) ?? db.defaultQueuePolicy;
+    const max = policy?.maxQueueSize ?? 0;
+    if (max > 0) set = true;
+    else unbounded = true;
+    total += max;
+  }
+  if (!set) return undefined;
+  return unbounded ? 0 : total;
+}
