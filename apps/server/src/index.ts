@@ -1,10 +1,10 @@
-export { classification, ManagedStage } from "./managed.js";
-export { createMetrics, type Metrics } from "./metrics.js";
+export { classification, ManagedStage } from "./models/managed.js";
 export {
   type ControlMode,
   type ModelLoader,
   RepositoryManager,
   type RepositoryManagerOptions,
   selectVersions,
-} from "./repository.js";
+} from "./models/repository.js";
+export { createMetrics, type Metrics } from "./observability/metrics.js";
 export { EXTENSIONS, type Logger, type RunningServer, type ServerOptions, startServer } from "./server.js";

@@ -7,17 +7,17 @@ import { resolve } from "node:path";
 import v8 from "node:v8";
 import { SystemSharedMemory } from "@trellis/kserve";
 import { ResponseCache } from "@trellis/runtime";
-import { ensureSeedModels } from "./bootstrap.js";
-import { readCommandLine, UsageError } from "./cli.js";
-import { loadEndpoints, modelLoader } from "./loader.js";
-import { createServerLogger } from "./logging.js";
-import { OtelExport } from "./otel.js";
-import { RedisResponseCache } from "./redis-cache.js";
-import { RepositoryManager } from "./repository.js";
-import { type SageMakerModelHost, type SageMakerOptions, sageMakerOptionsFromEnv } from "./sagemaker.js";
+import { ensureSeedModels } from "./cli/bootstrap.js";
+import { readCommandLine, UsageError } from "./cli/cli.js";
+import { createServerLogger } from "./cli/logging.js";
+import { type SageMakerModelHost, type SageMakerOptions, sageMakerOptionsFromEnv } from "./frontends/sagemaker.js";
+import { type VertexAiOptions, vertexAiRoutes } from "./frontends/vertex-ai.js";
+import { RedisResponseCache } from "./integrations/redis-cache.js";
+import { loadEndpoints, modelLoader } from "./models/loader.js";
+import { RepositoryManager } from "./models/repository.js";
+import { OtelExport } from "./observability/otel.js";
+import { Tracer } from "./observability/tracing.js";
 import { startServer } from "./server.js";
-import { Tracer } from "./tracing.js";
-import { type VertexAiOptions, vertexAiRoutes } from "./vertex-ai.js";
 
 // Every request allocates megabytes of ArrayBuffers (encoded image, decoded pixels, tensors)
 // around a small, steady JS heap. V8's adaptive heap growth then keeps the old-generation

@@ -21,12 +21,12 @@ import {
   TRITON_EXTENSIONS,
   type TraceControl,
 } from "@trellis/kserve";
-import { type GrpcConnectionOptions, manageGrpcConnection } from "./grpc-connections.js";
-import { DEFAULT_HTTP_MAX_INPUT_BYTES, type RestContext, restHandler } from "./http.js";
-import { createMetrics, type MetricsOptions } from "./metrics.js";
-import type { RepositoryManager } from "./repository.js";
-import { SAGEMAKER_BINARY_MIME, type SageMakerOptions, sageMakerHandler } from "./sagemaker.js";
-import { VERTEX_AI_BINARY_MIME, type VertexAiOptions, vertexAiHandler } from "./vertex-ai.js";
+import { type GrpcConnectionOptions, manageGrpcConnection } from "./frontends/grpc-connections.js";
+import { DEFAULT_HTTP_MAX_INPUT_BYTES, type RestContext, restHandler } from "./frontends/http.js";
+import { SAGEMAKER_BINARY_MIME, type SageMakerOptions, sageMakerHandler } from "./frontends/sagemaker.js";
+import { VERTEX_AI_BINARY_MIME, type VertexAiOptions, vertexAiHandler } from "./frontends/vertex-ai.js";
+import type { RepositoryManager } from "./models/repository.js";
+import { createMetrics, type MetricsOptions } from "./observability/metrics.js";
 
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
 type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;

@@ -17,7 +17,7 @@ import { parseRestriction } from "@trellis/kserve";
 import { GRPCInferenceService } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { repositoryApiWarnings } from "../src/cli.js";
+import { repositoryApiWarnings } from "../src/cli/cli.js";
 import { ECHO_STAGE, echoConfig, makeRepository, postJson } from "./helpers.js";
 
 const stringParam = (value: string) => ({ parameterChoice: { case: "stringParam" as const, value } });

@@ -3,7 +3,7 @@
  * (one timestamp per object) as well as ours (a trace's timestamps together).
  */
 import { describe, expect, it } from "vitest";
-import { summarizeTraces } from "../src/trace-summary.js";
+import { summarizeTraces } from "../tools/summarize.js";
 
 const us = (n: number) => n * 1000;
 

@@ -23,8 +23,8 @@ import {
   startupRefusal,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { summarizeTraces } from "../src/trace-summary.js";
-import { tracedTensor } from "../src/tracing.js";
+import { tracedTensor } from "../src/observability/tracing.js";
+import { summarizeTraces } from "../tools/summarize.js";
 import { CHAIN_CONFIG, echoConfig, jsonOf, makeRepository, postBinary, postJson } from "./helpers.js";
 
 interface Header {

@@ -18,15 +18,15 @@ import {
 } from "@trellis/kserve";
 import { RateLimiter } from "@trellis/runtime";
 import { Command, InvalidArgumentError, Option } from "commander";
+import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "../frontends/http.js";
+import { DEFAULT_MAX_QUEUE_SIZE } from "../models/managed.js";
+import type { ControlMode } from "../models/repository.js";
+import type { MetricsOptions } from "../observability/metrics.js";
+import type { OtelSettings } from "../observability/otel.js";
+import type { TraceValues } from "../observability/tracing.js";
+import { SERVER_VERSION } from "../server.js";
 import { type CacheChoice, readCacheConfig } from "./cache-config.js";
-import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "./http.js";
-import { DEFAULT_MAX_QUEUE_SIZE } from "./managed.js";
-import type { MetricsOptions } from "./metrics.js";
-import type { OtelSettings } from "./otel.js";
-import type { ControlMode } from "./repository.js";
-import { SERVER_VERSION } from "./server.js";
 import { readTraceConfig, type TraceFlags } from "./trace-config.js";
-import type { TraceValues } from "./tracing.js";
 import { addCompatFlags, compatWarnings } from "./triton-flags.js";
 import { splitSetting, UsageError } from "./usage.js";
 

@@ -6,7 +6,7 @@
  */
 import { readFile } from "node:fs/promises";
 import { resolve } from "node:path";
-import { summarizeTraces } from "../trace-summary.js";
+import { summarizeTraces } from "./summarize.js";
 
 const files = process.argv.slice(2);
 if (files.length === 0) {

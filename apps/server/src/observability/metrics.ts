@@ -7,7 +7,7 @@ import { cpus, freemem, totalmem } from "node:os";
 import type { ModelStatistics } from "@trellis/protocol";
 import { observeFirstResponses, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
-import type { ManagedStage } from "./managed.js";
+import type { ManagedStage } from "../models/managed.js";
 
 export interface MetricsSource {
   list(): ManagedStage[];

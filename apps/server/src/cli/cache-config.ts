@@ -6,7 +6,7 @@
  * so a deployment's flags work as pasted. tritonserver's older
  * --response-cache-byte-size <n> is local,size=<n> (0: no cache).
  */
-import type { RedisCacheSettings } from "./redis-cache.js";
+import type { RedisCacheSettings } from "../integrations/redis-cache.js";
 import { splitSetting, UsageError } from "./usage.js";
 
 export type CacheChoice = { kind: "local"; size: number } | { kind: "redis"; settings: RedisCacheSettings };

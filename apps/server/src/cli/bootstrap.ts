@@ -5,7 +5,7 @@
  * we say so loudly.
  */
 import { hasSeedArtifacts, isSeedRepository } from "@trellis/tooling/paths";
-import type { Logger } from "./server.js";
+import type { Logger } from "../server.js";
 
 export async function ensureSeedModels(repositories: string[], logger: Logger): Promise<void> {
   for (const repository of repositories) {

@@ -14,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { frameBytes } from "@trellis/kserve";
 import { grpcJsInferenceClient, median, startServerProcess } from "@trellis/testing";
-import { summarizeTraces } from "../trace-summary.js";
+import { summarizeTraces } from "../tools/summarize.js";
 import { fullHdPhotos } from "./photos.js";
 import type { StreamStamps } from "./stream-timing.js";
 
