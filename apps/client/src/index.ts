@@ -1,4 +1,4 @@
-export { type Classification, classify } from "./classify.js";
+export { type Classification, classify, formatClassification, type TopClass, topClasses } from "./classify.js";
 export {
   connectEndpoint,
   DEFAULT_URLS,

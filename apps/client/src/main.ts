@@ -9,7 +9,7 @@ import { readFile, writeFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import cliProgress from "cli-progress";
 import { Command, InvalidArgumentError, Option } from "commander";
-import { classify } from "./classify.js";
+import { classify, formatClassification } from "./classify.js";
 import { connectEndpoint, DEFAULT_URLS, describeError, type Endpoint, type Protocol } from "./endpoint.js";
 import { imageInput, imageRequests, randomRequest } from "./inputs.js";
 import {
@@ -63,7 +63,8 @@ program
   .argument("<images...>", "image files")
   .option("-b, --batch-size <n>", "images per request", positive, 1)
   .option("--classes <k>", "top-k for a numeric output (Triton's classification extension)", positive, 5)
-  .action(async (paths: string[], opts: { batchSize: number; classes: number }) => {
+  .option("--json", "print each output string as the server sent it (the ensemble's top-5 JSON)")
+  .action(async (paths: string[], opts: { batchSize: number; classes: number; json?: boolean }) => {
     const common = program.opts<Common>();
     const endpoint = endpointOf(common);
     try {
@@ -71,12 +72,16 @@ program
         batch: opts.batchSize,
         classes: opts.classes,
       });
-      for (const r of results) {
-        console.log(`${paths[r.image]}:`);
-        if (r.error) console.log(`  error: ${r.error}`);
-        for (const [name, strings] of Object.entries(r.outputs)) {
-          for (const s of strings) console.log(`  ${name}: ${s}`);
+      if (opts.json) {
+        for (const r of results) {
+          console.log(`${paths[r.image]}:`);
+          if (r.error) console.log(`  error: ${r.error}`);
+          for (const [name, strings] of Object.entries(r.outputs)) {
+            for (const s of strings) console.log(`  ${name}: ${s}`);
+          }
         }
+      } else {
+        for (const r of results) console.log(formatClassification(paths[r.image] ?? String(r.image), r));
       }
       if (results.some((r) => r.error)) process.exitCode = 1;
     } finally {

@@ -24,10 +24,12 @@ import {
   concurrencyRange,
   connectEndpoint,
   type Endpoint,
+  formatClassification,
   measure,
   measureRate,
   randomRequest,
   requestRateRange,
+  topClasses,
 } from "../src/index.js";
 
 const run = promisify(execFile);
@@ -156,15 +158,62 @@ describe("classify", () => {
       const paths = [...photos, TRUNCATED_PHOTO].map((p) => join(fixtureImagesDir, p));
       const out = await client(["-i", protocol, "-u", url(protocol as "grpc"), "classify", ...paths]);
       expect(out.code, out.stderr).toBe(1);
-      const blocks = out.stdout.split(/\n(?=\S)/);
+      const blocks = out.stdout.trimEnd().split(/\n(?=\S)/);
+      expect(blocks).toHaveLength(4);
       for (const [i, photo] of photos.entries()) {
-        expect(blocks[i]).toContain(`${photo}:`);
-        expect(blocks[i]).toContain(`"top5_labels": ["${top1(photo)}"`);
+        // Triton's image_client: the image, then `    <score> = <label>` for each of the top 5
+        // (the ensemble's JSON names no class index).
+        const [header, ...lines] = blocks[i]!.split("\n");
+        expect(header).toBe(`Image '${paths[i]}':`);
+        expect(lines).toHaveLength(5);
+        for (const line of lines) expect(line).toMatch(/^ {4}[01]\.\d{3} = \S/);
+        expect(lines[0]!.replace(/^ {4}[01]\.\d{3} = /, "")).toBe(top1(photo));
       }
       expect(blocks[3]).toMatch(
-        /truncated\.jpg:\n {2}error: INVALID_ARGUMENT: resnet50_ensemble: step 0 resnet50_preprocess: .*input RAW_IMAGE element 0/,
+        /^Image '.*truncated\.jpg':\n {4}error: INVALID_ARGUMENT: resnet50_ensemble: step 0 resnet50_preprocess: .*input RAW_IMAGE element 0/,
       );
     }
+  });
+
+  it("classify prints chelsea.jpg as image_client does, and the server's JSON with --json", async () => {
+    const chelsea = join(fixtureImagesDir, "chelsea.jpg");
+    const out = await client(["-u", url("grpc"), "classify", chelsea]);
+    expect(out.code, out.stderr).toBe(0);
+    const lines = out.stdout.trimEnd().split("\n");
+    expect(lines[0]).toBe(`Image '${chelsea}':`);
+    expect(lines[1]).toMatch(/^ {4}0\.\d{3} = Egyptian cat$/);
+    // --json: the ensemble's answer as it came; the lines above are its top 5, scores to 3 decimals.
+    const json = await client(["-u", url("grpc"), "classify", "--json", chelsea]);
+    expect(json.code, json.stderr).toBe(0);
+    const [name, raw, ...rest] = json.stdout.trimEnd().split("\n");
+    expect(name).toBe(`${chelsea}:`);
+    expect(rest).toEqual([]);
+    expect(raw).toMatch(/^ {2}OUTPUT_RESULTS: \{/);
+    const answer = JSON.parse(raw!.replace(/^ {2}OUTPUT_RESULTS: /, "")) as {
+      top5_labels: string[];
+      top5_probs: number[];
+    };
+    expect(answer.top5_labels[0]).toBe("Egyptian cat");
+    expect(lines.slice(1)).toEqual(
+      answer.top5_labels.map((label, k) => `    ${answer.top5_probs[k]!.toFixed(3)} = ${label}`),
+    );
+  });
+
+  it("reads top-k classes from the ensemble's JSON and from Triton's classification strings", () => {
+    expect(topClasses("15.346230:504:COFFEE MUG")).toEqual([{ score: "15.346230", index: 504, label: "COFFEE MUG" }]);
+    expect(topClasses("0.5:7")).toEqual([{ score: "0.5", index: 7, label: "" }]);
+    expect(topClasses('{"top2_labels": ["Egyptian cat", "tabby"], "top2_probs": [0.6894, 0.1]}')).toEqual([
+      { score: "0.689", label: "Egyptian cat" },
+      { score: "0.100", label: "tabby" },
+    ]);
+    expect(topClasses('{"top1_index": [285], "top1_labels": ["Egyptian cat"], "top1_probs": [0.6894]}')).toEqual([
+      { score: "0.689", index: 285, label: "Egyptian cat" },
+    ]);
+    expect(topClasses("hello")).toBeUndefined();
+    expect(topClasses('{"a": 1}')).toBeUndefined();
+    expect(formatClassification("x.jpg", { image: 0, outputs: { OUT: ["0.25:3:a:b", "plain"] } })).toBe(
+      "Image 'x.jpg':\n    0.25 (3) = a:b\n    OUT: plain",
+    );
   });
 
   it("says why when it cannot: an unknown model, a model without an image input, no server", async () => {
