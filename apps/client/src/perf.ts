@@ -85,6 +85,8 @@ export interface PerfResult {
   concurrency: number;
   /** Request-rate mode: requests sent per second (perf_analyzer's --request-rate-range). */
   requestRate?: number;
+  /** Request-rate mode: requests sent in the window, as scheduled (windowMs × rate of them at even gaps). */
+  sent?: number;
   /** Requests answered within the window. */
   requests: number;
   /** Inferences per second (requests × batch). */
@@ -197,19 +199,24 @@ export interface RatePerfOptions extends Omit<PerfOptions, "concurrency" | "stre
 /**
  * Measures one request rate, as perf_analyzer's --request-rate-range: requests go out on
  * schedule (every 1/rate s, or at a Poisson process's times) without waiting for earlier
- * ones, so latency is measured under that load, queueing included. The first failure ends
- * the measurement and is thrown.
+ * ones, so latency is measured under that load, queueing included. The schedule is fixed
+ * in advance: the warm-up sends the requests due before it ends, the window those due
+ * within it (windowMs × rate of them at even gaps), each at its time or, if this process
+ * was held up, as soon as it can, so a busy machine delays requests but never drops them.
+ * The first failure ends the measurement and is thrown.
  */
 export async function measureRate(endpoint: Endpoint, options: RatePerfOptions): Promise<PerfResult> {
   const { model, requests, rate, windowMs, warmupMs } = options;
-  const gapMs = () => (options.distribution === "poisson" ? -Math.log(1 - Math.random()) : 1) * (1000 / rate);
+  const gapMs = 1000 / rate;
+  const poisson = options.distribution === "poisson";
+  const nextGap = () => (poisson ? -Math.log(1 - Math.random()) * gapMs : gapMs);
   let failure: unknown;
   let windowStart = Number.POSITIVE_INFINITY;
   let windowEnd = Number.POSITIVE_INFINITY;
   const latencies: number[] = [];
   const inFlight = new Set<Promise<void>>();
   let mostInFlight = 0;
-  let windowBefore: ModelStatistics[] | undefined;
+  let k = 0;
   const progress = options.onProgress
     ? setInterval(() => {
         if (performance.now() >= windowStart) {
@@ -217,22 +224,13 @@ export async function measureRate(endpoint: Endpoint, options: RatePerfOptions):
         }
       }, 100)
     : undefined;
-
-  const begun = performance.now();
-  let due = begun;
-  for (let k = 0; failure === undefined; k++) {
-    const now = performance.now();
-    if (now >= windowEnd) break;
-    if (windowBefore === undefined && now - begun >= warmupMs) {
-      // The window opens: the server's counts now, then requests sent from here on are counted.
-      windowBefore = await endpoint.statistics();
-      windowStart = performance.now();
-      windowEnd = windowStart + windowMs;
-      due = Math.max(due, windowStart);
-    }
-    if (due > now) await new Promise((r) => setTimeout(r, due - now));
+  const at = async (due: number) => {
+    const wait = due - performance.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+  };
+  const send = () => {
     const start = performance.now();
-    const call = endpoint.infer(model, requests[k % requests.length]!).then(
+    const call = endpoint.infer(model, requests[k++ % requests.length]!).then(
       () => {
         const end = performance.now();
         if (start >= windowStart && end <= windowEnd) latencies.push(end - start);
@@ -244,7 +242,27 @@ export async function measureRate(endpoint: Endpoint, options: RatePerfOptions):
     const tracked = call.finally(() => inFlight.delete(tracked));
     inFlight.add(tracked);
     mostInFlight = Math.max(mostInFlight, inFlight.size);
-    due += gapMs();
+  };
+
+  // The warm-up: the requests due before it ends.
+  const begun = performance.now();
+  for (let due = begun; failure === undefined && due < begun + warmupMs; due += nextGap()) {
+    await at(due);
+    send();
+  }
+  // The window opens: the server's counts now, then the schedule starts again from here.
+  const windowBefore = failure === undefined ? await endpoint.statistics() : [];
+  windowStart = performance.now();
+  windowEnd = windowStart + windowMs;
+  let sent = 0;
+  for (
+    let offset = 0;
+    failure === undefined && offset < windowMs;
+    offset = poisson ? offset + nextGap() : (sent * 1000) / rate
+  ) {
+    await at(windowStart + offset);
+    send();
+    sent++;
   }
   await Promise.all(inFlight);
   clearInterval(progress);
@@ -252,8 +270,9 @@ export async function measureRate(endpoint: Endpoint, options: RatePerfOptions):
   if (failure !== undefined) throw failure;
   const after = await endpoint.statistics();
   return {
-    ...summarize(latencies, options.batch, windowMs, mostInFlight, windowBefore ?? [], after, model),
+    ...summarize(latencies, options.batch, windowMs, mostInFlight, windowBefore, after, model),
     requestRate: rate,
+    sent,
   };
 }
 
@@ -289,7 +308,7 @@ function summarize(
 export function formatResult(r: PerfResult, protocol: string): string {
   const lines = [
     r.requestRate !== undefined
-      ? `Request Rate: ${r.requestRate} inference requests per seconds (at most ${r.concurrency} in flight)`
+      ? `Request Rate: ${r.requestRate} inference requests per seconds (${r.sent ?? 0} sent, at most ${r.concurrency} in flight)`
       : `Request concurrency: ${r.concurrency}`,
     "  Client:",
     `    Request count: ${r.requests}`,

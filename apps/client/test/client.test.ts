@@ -117,10 +117,41 @@ export const createStage = ({ config, version }) => defineStage({ config, versio
   );
 }
 
+/**
+ * A barrier: each request is held until three are waiting, then the three are answered.
+ * A client that waits for each answer before the next send never gets one; an open loop
+ * sending three on schedule has them all in flight at once.
+ */
+async function addBarrier(repository: string): Promise<void> {
+  await mkdir(join(repository, "barrier", "1"), { recursive: true });
+  await writeFile(
+    join(repository, "barrier", "config.pbtxt"),
+    `name: "barrier"
+backend: "typescript"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+`,
+  );
+  await writeFile(
+    join(repository, "barrier", "1", "model.js"),
+    `import { defineStage } from "${import.meta.resolve("@trellis/stage")}";
+const waiting = [];
+export const createStage = ({ config, version }) => defineStage({ config, version, compute(request) {
+  return new Promise((resolve) => {
+    waiting.push(() => resolve([{ name: "OUT", datatype: "INT32", shape: [1], data: request.inputs[0].data }]));
+    if (waiting.length === 3) for (const answer of waiting.splice(0)) answer();
+  });
+} });
+`,
+  );
+}
+
 beforeAll(async () => {
   repo = await makeSeedRepository();
   await addCountdown(repo);
   await addCounter(repo);
+  await addBarrier(repo);
   server = await startServerProcess(["--model-repository", repo]);
 });
 afterAll(async () => {
@@ -476,27 +507,32 @@ describe("perf", () => {
         warmupMs: 200,
       });
       expect(r.requestRate).toBe(20);
-      // Sent on a clock, whatever the answers take: 1.5 s at 20 a second is 30 or 31 requests,
-      // every one of which the server ran, plus the warm-up's (5 at most, 0.2 s at 20 a second)
-      // still running when the window opened; a stall of this process at the window's end may
-      // skip a few. How many were also answered within the window depends on how busy the
-      // machine is (5 in a run with the CPUs saturated, 30 when idle): that is only bounded above.
+      // What the code controls: 1.5 s at 20 a second is 30 requests sent on schedule (late, not
+      // dropped, if this process is held up), and 0.2 s of warm-up is 4 more. The server ran every
+      // one of the 30, plus those of the warm-up still running when the window opened. How many
+      // were also answered within the window depends on how busy the machine is: bounded above only.
+      expect(r.sent).toBe(30);
       expect(r.server[0]?.model).toBe("resnet50_ensemble");
-      expect(r.server[0]?.requests).toBeGreaterThanOrEqual(27);
-      expect(r.server[0]?.requests).toBeLessThanOrEqual(31 + 5);
-      expect(r.requests).toBeLessThanOrEqual(31);
+      expect(r.server[0]?.requests).toBeGreaterThanOrEqual(30);
+      expect(r.server[0]?.requests).toBeLessThanOrEqual(30 + 4);
+      expect(r.requests).toBeLessThanOrEqual(30);
       expect(r.throughput).toBeCloseTo(r.requests / 1.5, 5);
-      // An open loop: at 100 a second (a request every 10 ms, about what one takes here), sends
-      // overlap earlier answers; a loop waiting for each answer would never have two in flight.
-      const busy = await measureRate(endpoint, {
-        model: "resnet50_ensemble",
-        requests,
+      // An open loop: the barrier answers only when three requests are waiting, so a loop waiting
+      // for each answer before its next send would stall; this one sends 3 in the warm-up (0.06 s
+      // at 50 a second) and 6 in the window, every three in flight together.
+      const barrier = await measureRate(endpoint, {
+        model: "barrier",
+        requests: [{ inputs: [{ name: "IN", datatype: "INT32", shape: [1], data: Int32Array.of(7) }] }],
         batch: 1,
-        rate: 100,
-        windowMs: 1000,
-        warmupMs: 100,
+        rate: 50,
+        windowMs: 120,
+        warmupMs: 60,
       });
-      expect(busy.concurrency).toBeGreaterThanOrEqual(2);
+      expect(barrier.sent).toBe(6);
+      expect(barrier.concurrency).toBeGreaterThanOrEqual(3);
+      expect(barrier.server[0]?.model).toBe("barrier");
+      expect(barrier.server[0]?.requests).toBeGreaterThanOrEqual(6);
+      expect(barrier.server[0]?.requests).toBeLessThanOrEqual(9);
     } finally {
       endpoint.close();
     }
@@ -518,7 +554,8 @@ describe("perf", () => {
     ]);
     expect(out.code, out.stderr).toBe(0);
     expect(out.stdout).toContain("sent at a fixed rate (poisson)");
-    expect(out.stdout).toMatch(/Request Rate: 10 inference requests per seconds \(at most \d+ in flight\)/);
+    // 0.8 s at 10 a second: 8 sent on average, a Poisson process's count.
+    expect(out.stdout).toMatch(/Request Rate: 10 inference requests per seconds \(\d+ sent, at most \d+ in flight\)/);
     expect(out.stdout).toMatch(/Request Rate: 20, throughput: [\d.]+ infer\/sec/);
     const both = await client(["-u", url("grpc"), "perf", "--request-rate-range", "5", "--concurrency-range", "2"]);
     expect(both.code).toBe(1);
