@@ -9,3 +9,4 @@ export {
   sequenceTensors,
   withSequenceBatching,
 } from "./sequence-batcher.js";
+export { startWorkerInstances, type WorkerInstancesOptions } from "./worker-instances.js";

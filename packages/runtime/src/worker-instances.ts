@@ -1,0 +1,554 @@
+/**
+ * A TypeScript stage's instances in worker threads (instance_group count N,
+ * config parameter worker_threads "true"): each thread imports the stage
+ * module and calls its factory, and the Stage returned here hands each call to
+ * an idle thread, so N synchronous, CPU-bound computes run at once. Tensors
+ * cross as transferables: a buffer the sender owns moves, a view into a larger
+ * one (a request body, Node's Buffer pool) is copied first, alone.
+ *
+ * What cannot cross a thread: the stage's `models` (BLS caller) is not given
+ * to worker instances; its logger calls come back as messages to the main
+ * thread's logger; the CPU gate is held (shared) here around each execution.
+ */
+import { Worker } from "node:worker_threads";
+import { fromBinary, toBinary } from "@bufbuild/protobuf";
+import { ConnectError } from "@connectrpc/connect";
+import { type ModelConfig, ModelConfigSchema } from "@trellis/protocol";
+import {
+  Code,
+  type CpuGate,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  nowNs,
+  type Stage,
+  StageError,
+  type StageLogger,
+  type StageMetadata,
+  StatisticsRecorder,
+  type Tensor,
+} from "@trellis/stage";
+
+export interface WorkerInstancesOptions {
+  /** The stage module: a file URL, or a package name resolvable from @trellis/runtime (resolve it first otherwise). */
+  specifier: string;
+  /** How load errors call the module (default "the stage module"): never an internal path. */
+  label?: string;
+  /** What each thread's factory is given (what can be sent: no logger, gate or models). */
+  factoryOptions: { config: ModelConfig; modelDir: string; version: string; versionDir: string };
+  /** Threads to run, each one instance (default 1). */
+  instances?: number;
+  /** Where the threads' stages log (their calls are forwarded here). */
+  logger?: StageLogger;
+  /** The server's CPU gate: held shared around each execution in a thread. */
+  cpuGate?: CpuGate;
+  /**
+   * Move the request's whole buffers to the thread instead of copying them: the caller's
+   * typed arrays are detached after the call is sent. Default false: a caller may share
+   * a tensor (an ensemble feeds one to several steps); responses always move.
+   */
+  moveRequests?: boolean;
+}
+
+// ---- What crosses the thread boundary -------------------------------------------------
+
+/** workerData of an instance thread. */
+export interface InstanceLoad {
+  specifier: string;
+  label: string;
+  model: string;
+  config: Uint8Array;
+  modelDir: string;
+  version: string;
+  versionDir: string;
+}
+
+export interface WireError {
+  code: Code;
+  /** The error's message without its code prefix (ConnectError's rawMessage). */
+  message: string;
+  /** The StageError's stage, "" for another error. */
+  stage: string;
+}
+
+export type ToInstance =
+  | {
+      type: "infer";
+      id: number;
+      request: InferRequest;
+      options: Pick<InferOptions, "priority" | "timeoutMicroseconds">;
+      stream: boolean;
+    }
+  | { type: "cancel"; id: number }
+  | { type: "close" };
+
+export type FromInstance =
+  | { type: "ready"; name: string; version: string; config: Uint8Array; metadata: StageMetadata; stream: boolean }
+  | { type: "load-error"; error: WireError }
+  | { type: "log"; level: "info" | "warn" | "error"; obj: object | string; msg?: string }
+  | { type: "response"; id: number; response: InferResponse }
+  | { type: "end"; id: number }
+  | { type: "error"; id: number; error: WireError }
+  | { type: "closed" };
+
+const ownsBuffer = (v: ArrayBufferView): boolean =>
+  v.buffer instanceof ArrayBuffer && v.byteOffset === 0 && v.byteLength === v.buffer.byteLength;
+
+/**
+ * `t` ready to post, its buffers added to `transfer`. With `move`, data that owns its whole
+ * buffer is sent as it is (the buffer moves: detached here once posted); anything else (a view
+ * into a larger buffer, a shared one, or any buffer without `move`) is copied into a buffer of
+ * its own, which moves. BYTES elements are copied into one buffer unless one element owns its own.
+ */
+export function portableTensor(t: Tensor, transfer: ArrayBuffer[], move: boolean): Tensor {
+  if (t.datatype === "BYTES") {
+    const items = t.data as Uint8Array[];
+    if (move && items.every((b) => ownsBuffer(b) && !transfer.includes(b.buffer as ArrayBuffer))) {
+      const buffers = new Set(items.map((b) => b.buffer as ArrayBuffer));
+      if (buffers.size === items.length) {
+        transfer.push(...buffers);
+        return t;
+      }
+    }
+    let total = 0;
+    for (const b of items) total += b.byteLength;
+    const packed = new ArrayBuffer(total);
+    let offset = 0;
+    const data = items.map((b) => {
+      const view = new Uint8Array(packed, offset, b.byteLength);
+      view.set(b);
+      offset += b.byteLength;
+      return view;
+    });
+    transfer.push(packed);
+    return { ...t, data };
+  }
+  const data = t.data as Exclude<Tensor["data"], Uint8Array[]>;
+  if (move && ownsBuffer(data)) {
+    if (!transfer.includes(data.buffer as ArrayBuffer)) transfer.push(data.buffer as ArrayBuffer);
+    return t;
+  }
+  const copy = data.slice() as typeof data;
+  transfer.push(copy.buffer as ArrayBuffer);
+  return { ...t, data: copy } as Tensor;
+}
+
+export const portableRequest = (r: InferRequest, transfer: ArrayBuffer[], move: boolean): InferRequest => ({
+  ...r,
+  inputs: r.inputs.map((t) => portableTensor(t, transfer, move)),
+});
+
+export const portableResponse = (r: InferResponse, transfer: ArrayBuffer[], move: boolean): InferResponse => ({
+  ...r,
+  outputs: r.outputs.map((t) => portableTensor(t, transfer, move)),
+});
+
+/** An error as it crosses: its code, message and stage. Another error is INTERNAL under `model`. */
+export function errorToWire(err: unknown, model: string): WireError {
+  if (err instanceof StageError) return { code: err.code, message: err.rawMessage, stage: err.stage };
+  if (err instanceof ConnectError) return { code: err.code, message: err.rawMessage, stage: "" };
+  return { code: Code.Internal, message: err instanceof Error ? err.message : String(err), stage: model };
+}
+
+/** The StageError a WireError was, named as it was (another ConnectError under `model`). */
+export function errorFromWire(w: WireError, model: string): StageError {
+  const prefix = `${w.stage}: `;
+  if (w.stage && w.message.startsWith(prefix)) return new StageError(w.code, w.stage, w.message.slice(prefix.length));
+  if (w.stage) return new StageError(w.code, w.stage, w.message);
+  return new StageError(w.code, model, w.message);
+}
+
+// ---- The main thread's side ---------------------------------------------------------
+
+interface Call {
+  id: number;
+  stream: boolean;
+  onResponse(response: InferResponse): void;
+  /** The thread is done with the call (answered, failed, crashed, or the stage closed). */
+  settle(err?: Error): void;
+}
+
+interface Instance {
+  worker: Worker;
+  index: number;
+  call?: Call;
+  loaded: boolean;
+  /** The thread's last uncaught error, reported when it exits. */
+  crash?: Error;
+  exited: Promise<void>;
+  /** Resolves with the thread's `ready` message, rejects with its load error. */
+  ready: Promise<Extract<FromInstance, { type: "ready" }>>;
+  /** Resolves when the thread answers `close` (its stage closed). */
+  closed?: () => void;
+}
+
+const WORKER_URL = new URL("./instance-worker.js", import.meta.url);
+/** How long close() lets a thread close its stage before terminating it. */
+const CLOSE_GRACE_MS = 5_000;
+
+/**
+ * Starts `instances` worker threads, each loading the stage module, and resolves
+ * once every one has (a module that fails to import, or a factory that throws,
+ * fails the load with a StageError naming the model). The Stage it gives runs
+ * each call on an idle thread, one call per thread at a time, the others queued
+ * in order. A thread that crashes fails its call INTERNAL and is replaced.
+ */
+export async function startWorkerInstances(options: WorkerInstancesOptions): Promise<Stage & { instances: number }> {
+  const { factoryOptions, logger, cpuGate } = options;
+  const model = factoryOptions.config.name;
+  const count = Math.max(1, options.instances ?? 1);
+  const move = options.moveRequests ?? false;
+  const load: InstanceLoad = {
+    specifier: options.specifier,
+    label: options.label ?? "the stage module",
+    model,
+    config: toBinary(ModelConfigSchema, factoryOptions.config),
+    modelDir: factoryOptions.modelDir,
+    version: factoryOptions.version,
+    versionDir: factoryOptions.versionDir,
+  };
+
+  const instances: (Instance | undefined)[] = [];
+  const idle: Instance[] = [];
+  const waiting: { resolve(i: Instance): void; reject(err: Error): void }[] = [];
+  let closing = false;
+  let nextId = 1;
+
+  const unavailable = (why: string) => new StageError(Code.Unavailable, model, why);
+  const canceled = () => new StageError(Code.Canceled, model, "request cancelled");
+
+  function release(instance: Instance): void {
+    if (closing || instances[instance.index] !== instance) return;
+    const next = waiting.shift();
+    if (next) next.resolve(instance);
+    else idle.push(instance);
+  }
+
+  function spawn(index: number): Instance {
+    const worker = new Worker(WORKER_URL, { workerData: load });
+    let onReady!: (m: Extract<FromInstance, { type: "ready" }>) => void;
+    let onLoadError!: (err: Error) => void;
+    const ready = new Promise<Extract<FromInstance, { type: "ready" }>>((resolve, reject) => {
+      onReady = resolve;
+      onLoadError = reject;
+    });
+    ready.catch(() => {});
+    let exited!: () => void;
+    const instance: Instance = {
+      worker,
+      index,
+      loaded: false,
+      ready,
+      exited: new Promise<void>((r) => {
+        exited = r;
+      }),
+    };
+    worker.on("message", (m: FromInstance) => {
+      switch (m.type) {
+        case "ready":
+          instance.loaded = true;
+          onReady(m);
+          return;
+        case "load-error":
+          onLoadError(errorFromWire(m.error, model));
+          return;
+        case "log":
+          forwardLog(m, index);
+          return;
+        case "response":
+          if (instance.call?.id !== m.id) return;
+          instance.call.onResponse(m.response);
+          if (!instance.call.stream) finish(instance);
+          return;
+        case "end":
+          if (instance.call?.id === m.id) finish(instance);
+          return;
+        case "error":
+          if (instance.call?.id === m.id) finish(instance, errorFromWire(m.error, model));
+          return;
+        case "closed":
+          instance.closed?.();
+          return;
+      }
+    });
+    worker.on("error", (err) => {
+      instance.crash = err;
+    });
+    worker.on("exit", (code) => {
+      exited();
+      const why = instance.crash?.message ?? `exit code ${code}`;
+      if (!instance.loaded) {
+        onLoadError(new StageError(Code.Internal, model, `an instance's worker thread stopped while loading: ${why}`));
+      }
+      if (closing || instances[index] !== instance) return;
+      // A crash: the call it ran fails, a new thread takes its place.
+      const call = instance.call;
+      instance.call = undefined;
+      const at = idle.indexOf(instance);
+      if (at >= 0) idle.splice(at, 1);
+      call?.settle(new StageError(Code.Internal, model, `the instance's worker thread crashed: ${why}`));
+      if (!instance.loaded) return;
+      logger?.error({ model, instance: index, err: instance.crash }, "instance worker thread crashed; replacing it");
+      replace(index);
+    });
+    return instance;
+  }
+
+  function replace(index: number): void {
+    const fresh = spawn(index);
+    instances[index] = fresh;
+    fresh.ready.then(
+      () => release(fresh),
+      (err: unknown) => {
+        if (closing) return;
+        logger?.error({ model, instance: index, err }, "instance worker thread could not be replaced");
+        instances[index] = undefined;
+        void fresh.worker.terminate();
+        if (instances.every((i) => i === undefined)) {
+          for (const w of waiting.splice(0)) w.reject(unavailable("no instance is running"));
+        }
+      },
+    );
+  }
+
+  function finish(instance: Instance, err?: Error): void {
+    const call = instance.call;
+    instance.call = undefined;
+    call?.settle(err);
+    release(instance);
+  }
+
+  function forwardLog(m: Extract<FromInstance, { type: "log" }>, index: number): void {
+    if (!logger) return;
+    const obj = typeof m.obj === "string" ? m.obj : { ...m.obj, instance: index };
+    logger[m.level](obj, m.msg);
+  }
+
+  function acquire(signal: AbortSignal | undefined): Instance | Promise<Instance> {
+    const free = idle.pop();
+    if (free) return free;
+    if (instances.every((i) => i === undefined)) throw unavailable("no instance is running");
+    return new Promise<Instance>((resolve, reject) => {
+      const waiter = {
+        resolve: (i: Instance) => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(i);
+        },
+        reject,
+      };
+      const onAbort = () => {
+        const at = waiting.indexOf(waiter);
+        if (at >= 0) waiting.splice(at, 1);
+        reject(canceled());
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      waiting.push(waiter);
+    });
+  }
+
+  /** Runs one call on an idle thread; resolves when the thread is done with it (rejects at once when aborted). */
+  async function run(
+    request: InferRequest,
+    opts: InferOptions | undefined,
+    stream: boolean,
+    onResponse: (r: InferResponse) => void,
+  ): Promise<void> {
+    if (closing) throw unavailable("the model is being unloaded");
+    const signal = opts?.signal;
+    if (signal?.aborted) throw canceled();
+    const instance = await acquire(signal);
+    let releaseCpu: (() => void) | undefined;
+    try {
+      if (cpuGate) releaseCpu = cpuGate.tryAcquireShared() ?? (await cpuGate.acquireShared());
+      if (signal?.aborted) throw canceled();
+      if (closing) throw unavailable("the model is being unloaded");
+    } catch (err) {
+      releaseCpu?.();
+      release(instance);
+      throw err;
+    }
+    const transfer: ArrayBuffer[] = [];
+    let wire: InferRequest;
+    try {
+      wire = portableRequest(request, transfer, move);
+    } catch (err) {
+      releaseCpu?.();
+      release(instance);
+      throw err;
+    }
+    const id = nextId++;
+    return new Promise<void>((resolve, reject) => {
+      let settled = false;
+      const onAbort = () => {
+        instance.worker.postMessage({ type: "cancel", id } satisfies ToInstance);
+        if (settled) return;
+        settled = true;
+        reject(canceled());
+      };
+      instance.call = {
+        id,
+        stream,
+        onResponse: (r) => {
+          if (!settled) onResponse(r);
+        },
+        settle: (err) => {
+          releaseCpu?.();
+          signal?.removeEventListener("abort", onAbort);
+          if (settled) return;
+          settled = true;
+          if (err) reject(err);
+          else resolve();
+        },
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const options: Extract<ToInstance, { type: "infer" }>["options"] = {};
+      if (opts?.priority !== undefined) options.priority = opts.priority;
+      if (opts?.timeoutMicroseconds !== undefined) options.timeoutMicroseconds = opts.timeoutMicroseconds;
+      try {
+        instance.worker.postMessage(
+          { type: "infer", id, request: wire, options, stream } satisfies ToInstance,
+          transfer,
+        );
+      } catch (err) {
+        // Not sent (a value that cannot be cloned): the thread stays free.
+        finish(
+          instance,
+          new StageError(
+            Code.InvalidArgument,
+            model,
+            `cannot send the request to an instance: ${(err as Error).message}`,
+          ),
+        );
+      }
+    });
+  }
+
+  // ---- Load every thread ----
+  for (let i = 0; i < count; i++) instances.push(spawn(i));
+  let first: Extract<FromInstance, { type: "ready" }>;
+  try {
+    const readies = await Promise.all(instances.map((i) => (i as Instance).ready));
+    first = readies[0] as Extract<FromInstance, { type: "ready" }>;
+  } catch (err) {
+    closing = true;
+    await Promise.all(instances.map((i) => i?.worker.terminate()));
+    throw err;
+  }
+  for (const i of instances) idle.push(i as Instance);
+
+  const name = first.name || model;
+  const version = first.version;
+  const config = fromBinary(ModelConfigSchema, first.config);
+  const { metadata } = first;
+  const recorder = new StatisticsRecorder(name, version, false);
+  let closed: Promise<void> | undefined;
+
+  const stage: Stage & { instances: number } = {
+    name,
+    version,
+    config,
+    instances: count,
+    isReady: () => !closing && instances.some((i) => i?.loaded),
+    metadata: () => metadata,
+    async infer(request, opts) {
+      const start = nowNs();
+      let response: InferResponse | undefined;
+      try {
+        await run(request, opts, false, (r) => {
+          response = r;
+        });
+      } catch (err) {
+        recorder.requestFailed(nowNs() - start);
+        throw err;
+      }
+      const end = nowNs();
+      const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
+      const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
+      recorder.executed(batch, times);
+      recorder.requestSucceeded(end - start, batch, 0, times);
+      return response as InferResponse;
+    },
+    statistics: () => recorder.snapshot(),
+    pendingRequests: () => waiting.length,
+    close() {
+      closed ??= (async () => {
+        closing = true;
+        const gone = unavailable("the model is being unloaded");
+        for (const w of waiting.splice(0)) w.reject(gone);
+        idle.length = 0;
+        await Promise.all(
+          instances.map(async (instance) => {
+            if (!instance) return;
+            const call = instance.call;
+            instance.call = undefined;
+            call?.settle(gone);
+            const answered = new Promise<void>((r) => {
+              instance.closed = r;
+            });
+            instance.worker.postMessage({ type: "close" } satisfies ToInstance);
+            let timer: NodeJS.Timeout | undefined;
+            await Promise.race([
+              answered,
+              instance.exited,
+              new Promise<void>((r) => {
+                timer = setTimeout(r, CLOSE_GRACE_MS);
+              }),
+            ]);
+            clearTimeout(timer);
+            await instance.worker.terminate();
+          }),
+        );
+      })();
+      return closed;
+    },
+  };
+  if (first.stream) {
+    stage.inferStream = async function* (request, opts) {
+      const responses: InferResponse[] = [];
+      let done = false;
+      let failure: unknown;
+      let wake: (() => void) | undefined;
+      // Our own signal too: a consumer that stops reading cancels the call in its thread.
+      const own = new AbortController();
+      const outer = opts?.signal;
+      const forward = () => own.abort();
+      if (outer?.aborted) own.abort();
+      else outer?.addEventListener("abort", forward, { once: true });
+      run(request, { ...opts, signal: own.signal }, true, (r) => {
+        responses.push(r);
+        wake?.();
+      }).then(
+        () => {
+          done = true;
+          wake?.();
+        },
+        (err: unknown) => {
+          failure = err;
+          done = true;
+          wake?.();
+        },
+      );
+      try {
+        while (true) {
+          const next = responses.shift();
+          if (next) {
+            yield next;
+            continue;
+          }
+          if (done) {
+            if (failure !== undefined) throw failure;
+            return;
+          }
+          await new Promise<void>((r) => {
+            wake = r;
+          });
+          wake = undefined;
+        }
+      } finally {
+        outer?.removeEventListener("abort", forward);
+        if (!done) own.abort();
+      }
+    };
+  }
+  return stage;
+}
