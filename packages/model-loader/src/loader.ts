@@ -3,11 +3,11 @@
  * loader both the ensemble's steps and the server use.
  */
 import { stat } from "node:fs/promises";
-import { isAbsolute, join, resolve } from "node:path";
+import { basename, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { createEnsemble, type ResolveStep } from "@trellis/ensemble-runner";
 import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
-import { withSequenceBatching } from "@trellis/runtime";
+import { startWorkerInstances, withSequenceBatching } from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
@@ -159,23 +159,63 @@ async function importModule(specifier: string, model: string): Promise<Record<st
 
 /** `backend: "typescript"`: the module named by parameter `module`, else `<versionDir>/model.js` / `model.mjs`. */
 async function typescriptFactory(model: RepositoryModel, versionDir: string): Promise<StageFactory> {
+  const { specifier, where } = await typescriptModule(model, versionDir);
+  return factoryOf(await importModule(specifier, model.name), where, model.name);
+}
+
+/** The stage module of a `backend: "typescript"` model: its specifier, and how errors call it. */
+async function typescriptModule(
+  model: RepositoryModel,
+  versionDir: string,
+): Promise<{ specifier: string; where: string; param?: string }> {
   const param = configParameter(model.config, "module");
   if (param) {
     // A path is the user's file (relative to the version folder); anything else is a package name.
     const isPath = param.startsWith(".") || isAbsolute(param);
     const specifier = isPath ? pathToFileURL(resolve(versionDir, param)).href : param;
-    return factoryOf(await importModule(specifier, model.name), `module "${param}"`, model.name);
+    return { specifier, where: `module "${param}"`, param };
   }
   for (const file of ["model.js", "model.mjs"]) {
     const path = join(versionDir, file);
-    if (await exists(path))
-      return factoryOf(await importModule(pathToFileURL(path).href, model.name), path, model.name);
+    if (await exists(path)) return { specifier: pathToFileURL(path).href, where: path };
   }
   throw new StageError(
     Code.InvalidArgument,
     model.name,
     `backend "typescript" needs a parameter "module" naming a stage package (e.g. "@trellis/preprocess") or a ${join(versionDir, "model.js")} exporting createStage`,
   );
+}
+
+/**
+ * Parameter worker_threads "true": the stage's instances (the sum of instance_group counts, default 1)
+ * each in a worker thread that loads the module; a package name is resolved here, where it is a dependency.
+ */
+async function workerInstances(
+  model: RepositoryModel,
+  versionDir: string,
+  factoryOptions: StageFactoryOptions,
+): Promise<Stage> {
+  const { specifier, where, param } = await typescriptModule(model, versionDir);
+  let resolved = specifier;
+  if (!specifier.startsWith("file:")) {
+    try {
+      resolved = import.meta.resolve(specifier);
+    } catch (err) {
+      const why = err instanceof Error ? err.message : String(err);
+      const own = ` imported from ${fileURLToPath(import.meta.url)}`;
+      const message = `cannot import ${specifier}: ${why.endsWith(own) ? why.slice(0, -own.length) : why}`;
+      throw new StageError(Code.NotFound, model.name, message, { cause: err });
+    }
+  }
+  const { config, modelDir, version } = factoryOptions;
+  return startWorkerInstances({
+    specifier: resolved,
+    label: param ? where : basename(where),
+    factoryOptions: { config, modelDir, version, versionDir },
+    instances: config.instanceGroup.reduce((n, g) => n + Math.max(1, g.count), 0) || 1,
+    ...(factoryOptions.logger ? { logger: factoryOptions.logger } : {}),
+    ...(factoryOptions.cpuGate ? { cpuGate: factoryOptions.cpuGate } : {}),
+  });
 }
 
 /**
@@ -248,7 +288,10 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
     return factoryOf(mod, ONNX_PACKAGE, model.name)(onnxOptions);
   }
   if (backend === "typescript") {
-    const stage = await (await typescriptFactory(model, versionDir))(factoryOptions);
+    const stage =
+      configParameter(config, "worker_threads")?.toLowerCase() === "true"
+        ? await workerInstances(model, versionDir, factoryOptions)
+        : await (await typescriptFactory(model, versionDir))(factoryOptions);
     if (isDecoupled(config) && !stage.inferStream) {
       await stage.close();
       throw new StageError(
