@@ -21,6 +21,7 @@ import {
   type StageFactoryOptions,
   type StageLogger,
 } from "@trellis/stage";
+import { delegateStage } from "@trellis/stage/backend";
 import { type RepositoryModel, type RepositorySource, scanRepository } from "./repository.js";
 
 export interface LoadStageOptions {
@@ -114,20 +115,13 @@ export async function connectRemote(
     throw err;
   }
   // The stage owns its connection: closing it (unload, ensemble close) ends the HTTP/2 session.
-  return {
-    name: stage.name,
-    version: stage.version,
-    config: stage.config,
-    isReady: () => stage.isReady(),
-    metadata: () => stage.metadata(),
-    infer: (request, opts) => stage.infer(request, opts),
-    ...(stage.inferStream ? { inferStream: stage.inferStream } : {}),
-    statistics: () => stage.statistics(),
+  // Everything else is the remote stage's own (a decoupled model's inferStream included).
+  return delegateStage(stage, {
     close: async () => {
       await stage.close();
       transport.close();
     },
-  };
+  });
 }
 
 /** The remote options of a load, with its logger unless they name one. */

@@ -341,4 +341,24 @@ describe("sequence batcher", () => {
     expect(res.outputs.map((t) => [t.name, Array.from(t.data as Int32Array)])).toEqual([["STATE_OUT", [6]]]);
     await stage.close();
   });
+
+  it("keeps what the stage has besides (its own queue bound), and refuses a decoupled stage", async () => {
+    const { stage: model } = accumulator();
+    const bounded: Stage = Object.assign(model, { maxQueueSize: () => 12 });
+    const stage = await withSequenceBatching(bounded);
+    expect(stage.maxQueueSize?.()).toBe(12);
+    expect("inferStream" in stage).toBe(false);
+    await stage.close();
+
+    const decoupled = Object.assign(accumulator().stage, {
+      inferStream: async function* () {
+        /* never called */
+      },
+    });
+    const err = await rejectionOf(withSequenceBatching(decoupled), StageError);
+    expect([err.code, err.rawMessage]).toEqual([
+      Code.InvalidArgument,
+      "acc: sequence_batching with model_transaction_policy { decoupled: true } is not supported: a sequence's requests here are answered once each",
+    ]);
+  });
 });

@@ -40,6 +40,7 @@ import {
 import {
   allocate,
   bytesOf,
+  delegateStage,
   elementSize,
   modelFilePath,
   type NumericType,
@@ -631,6 +632,14 @@ export async function withSequenceBatching(
   stage: Stage,
   options: { modelDir?: string; instances?: number } = {},
 ): Promise<Stage> {
+  if (stage.inferStream) {
+    // Its requests are answered once each through the sequencer; a stream would bypass it.
+    throw new StageError(
+      Code.InvalidArgument,
+      stage.name,
+      "sequence_batching with model_transaction_policy { decoupled: true } is not supported: a sequence's requests here are answered once each",
+    );
+  }
   // Requests the sequence batcher fails itself never reach the stage: counted here as its failures.
   const refused = { count: 0n, ns: 0n };
   const sequencer = await createSequenceBatcher({
@@ -642,12 +651,8 @@ export async function withSequenceBatching(
       refused.ns += BigInt(Math.round(ns));
     },
   });
-  return {
-    name: stage.name,
-    version: stage.version,
-    config: stage.config,
-    isReady: () => stage.isReady(),
-    metadata: () => stage.metadata(),
+  // The rest (readiness, metadata, a queue bound of its own) is the stage's.
+  return delegateStage(stage, {
     infer: (request, inferOptions) => sequencer.infer(request, inferOptions),
     async statistics() {
       const stats = clone(ModelStatisticsSchema, await stage.statistics());
@@ -662,5 +667,5 @@ export async function withSequenceBatching(
       sequencer.close();
       await stage.close();
     },
-  };
+  });
 }

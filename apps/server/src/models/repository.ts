@@ -22,7 +22,7 @@ import type { LoadStageOptions, RepositoryModel, RepositoryScan, RepositorySourc
 import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
 import { CpuGate, type ResponseStore } from "@trellis/runtime";
 import { Code, type RateLimiter, type Stage, StageError, type StageLogger } from "@trellis/stage";
-import { answersOf, modelFilePath } from "@trellis/stage/backend";
+import { answersOf, delegateStage, modelFilePath } from "@trellis/stage/backend";
 import pLimit, { type LimitFunction } from "p-limit";
 import { DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed.js";
 
@@ -704,7 +704,8 @@ export class RepositoryManager implements ModelRegistry {
       return remote;
     }
     const current = this.resolve(name, v);
-    return {
+    // Each call goes to the version loaded at that moment; what is not overridden is passed on as it is.
+    return delegateStage(() => this.resolve(name, v), {
       name,
       get version() {
         return current.version;
@@ -717,13 +718,10 @@ export class RepositoryManager implements ModelRegistry {
           return false;
         }
       },
-      metadata: () => this.resolve(name, v).metadata(),
-      infer: (request, options) => this.resolve(name, v).infer(request, options),
       // A decoupled step streams its responses (the ensemble is then decoupled too).
-      ...(current.inferStream
-        ? { inferStream: (request, options) => answersOf(this.resolve(name, v), request, options) }
-        : {}),
-      statistics: () => this.resolve(name, v).statistics(),
+      inferStream: current.inferStream
+        ? (request, options) => answersOf(this.resolve(name, v), request, options)
+        : undefined,
       // What the ensemble admits at once follows from it (0 while the step is not loaded: it refuses anyway).
       maxQueueSize: () => {
         try {
@@ -734,7 +732,7 @@ export class RepositoryManager implements ModelRegistry {
       },
       // The step is the manager's to close, not the ensemble's.
       close: async () => {},
-    };
+    });
   }
 
   /**
