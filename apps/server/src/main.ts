@@ -10,12 +10,13 @@ import { ResponseCache } from "@trellis/runtime";
 import { ensureSeedModels } from "./cli/bootstrap.js";
 import { readCommandLine, UsageError } from "./cli/cli.js";
 import { createServerLogger } from "./cli/logging.js";
-import { type SageMakerModelHost, type SageMakerOptions, sageMakerOptionsFromEnv } from "./frontends/sagemaker.js";
-import { type VertexAiOptions, vertexAiRoutes } from "./frontends/vertex-ai.js";
-import { RedisResponseCache } from "./integrations/redis-cache.js";
+// The optional integrations (the Redis cache, OpenTelemetry, SageMaker, Vertex AI) are imported
+// where their flags switch them on: a server that does not use one never loads it (nor its packages).
+import type { SageMakerModelHost, SageMakerOptions } from "./frontends/sagemaker.js";
+import type { VertexAiOptions } from "./frontends/vertex-ai.js";
+import type { RedisResponseCache } from "./integrations/redis-cache.js";
 import { loadEndpoints, modelLoader } from "./models/loader.js";
 import { RepositoryManager } from "./models/repository.js";
-import { OtelExport } from "./observability/otel.js";
 import { Tracer } from "./observability/tracing.js";
 import { startServer } from "./server.js";
 
@@ -42,12 +43,14 @@ async function main(): Promise<void> {
   if (flags.fetchModels) await ensureSeedModels(repositories, logger);
   const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;
   const cache = settings.responseCache;
-  const responseCache =
-    cache?.kind === "redis"
-      ? await RedisResponseCache.connect(cache.settings, logger).catch((err: Error) => {
-          throw new UsageError(`--cache-config redis: ${err.message}`);
-        })
-      : cache && new ResponseCache(cache.size);
+  let redisCache: RedisResponseCache | undefined;
+  if (cache?.kind === "redis") {
+    const { RedisResponseCache } = await import("./integrations/redis-cache.js");
+    redisCache = await RedisResponseCache.connect(cache.settings, logger).catch((err: Error) => {
+      throw new UsageError(`--cache-config redis: ${err.message}`);
+    });
+  }
+  const responseCache = redisCache ?? (cache?.kind === "local" ? new ResponseCache(cache.size) : undefined);
 
   const manager = new RepositoryManager({
     repositories,
@@ -74,6 +77,7 @@ async function main(): Promise<void> {
   });
   let sagemaker: { port: number; options: SageMakerOptions } | undefined;
   if (flags.allowSagemaker) {
+    const { sageMakerOptionsFromEnv } = await import("./frontends/sagemaker.js");
     try {
       sagemaker = {
         port: flags.sagemakerPort,
@@ -90,6 +94,7 @@ async function main(): Promise<void> {
   }
   let vertexAi: { port: number; options: Omit<VertexAiOptions, "metrics"> } | undefined;
   if (flags.allowVertexAi) {
+    const { vertexAiRoutes } = await import("./frontends/vertex-ai.js");
     try {
       vertexAi = {
         port: flags.vertexAiPort,
@@ -119,7 +124,11 @@ async function main(): Promise<void> {
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
-    tracing: new Tracer(settings.tracing, logger, settings.otel && new OtelExport(settings.otel, logger)),
+    tracing: new Tracer(
+      settings.tracing,
+      logger,
+      settings.otel && new (await import("./observability/otel.js")).OtelExport(settings.otel, logger),
+    ),
     metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
     forwardHeaders: { http: flags.httpHeaderForwardPattern, grpc: flags.grpcHeaderForwardPattern },
     grpcResponseCompression: flags.grpcInferResponseCompressionLevel,
@@ -155,7 +164,7 @@ async function main(): Promise<void> {
     logger.info({ signal }, "shutting down");
     server.shutdown(flags.exitTimeoutSecs * 1000).then(
       ({ timedOut }) => {
-        if (responseCache instanceof RedisResponseCache) responseCache.close();
+        redisCache?.close();
         logger.info({ timedOut }, "stopped");
         process.exit(0);
       },

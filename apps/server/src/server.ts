@@ -23,8 +23,9 @@ import {
 } from "@trellis/kserve";
 import { type GrpcConnectionOptions, manageGrpcConnection } from "./frontends/grpc-connections.js";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, type RestContext, restHandler } from "./frontends/http.js";
-import { SAGEMAKER_BINARY_MIME, type SageMakerOptions, sageMakerHandler } from "./frontends/sagemaker.js";
-import { VERTEX_AI_BINARY_MIME, type VertexAiOptions, vertexAiHandler } from "./frontends/vertex-ai.js";
+// The cloud endpoints' modules are imported only when their listener is asked for (below).
+import type { SageMakerOptions } from "./frontends/sagemaker.js";
+import type { VertexAiOptions } from "./frontends/vertex-ai.js";
 import type { RepositoryManager } from "./models/repository.js";
 import { createMetrics, type MetricsOptions } from "./observability/metrics.js";
 
@@ -242,12 +243,15 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   });
 
   // SageMaker's routes, answered by the same REST handler, counted in flight like HTTP's.
-  const sagemakerServer = options.sagemaker
-    ? httpServerWith(
-        timeouts,
-        sageMakerHandler(restHandler({ ...restContext, binaryMime: SAGEMAKER_BINARY_MIME }), options.sagemaker.options),
-      )
-    : undefined;
+  let sagemakerServer: http.Server | undefined;
+  if (options.sagemaker) {
+    const { SAGEMAKER_BINARY_MIME, sageMakerHandler } = await import("./frontends/sagemaker.js");
+    const handler = sageMakerHandler(
+      restHandler({ ...restContext, binaryMime: SAGEMAKER_BINARY_MIME }),
+      options.sagemaker.options,
+    );
+    sagemakerServer = httpServerWith(timeouts, handler);
+  }
   sagemakerServer?.prependListener("request", (_req, res) => {
     active++;
     if (stopping) res.setHeader("connection", "close");
@@ -273,15 +277,15 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     res.end("Not Found");
   });
 
-  const vertexAiServer = options.vertexAi
-    ? httpServerWith(
-        timeouts,
-        vertexAiHandler(restHandler({ ...restContext, binaryMime: VERTEX_AI_BINARY_MIME }), {
-          ...options.vertexAi.options,
-          metrics: () => metrics.scrape(),
-        }),
-      )
-    : undefined;
+  let vertexAiServer: http.Server | undefined;
+  if (options.vertexAi) {
+    const { VERTEX_AI_BINARY_MIME, vertexAiHandler } = await import("./frontends/vertex-ai.js");
+    const handler = vertexAiHandler(restHandler({ ...restContext, binaryMime: VERTEX_AI_BINARY_MIME }), {
+      ...options.vertexAi.options,
+      metrics: () => metrics.scrape(),
+    });
+    vertexAiServer = httpServerWith(timeouts, handler);
+  }
   vertexAiServer?.prependListener("request", (_req, res) => {
     active++;
     if (stopping) res.setHeader("connection", "close");

@@ -3,14 +3,20 @@
  * and predict routes Vertex AI gives in AIP_HEALTH_ROUTE and AIP_PREDICT_ROUTE,
  * predictions going to the default model (JSON, or binary tensors with the
  * header length in Vertex AI's content type), and redirects to other endpoints
- * through X-Vertex-Ai-Triton-Redirect; a default model it cannot find stops it at start.
+ * through X-Vertex-Ai-Triton-Redirect; a default model it cannot find stops it at start;
+ * shutdown closes its listener.
  */
+import net from "node:net";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { modelLoader } from "../src/models/loader.js";
+import { RepositoryManager } from "../src/models/repository.js";
+import { startServer } from "../src/server.js";
 import { echoConfig, floats, makeRepository } from "./helpers.js";
 
 const BINARY = "application/vnd.vertex-ai-triton.binary+json;json-header-size=";
 const ROUTES = { AIP_PREDICT_ROUTE: "/v1/endpoints/e1/deployedModels/m1:predict", AIP_HEALTH_ROUTE: "/health" };
+const ROUTES_OPTIONS = { predictRoute: ROUTES.AIP_PREDICT_ROUTE, healthRoute: ROUTES.AIP_HEALTH_ROUTE };
 
 /** Runs `start` with Vertex AI's environment set, as the platform sets it for the container. */
 async function withRoutes<T>(start: () => Promise<T>, env: Record<string, string> = ROUTES): Promise<T> {
@@ -111,4 +117,32 @@ it("stops at start without Vertex AI's routes, or without a default model it can
   } finally {
     await removeDir(two);
   }
+});
+
+/** How a TCP connection to `port` on loopback ends: "connected", or the error's code. */
+function tcpConnect(port: number): Promise<string> {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, "127.0.0.1");
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve("connected");
+    });
+    socket.once("error", (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message));
+  });
+}
+
+it("closes the Vertex AI listener at shutdown, with the others", async () => {
+  const quiet = { info() {}, warn() {}, error() {}, debug() {} };
+  const manager = new RepositoryManager({ repositories: [repo], loader: modelLoader(), logger: quiet });
+  await manager.start();
+  const running = await startServer(manager, {
+    ...{ httpPort: 0, grpcPort: 0, metricsPort: 0, logger: quiet },
+    vertexAi: { port: 0, options: { ...ROUTES_OPTIONS, ready: () => manager.isReady(), model: () => "echo" } },
+  });
+  const port = running.vertexAiPort as number;
+  expect((await fetch(`http://127.0.0.1:${port}/health`)).status).toBe(200);
+  expect(await tcpConnect(port)).toBe("connected");
+  expect(await running.shutdown(5_000)).toEqual({ timedOut: false });
+  expect(await tcpConnect(port)).toBe("ECONNREFUSED");
+  expect(await tcpConnect(running.httpPort as number)).toBe("ECONNREFUSED");
 });

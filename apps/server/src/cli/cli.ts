@@ -22,7 +22,7 @@ import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "../frontends/http.js";
 import { DEFAULT_MAX_QUEUE_SIZE } from "../models/managed.js";
 import type { ControlMode } from "../models/repository.js";
 import type { MetricsOptions } from "../observability/metrics.js";
-import type { OtelSettings } from "../observability/otel.js";
+import type { OtelSettings } from "../observability/otel-settings.js";
 import type { TraceValues } from "../observability/tracing.js";
 import { SERVER_VERSION } from "../server.js";
 import { type CacheChoice, readCacheConfig } from "./cache-config.js";

@@ -7,7 +7,7 @@
 import { constants } from "node:fs";
 import { access } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
-import { DEFAULT_OTEL_SETTINGS, type OtelSettings } from "../observability/otel.js";
+import { DEFAULT_OTEL_SETTINGS, type OtelSettings } from "../observability/otel-settings.js";
 import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "../observability/tracing.js";
 import { splitSetting, UsageError } from "./usage.js";
 

@@ -6,6 +6,9 @@
  * the trace's timestamps as span events, and model_name, model_version,
  * request_id and parent_id as attributes. A request carrying a W3C
  * traceparent continues the caller's trace.
+ *
+ * Loaded (with the OpenTelemetry SDK) only when the command line asks for trace mode
+ * opentelemetry: main.ts imports it then; everything else imports otel-settings.ts or types.
  */
 import {
   type Attributes,
@@ -20,26 +23,7 @@ import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
 import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trace-base";
-
-export interface OtelSettings {
-  /** The collector's OTLP/HTTP traces endpoint. */
-  url: string;
-  /** Resource attributes (service.name and the like). */
-  resource: Record<string, string>;
-  /** The batch span processor's settings, as Triton names them. */
-  bspMaxQueueSize: number;
-  bspScheduleDelayMs: number;
-  bspMaxExportBatchSize: number;
-}
-
-/** Triton's defaults, with our own service name. */
-export const DEFAULT_OTEL_SETTINGS: Readonly<OtelSettings> = {
-  url: "http://localhost:4318/v1/traces",
-  resource: { "service.name": "trellis-server" },
-  bspMaxQueueSize: 2048,
-  bspScheduleDelayMs: 5000,
-  bspMaxExportBatchSize: 512,
-};
+import type { OtelSettings } from "./otel-settings.js";
 
 /** One trace as the tracer keeps it: timestamps by name (ns, monotonic), children for ensemble steps. */
 export interface FinishedTrace {
