@@ -4,11 +4,12 @@
  * instance), in 1 and 2 worker-thread instances (startWorkerInstances, as config parameter
  * worker_threads "true" loads it), and on the main thread with every call let in at once
  * (the stage interleaves their decodes). Prints requests/s and p50 per run, and the ratio
- * to the main-thread 1-instance run.
+ * to the main-thread 1-instance run (medians of rounds that interleave the setups, so
+ * that other load on the machine falls on each alike).
  *
  *   pnpm --filter @trellis/preprocess build && pnpm --filter @trellis/preprocess bench:workers
  *
- * BENCH_SECONDS (default 4) per run after 1 s of warm-up; BENCH_ROUNDS (default 1) repeats the set.
+ * BENCH_ROUNDS (default 6) rounds of BENCH_SLICE_SECONDS (default 1.5) per setup, after 0.5 s of warm-up each.
  */
 import { join } from "node:path";
 import { createStage } from "@trellis/preprocess";
@@ -18,36 +19,33 @@ import { bytesTensor, type Stage } from "@trellis/stage";
 import { fixtureImagesDir, modelsDir } from "@trellis/testing";
 import sharp from "sharp";
 
-const SECONDS = Number(process.env.BENCH_SECONDS ?? 4);
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 1);
+const SLICE = Number(process.env.BENCH_SLICE_SECONDS ?? 1.5);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 6);
 const CONCURRENCY = 4;
 
-interface Result {
-  rps: number;
-  p50: number;
+/** One slice: `CONCURRENCY` callers, each sending its next request when the last is answered. */
+async function slice(stage: Stage, jpeg: Uint8Array, seconds: number, latencies?: number[]): Promise<number> {
+  const request = () => ({ inputs: [bytesTensor("RAW_IMAGE", [1, 1], [jpeg])] });
+  let answered = 0;
+  const start = performance.now();
+  const until = start + seconds * 1000;
+  await Promise.all(
+    Array.from({ length: CONCURRENCY }, async () => {
+      while (performance.now() < until) {
+        const t = performance.now();
+        await stage.infer(request());
+        latencies?.push(performance.now() - t);
+        answered++;
+      }
+    }),
+  );
+  return answered / ((performance.now() - start) / 1000);
 }
 
-async function measure(stage: Stage, jpeg: Uint8Array): Promise<Result> {
-  const request = () => ({ inputs: [bytesTensor("RAW_IMAGE", [1, 1], [jpeg])] });
-  const run = async (until: number, latencies?: number[]) => {
-    await Promise.all(
-      Array.from({ length: CONCURRENCY }, async () => {
-        while (performance.now() < until) {
-          const t = performance.now();
-          await stage.infer(request());
-          latencies?.push(performance.now() - t);
-        }
-      }),
-    );
-  };
-  await run(performance.now() + 1000);
-  const latencies: number[] = [];
-  const start = performance.now();
-  await run(start + SECONDS * 1000, latencies);
-  const elapsed = (performance.now() - start) / 1000;
-  latencies.sort((a, b) => a - b);
-  return { rps: latencies.length / elapsed, p50: latencies[Math.floor(latencies.length / 2)] ?? Number.NaN };
-}
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)] ?? Number.NaN;
+};
 
 const config: ModelConfig = parseModelConfig(
   `name: "resnet50_preprocess"
@@ -87,17 +85,27 @@ const runs: [string, () => Promise<Stage>][] = [
   ["2 worker instances", () => startWorkerInstances({ specifier, factoryOptions, instances: 2 })],
   ["main thread, unbounded", async () => createStage(factoryOptions)],
 ];
-console.log(`preprocess seed mode, 1920x1080 JPEG, concurrency ${CONCURRENCY}, ${SECONDS} s per run`);
-for (let round = 1; round <= ROUNDS; round++) {
-  const results: Result[] = [];
-  for (const [label, start] of runs) {
-    const stage = await start();
-    const r = await measure(stage, jpeg);
-    await stage.close();
-    results.push(r);
-    const base = results[0] ?? r;
-    console.log(
-      `round ${round}  ${label.padEnd(24)} ${r.rps.toFixed(1).padStart(6)} req/s  p50 ${r.p50.toFixed(1).padStart(6)} ms  ×${(r.rps / base.rps).toFixed(2)} vs main 1 instance`,
-    );
-  }
+console.log(
+  `preprocess seed mode, 1920x1080 JPEG, concurrency ${CONCURRENCY}: ${ROUNDS} rounds of ${SLICE} s per setup, interleaved`,
+);
+const stages: Stage[] = [];
+for (const [, start] of runs) stages.push(await start());
+for (const stage of stages) await slice(stage, jpeg, 0.5);
+const rates: number[][] = runs.map(() => []);
+const latencies: number[][] = runs.map(() => []);
+for (let round = 0; round < ROUNDS; round++) {
+  for (const [i, stage] of stages.entries()) rates[i]?.push(await slice(stage, jpeg, SLICE, latencies[i]));
+}
+for (const stage of stages) await stage.close();
+const base = median(rates[0] ?? []);
+for (const [i, [label]] of runs.entries()) {
+  const r = rates[i] ?? [];
+  const rps = median(r);
+  console.log(
+    `${label.padEnd(24)} ${rps.toFixed(1).padStart(6)} req/s (rounds ${Math.min(...r).toFixed(1)}–${Math.max(...r).toFixed(1)})  p50 ${median(
+      latencies[i] ?? [],
+    )
+      .toFixed(1)
+      .padStart(6)} ms  ×${(rps / base).toFixed(2)}`,
+  );
 }
