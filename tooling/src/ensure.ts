@@ -3,7 +3,7 @@
  * network allows, else the synthetic stand-in, loudly labelled.
  */
 import { join } from "node:path";
-import { type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
+import { DownloadError, type FetchModelsOptions, fetchModels, OfflineError } from "./fetch.js";
 import { hasSeedArtifacts, INFERENCE_MODEL, LABELS_FILE } from "./paths.js";
 import { synthesizeResNet50, writeSyntheticLabels } from "./synth.js";
 
@@ -14,7 +14,10 @@ export interface EnsureModelsResult {
   labelsPath: string;
 }
 
-/** Fetches the real artifacts if the model is missing; offline, synthesises a stand-in instead. */
+/**
+ * Fetches the real artifacts if the model is missing; offline, or when the download fails
+ * after its retries, synthesises a stand-in instead and says why (the last error).
+ */
 export async function ensureModels(
   options: FetchModelsOptions & { seed?: number; warn?: (line: string) => void },
 ): Promise<EnsureModelsResult> {
@@ -27,8 +30,9 @@ export async function ensureModels(
     await fetchModels({ ...options, log });
     return { source: "fetched", modelPath, labelsPath };
   } catch (err) {
-    if (!(err instanceof OfflineError)) throw err;
-    warn(`WARNING: ${err.message}. Falling back to a SYNTHETIC ResNet-50 (random weights, meaningless predictions).`);
+    if (!(err instanceof OfflineError || err instanceof DownloadError)) throw err;
+    const why = err instanceof OfflineError && err.detail ? `${err.message} (${err.detail})` : err.message;
+    warn(`WARNING: ${why}. Falling back to a SYNTHETIC ResNet-50 (random weights, meaningless predictions).`);
     await synthesizeResNet50({ seed: options.seed ?? 0, path: modelPath });
     if (await writeSyntheticLabels(labelsPath)) {
       warn(

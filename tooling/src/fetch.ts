@@ -10,8 +10,10 @@ import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
+import { setTimeout as sleep } from "node:timers/promises";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import cliProgress from "cli-progress";
+import { type Dispatcher, EnvHttpProxyAgent, fetch as undiciFetch } from "undici";
 import {
   type GraphProto,
   ModelProtoSchema,
@@ -48,11 +50,14 @@ export const SOURCE_SHA256_KEY = "trellis.source_sha256";
 
 export class OfflineError extends Error {
   override name = "OfflineError";
+  /** What the connection failed with (e.g. `ECONNREFUSED: connect ECONNREFUSED 10.0.0.1:443`). */
+  readonly detail: string | undefined;
   constructor(
     readonly host: string,
-    options?: { cause?: unknown },
+    options?: { cause?: unknown; detail?: string },
   ) {
     super(`cannot reach ${host}: offline? run \`pnpm models:synth\` for a synthetic stand-in`, options);
+    this.detail = options?.detail;
   }
 }
 
@@ -103,6 +108,12 @@ export interface FetchModelsOptions {
   force?: boolean;
   signal?: AbortSignal;
   log?: (line: string) => void;
+  /** Retries of a dropped connection, a timeout or a 5xx, with exponential backoff (default 4). */
+  retries?: number;
+  /** The first retry's delay; each next one doubles it (default 1000 ms). */
+  retryDelayMs?: number;
+  /** Seconds without a byte before a request is given up (and retried); default 60. */
+  timeoutSeconds?: number;
 }
 
 export interface FetchedArtifact {
@@ -115,27 +126,47 @@ export interface FetchedArtifact {
   renamed: boolean;
 }
 
-const NETWORK_CODES = new Set([
-  "ENOTFOUND",
-  "EAI_AGAIN",
-  "ECONNREFUSED",
+/** No connection at all: the host is not there (or we are offline). Not retried. */
+const UNREACHABLE_CODES = new Set(["ENOTFOUND", "ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH"]);
+/** A connection that failed part-way or timed out: retried, resuming where the body stopped. */
+const TRANSIENT_CODES = new Set([
   "ECONNRESET",
-  "ENETUNREACH",
-  "EHOSTUNREACH",
+  "EPIPE",
   "ETIMEDOUT",
-  "UND_ERR_CONNECT_TIMEOUT",
+  "EAI_AGAIN",
   "UND_ERR_SOCKET",
+  "UND_ERR_CONNECT_TIMEOUT",
+  "UND_ERR_HEADERS_TIMEOUT",
+  "UND_ERR_BODY_TIMEOUT",
+  "UND_ERR_CLOSED",
 ]);
+/** HTTP statuses worth another try: timeouts, rate limits, and the server's or a proxy's 5xx. */
+const transientStatus = (status: number) => status === 408 || status === 429 || status >= 500;
 
-function networkCode(err: unknown): string | undefined {
+function errorCode(err: unknown, codes: Set<string>): string | undefined {
   for (let e = err as { code?: string; cause?: unknown } | undefined, depth = 0; e && depth < 5; depth++) {
-    if (e.code && NETWORK_CODES.has(e.code)) return e.code;
+    if (e.code && codes.has(e.code)) return e.code;
     // AggregateError from happy-eyeballs connects
     const errors = (e as { errors?: unknown[] }).errors;
-    if (errors?.some((x) => networkCode(x))) return "ECONNREFUSED";
+    const inner = errors?.map((x) => errorCode(x, codes)).find(Boolean);
+    if (inner) return inner;
     e = e.cause as typeof e;
   }
   return undefined;
+}
+
+/** The innermost message and code of a network error, for the log (undici's outer one says only "fetch failed"). */
+function describeNetworkError(err: unknown): string {
+  let e = err as { message?: string; code?: string; cause?: unknown } | undefined;
+  for (let depth = 0; e?.cause && depth < 5; depth++) e = e.cause as typeof e;
+  const code = e?.code ?? errorCode(err, UNREACHABLE_CODES) ?? errorCode(err, TRANSIENT_CODES);
+  const message = e?.message ?? String(err);
+  return code && !message.includes(code) ? `${code}: ${message}` : message;
+}
+
+/** An HTTP failure or a transient network one that outlasted the retries. */
+export class DownloadError extends Error {
+  override name = "DownloadError";
 }
 
 async function sha256File(path: string): Promise<string> {
@@ -160,38 +191,113 @@ export function renameGraphTensors(graph: GraphProto, renames: [string, string][
   }
 }
 
-/** Downloads `url` to `part`, hashing as it goes; returns the hex digest and size. */
-async function download(
+interface DownloadOptions {
+  label: string;
+  showProgress: boolean;
+  dispatcher: Dispatcher;
+  retries: number;
+  retryDelayMs: number;
+  log: (line: string) => void;
+  signal?: AbortSignal;
+}
+
+/** One attempt's outcome: done, or a failure worth another try (and why). */
+type Attempt = { done: true } | { done: false; reason: string };
+
+/**
+ * Downloads `url` to `part`, hashing it; returns the hex digest and size. A dropped connection,
+ * a timeout or a 5xx is retried with exponential backoff (`retries` times), resuming with a
+ * Range request from the bytes already written when the server answers one (206), else
+ * starting over. The size is checked against the server's Content-Length (or Content-Range).
+ */
+async function download(url: string, part: string, o: DownloadOptions): Promise<{ sha256: string; bytes: number }> {
+  const host = new URL(url).host;
+  await rm(part, { force: true });
+  let total = 0;
+  for (let attempt = 0; ; attempt++) {
+    let outcome: Attempt;
+    try {
+      outcome = await attemptDownload(url, part, o, (t) => {
+        total = t;
+      });
+    } catch (err) {
+      if (o.signal?.aborted) throw err;
+      if (errorCode(err, UNREACHABLE_CODES)) {
+        throw new OfflineError(host, { cause: err, detail: describeNetworkError(err) });
+      }
+      if (!errorCode(err, TRANSIENT_CODES)) {
+        await rm(part, { force: true });
+        throw err instanceof DownloadError
+          ? err
+          : new Error(`GET ${url} failed: ${(err as Error).message}`, { cause: err });
+      }
+      outcome = { done: false, reason: describeNetworkError(err) };
+    }
+    if (outcome.done) break;
+    if (attempt >= o.retries) {
+      await rm(part, { force: true });
+      throw new DownloadError(`GET ${url}: ${outcome.reason} (${attempt + 1} tries)`);
+    }
+    const delay = o.retryDelayMs * 2 ** attempt;
+    o.log(`${o.label}: ${outcome.reason}; retrying in ${delay} ms (${attempt + 1} of ${o.retries} retries)`);
+    await sleep(delay, undefined, { signal: o.signal });
+  }
+  const bytes = (await stat(part)).size;
+  if (total && bytes !== total) {
+    await rm(part, { force: true });
+    throw new DownloadError(`GET ${url}: got ${bytes} bytes, the server announced ${total}`);
+  }
+  return { sha256: await sha256File(part), bytes };
+}
+
+async function attemptDownload(
   url: string,
   part: string,
-  label: string,
-  showProgress: boolean,
-  signal?: AbortSignal,
-): Promise<{ sha256: string; bytes: number }> {
-  const host = new URL(url).host;
-  let res: Response;
-  try {
-    res = await fetch(url, { signal, redirect: "follow" });
-  } catch (err) {
-    if (networkCode(err)) throw new OfflineError(host, { cause: err });
-    throw new Error(`GET ${url} failed: ${(err as Error).message}`, { cause: err });
+  o: DownloadOptions,
+  setTotal: (total: number) => void,
+): Promise<Attempt> {
+  const have = (await exists(part)) ? (await stat(part)).size : 0;
+  const headers: Record<string, string> = have > 0 ? { range: `bytes=${have}-` } : {};
+  const res = await undiciFetch(url, { signal: o.signal, redirect: "follow", dispatcher: o.dispatcher, headers });
+  if (res.status === 416 && have > 0) {
+    // The range is past the file's end (it changed, or the part is stale): start over.
+    await res.body?.cancel();
+    await rm(part, { force: true });
+    return { done: false, reason: "HTTP 416 for the resumed range" };
   }
   if (!res.ok || !res.body) {
-    throw new Error(`GET ${url}: HTTP ${res.status} ${res.statusText}`);
+    await res.body?.cancel();
+    const reason = `HTTP ${res.status} ${res.statusText}`;
+    if (transientStatus(res.status)) return { done: false, reason };
+    throw new DownloadError(`GET ${url}: ${reason}`);
   }
-  const total = Number(res.headers.get("content-length") ?? 0);
-  const bar = showProgress
+  let from = 0;
+  let total = Number(res.headers.get("content-length") ?? 0);
+  if (res.status === 206 && have > 0) {
+    const range = /^bytes (\d+)-\d+\/(\d+|\*)$/.exec(res.headers.get("content-range") ?? "");
+    if (range && Number(range[1]) === have) {
+      from = have;
+      total = range[2] === "*" ? 0 : Number(range[2]);
+      o.log(`${o.label}: resuming at byte ${have}`);
+    } else {
+      await res.body.cancel();
+      await rm(part, { force: true });
+      return { done: false, reason: `the server resumed at another byte (${res.headers.get("content-range")})` };
+    }
+  } else if (have > 0) {
+    o.log(`${o.label}: the server does not resume downloads; starting over`);
+  }
+  setTotal(total);
+  const bar = o.showProgress
     ? new cliProgress.SingleBar(
-        { format: `${label} [{bar}] {percentage}% | {value}/{total} bytes | {eta}s left`, stream: process.stderr },
+        { format: `${o.label} [{bar}] {percentage}% | {value}/{total} bytes | {eta}s left`, stream: process.stderr },
         cliProgress.Presets.shades_classic,
       )
     : undefined;
-  bar?.start(total || 1, 0);
-  const hash = createHash("sha256");
-  let bytes = 0;
+  bar?.start(total || 1, from);
+  let bytes = from;
   const body = Readable.fromWeb(res.body as import("node:stream/web").ReadableStream<Uint8Array>);
   body.on("data", (chunk: Buffer) => {
-    hash.update(chunk);
     bytes += chunk.length;
     if (bar) {
       if (!total) bar.setTotal(bytes);
@@ -199,15 +305,12 @@ async function download(
     }
   });
   try {
-    await pipeline(body, createWriteStream(part));
-  } catch (err) {
-    await rm(part, { force: true });
-    if (networkCode(err)) throw new OfflineError(host, { cause: err });
-    throw err;
+    // From the start (truncating what was there) or appended to the bytes kept.
+    await pipeline(body, createWriteStream(part, { flags: from > 0 ? "a" : "w" }));
   } finally {
     bar?.stop();
   }
-  return { sha256: hash.digest("hex"), bytes };
+  return { done: true };
 }
 
 /** Downloads, verifies and installs every artifact; returns what it did for each. */
@@ -215,6 +318,31 @@ export async function fetchModels(options: FetchModelsOptions): Promise<FetchedA
   const artifacts = options.artifacts ?? defaultArtifacts();
   const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
   const showProgress = options.progress ?? process.stderr.isTTY === true;
+  const timeout = (options.timeoutSeconds ?? 60) * 1000;
+  // HTTP_PROXY / HTTPS_PROXY / NO_PROXY (and their lower-case forms), as curl and npm read them.
+  // An http:// target goes to the proxy as an absolute-URI request (as curl sends it); https:// through CONNECT.
+  const dispatcher = new EnvHttpProxyAgent({ headersTimeout: timeout, bodyTimeout: timeout, proxyTunnel: false });
+  const downloadOptions = {
+    showProgress,
+    dispatcher,
+    retries: options.retries ?? 4,
+    retryDelayMs: options.retryDelayMs ?? 1000,
+    log,
+    ...(options.signal ? { signal: options.signal } : {}),
+  };
+  try {
+    return await fetchEach(artifacts, options, log, downloadOptions);
+  } finally {
+    await dispatcher.close();
+  }
+}
+
+async function fetchEach(
+  artifacts: Artifact[],
+  options: FetchModelsOptions,
+  log: (line: string) => void,
+  downloadOptions: Omit<DownloadOptions, "label">,
+): Promise<FetchedArtifact[]> {
   const results: FetchedArtifact[] = [];
   for (const a of artifacts) {
     const url = options.baseUrl ? `${options.baseUrl.replace(/\/+$/, "")}/${basename(new URL(a.url).pathname)}` : a.url;
@@ -232,7 +360,7 @@ export async function fetchModels(options: FetchModelsOptions): Promise<FetchedA
 
     const part = `${dest}.part`;
     log(`${a.name}: downloading ${url}`);
-    const got = await download(url, part, a.name, showProgress, options.signal);
+    const got = await download(url, part, { ...downloadOptions, label: a.name });
     if (got.sha256 !== a.sha256) {
       await rm(part, { force: true });
       throw new ChecksumError(

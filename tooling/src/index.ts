@@ -2,6 +2,7 @@ export { type EnsureModelsResult, ensureModels } from "./ensure.js";
 export {
   type Artifact,
   ChecksumError,
+  DownloadError,
   defaultArtifacts,
   type FetchedArtifact,
   type FetchModelsOptions,

@@ -3,6 +3,7 @@
 // Prints the trtexec command for the GPU machine and writes the GPU model repositories.
 import { join, relative } from "node:path";
 import { Command } from "commander";
+import { scriptArgv } from "./argv.js";
 import { DEFAULT_REPOSITORY } from "./paths.js";
 import { planTrt, TrtPlanError, writeTrtPlan } from "./trt-plan-recipe.js";
 
@@ -39,7 +40,7 @@ const program = new Command("trt:plan")
   .option("--instances <n>", "GPU instances in Triton", int, 1)
   .option("--no-fp16", "build an FP32 engine (no --fp16)")
   .option("--dry-run", "print the command only, write nothing", false)
-  .parse();
+  .parse(scriptArgv());
 const o = program.opts<{
   onnx: string;
   config: string;

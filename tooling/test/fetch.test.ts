@@ -182,6 +182,9 @@ describe("models:fetch against a local HTTP server", () => {
     // The fallback and the placeholder labels are warnings, not progress lines.
     expect(warnings).toHaveLength(2);
     expect(warnings[0]).toContain("SYNTHETIC ResNet-50");
+    // ... and why: the connection's own error.
+    expect(warnings[0]).toContain(`cannot reach 127.0.0.1:${deadPort}`);
+    expect(warnings[0]).toContain("ECONNREFUSED");
     expect(warnings[1]).toContain("placeholder labels");
     expect(lines.join("\n")).not.toContain("WARNING");
     expect((await ensureModels({ repository, log: () => {} })).source).toBe("present");
