@@ -231,7 +231,8 @@ describe("explicit model control", () => {
       }),
     ).rejects.toMatchObject({
       code: Code.InvalidArgument,
-      rawMessage: "invalid value type for 'unload_dependents' parameter, expected bool_param.",
+      // The same words as over HTTP: both frontends read the parameter in @trellis/kserve's control.
+      rawMessage: "Unable to parse 'unload_dependents': expected a boolean, got 1",
     });
     expect(await states()).toMatchObject({ chain: "READY", echo: "READY", echo10: "READY" });
   });

@@ -119,7 +119,9 @@ describe("load with file overrides", () => {
     });
     expect(await load({ config: MOBILENET_CONFIG, "file:1/model.onnx": "not base64!" })).toEqual({
       status: 400,
-      json: { error: "load parameter 'file:1/model.onnx' must be the file's content in base64" },
+      json: {
+        error: `load parameter 'file:1/model.onnx' must be the file's content (bytes; base64 in JSON), got "not base64!"`,
+      },
     });
     const broken = await load({ config: MOBILENET_CONFIG, "file:1/model.onnx": onnx });
     expect(broken.status).toBe(400);
@@ -137,7 +139,7 @@ describe("load with file overrides", () => {
       .catch((e: ConnectError) => e);
     expect((asString as ConnectError).code).toBe(Code.InvalidArgument);
     expect((asString as ConnectError).rawMessage).toBe(
-      "load parameter 'file:1/model.onnx' must be bytes (the file's content)",
+      `load parameter 'file:1/model.onnx' must be the file's content (bytes; base64 in JSON), got "AAAA"`,
     );
     expect(leftovers()).toEqual([]);
   });

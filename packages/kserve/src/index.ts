@@ -17,8 +17,27 @@ export {
   grpcTransport,
   remoteError,
 } from "./connect.js";
+export {
+  loadModel,
+  logSetting,
+  modelReady,
+  type RegisterFields,
+  type RepositoryParameters,
+  registerSharedMemory,
+  repositoryIndex,
+  type ServerAbilities,
+  type SharedMemoryKind,
+  serverExtensions,
+  serverReady,
+  sharedMemoryRegions,
+  statisticsStage,
+  TRITON_EXTENSIONS,
+  traceSetting,
+  unloadModel,
+  unregisterSharedMemory,
+} from "./control.js";
 export { forwardedHeaders, headerForwardPattern, withForwardedHeaders } from "./header-forwarding.js";
-export { answerLogSettings, type LogSettings, type LogSettingsControl } from "./log-settings.js";
+export type { LogSettings, LogSettingsControl } from "./log-settings.js";
 export { createModelCaller } from "./model-caller.js";
 export type {
   ModelIndexEntry,
@@ -28,7 +47,6 @@ export type {
   ModelUnloadOptions,
 } from "./registry.js";
 export {
-  checkFileOverridePath,
   checkModelName,
   inferOptionsFromParameters,
   modelNameProblem,
@@ -53,8 +71,6 @@ export {
   listenStage,
   serverCompression,
   serveStage,
-  statisticsStage,
-  TRITON_EXTENSIONS,
   widenSessionWindow,
 } from "./serve.js";
 export {
@@ -65,7 +81,6 @@ export {
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";
-export { answerTraceSettings, type TraceControl, type TraceSettings } from "./trace-settings.js";
+export type { TraceControl, TraceSettings } from "./trace-settings.js";
 export { describeTransportError, neverSent } from "./transport-errors.js";
-export { refuseClientSharedMemory, refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
 export { inferRequestToWire, inferResponseFromWire, inferResponseToWire, metadataFromWire } from "./wire.js";

@@ -44,10 +44,25 @@ import {
   StageError,
 } from "@trellis/stage";
 import { answersOf } from "@trellis/stage/backend";
-import { clientError, clientMessage } from "./client-errors.js";
+import { clientError } from "./client-errors.js";
 import { tensorFromContents, tensorToRaw } from "./codec.js";
 import { namingInputLimit, requestCompression } from "./compression.js";
 import { normalizedModelConfig } from "./config-normalize.js";
+import {
+  loadModel,
+  logSetting,
+  modelReady,
+  type RepositoryParameters,
+  registerSharedMemory,
+  repositoryIndex,
+  serverExtensions,
+  serverReady,
+  sharedMemoryRegions,
+  statisticsStage,
+  traceSetting,
+  unloadModel,
+  unregisterSharedMemory,
+} from "./control.js";
 import {
   type GrpcCallTimes,
   grpcModelInferHandler,
@@ -56,9 +71,9 @@ import {
 } from "./grpc-model-infer.js";
 import { forwardedHeaders, withForwardedHeaders } from "./header-forwarding.js";
 import { closeOnResetDrift, GRPC_SESSION_MEMORY_MB, ignoreIdleStreamFrames } from "./http2-resets.js";
-import { answerLogSettings, type LogSettingsControl, type LogSettingValue } from "./log-settings.js";
-import { type ModelLoadOptions, type ModelRegistry, type ModelUnloadOptions, stageRegistry } from "./registry.js";
-import { checkFileOverridePath, checkModelName, inferOptionsFromParameters } from "./request-checks.js";
+import type { LogSettingsControl, LogSettingValue } from "./log-settings.js";
+import { type ModelRegistry, stageRegistry } from "./registry.js";
+import { inferOptionsFromParameters } from "./request-checks.js";
 import { type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "./restrictions.js";
 import {
@@ -70,8 +85,7 @@ import {
   sharedMemoryRef,
   withoutSharedMemory,
 } from "./shared-memory.js";
-import { answerTraceSettings, type TraceControl } from "./trace-settings.js";
-import { refuseClientSharedMemory, refuseSharedMemoryRegister, sharedMemoryStatus } from "./unsupported.js";
+import type { TraceControl } from "./trace-settings.js";
 import {
   inferRequestFromWire,
   inferResponseToWire,
@@ -103,63 +117,8 @@ export function loggingWithheld(
   return logger && ((detail, sent) => logger.warn({ detail, sent }, "error detail withheld from the client"));
 }
 
-/**
- * The extensions Triton's server metadata lists, always, in its order (core src/server.cc,
- * with statistics, trace and logging built in): clients probe them before using one.
- */
-export const TRITON_EXTENSIONS: readonly string[] = [
-  "classification",
-  "sequence",
-  "model_repository",
-  "model_repository(unload_dependents)",
-  "schedule_policy",
-  "model_configuration",
-  "system_shared_memory",
-  "cuda_shared_memory",
-  "binary_tensor_data",
-  // Request parameters reach the model (and forwarded headers join them).
-  "parameters",
-  "statistics",
-  "trace",
-  "logging",
-];
-
-/**
- * The stage whose statistics a request for `name` (and `version`) asks, refused as Triton's core
- * refuses it (src/tritonserver.cc TRITONSERVER_ServerModelStatistics): INVALID_ARGUMENT when
- * the model or the version has no ready version to report on.
- */
-export function statisticsStage(registry: ModelRegistry, name: string, version: string | undefined): Stage {
-  try {
-    return registry.resolve(name, version || undefined);
-  } catch (err) {
-    // Which of Triton's two refusals: the model has no ready version, or not this one.
-    let modelReady = false;
-    if (version) {
-      try {
-        registry.resolve(name);
-        modelReady = true;
-      } catch {}
-    }
-    throw new StageError(
-      Code.InvalidArgument,
-      "",
-      modelReady
-        ? `requested model version is not available for model '${name}'`
-        : `requested model '${name}' is not available`,
-      { cause: err },
-    );
-  }
-}
-
 function asRegistry(x: Stage | ModelRegistry): ModelRegistry {
   return typeof (x as ModelRegistry).resolve === "function" ? (x as ModelRegistry) : stageRegistry(x as Stage);
-}
-
-async function serverReady(registry: ModelRegistry): Promise<boolean> {
-  if (registry.isReady) return registry.isReady();
-  const all = await Promise.all(registry.list().map((s) => s.isReady()));
-  return all.every(Boolean);
 }
 
 /**
@@ -375,27 +334,17 @@ export function inferenceService(
   registry: ModelRegistry,
   options: ServeOptions = {},
 ): Partial<ServiceImpl<typeof GRPCInferenceService>> {
-  const repo = () => {
-    if (!registry.repository)
-      throw new StageError(Code.Unimplemented, "", "this server has no model repository control");
-    return registry.repository;
-  };
   const withheld = loggingWithheld(options.logger);
   return withClientErrors(withheld, {
     serverLive: () => ({ live: true }),
     serverReady: async () => ({ ready: await serverReady(registry) }),
-    modelReady: async (req) => {
-      try {
-        return { ready: await registry.resolve(req.name, req.version).isReady() };
-      } catch {
-        return { ready: false };
-      }
-    },
+    // A model the registry cannot find is not ready: tritonclient's is_model_ready pollers get False (HTTP answers 404).
+    modelReady: async (req) => ({ ready: await modelReady(registry, req.name, req.version).catch(() => false) }),
     serverMetadata: () =>
       create(ServerMetadataResponseSchema, {
         name: options.serverName ?? "trellis",
         version: options.serverVersion ?? "0.1.0",
-        extensions: options.extensions ?? [...TRITON_EXTENSIONS],
+        extensions: options.extensions ?? lonelyExtensions(registry, options),
       }),
     modelMetadata: async (req) => metadataToWire(await registry.resolve(req.name, req.version).metadata()),
     // As Triton answers it: normalized (version policy, backend, instance groups, ...).
@@ -502,66 +451,55 @@ export function inferenceService(
     },
     repositoryIndex: async (req) =>
       create(RepositoryIndexResponseSchema, {
-        // A load failure's reason says where the server looked: the client gets it without the paths.
-        models: (await repo().index(req.ready)).map((m) =>
-          create(RepositoryIndexResponse_ModelIndexSchema, { ...m, reason: clientMessage(m.reason) }),
+        models: (await repositoryIndex(registry, req.ready)).map((m) =>
+          create(RepositoryIndexResponse_ModelIndexSchema, m),
         ),
       }),
     repositoryModelLoad: async (req) => {
-      checkModelName(req.modelName);
-      await repo().load(req.modelName, loadOptions(req.parameters));
+      await loadModel(registry, req.modelName, parametersOf(req.parameters), (v) =>
+        v instanceof Uint8Array ? v : undefined,
+      );
       return {};
     },
     repositoryModelUnload: async (req) => {
-      checkModelName(req.modelName);
-      await repo().unload(req.modelName, unloadOptions(req.parameters));
+      await unloadModel(registry, req.modelName, parametersOf(req.parameters));
       return {};
     },
-    systemSharedMemoryStatus: (req) => {
-      if (!options.sharedMemory) {
-        sharedMemoryStatus("system", req.name);
-        return create(SystemSharedMemoryStatusResponseSchema);
-      }
-      const regions = options.sharedMemory.status(req.name);
-      return create(SystemSharedMemoryStatusResponseSchema, {
+    systemSharedMemoryStatus: (req) =>
+      create(SystemSharedMemoryStatusResponseSchema, {
         regions: Object.fromEntries(
-          regions.map((r) => [
+          sharedMemoryRegions(options.sharedMemory, "system", req.name).map((r) => [
             r.name,
             { name: r.name, key: r.key, offset: BigInt(r.offset), byteSize: BigInt(r.byteSize) },
           ]),
         ),
-      });
-    },
+      }),
     cudaSharedMemoryStatus: (req) => {
-      sharedMemoryStatus("CUDA", req.name);
+      sharedMemoryRegions(options.sharedMemory, "CUDA", req.name);
       return create(CudaSharedMemoryStatusResponseSchema);
     },
-    // As Triton: with client shared memory off, register and unregister are refused (UNIMPLEMENTED), CUDA's too.
-    systemSharedMemoryRegister: (req) => {
-      if (!options.sharedMemory) refuseClientSharedMemory();
-      options.sharedMemory.register(req.name, req.key, Number(req.offset), Number(req.byteSize));
+    systemSharedMemoryRegister: async (req) => {
+      await registerSharedMemory(options.sharedMemory, "system", req.name, () => req);
       return {};
     },
     systemSharedMemoryUnregister: (req) => {
-      if (!options.sharedMemory) refuseClientSharedMemory();
-      options.sharedMemory.unregister(req.name);
+      unregisterSharedMemory(options.sharedMemory, "system", req.name);
       return {};
     },
-    cudaSharedMemoryRegister: () => {
-      if (!options.sharedMemory) refuseClientSharedMemory();
-      return refuseSharedMemoryRegister("CUDA");
+    cudaSharedMemoryRegister: async (req) => {
+      await registerSharedMemory(options.sharedMemory, "CUDA", req.name, () => req);
+      return {};
     },
-    // No CUDA region is ever registered: unregistering one has nothing to do.
-    cudaSharedMemoryUnregister: () => {
-      if (!options.sharedMemory) refuseClientSharedMemory();
+    cudaSharedMemoryUnregister: (req) => {
+      unregisterSharedMemory(options.sharedMemory, "CUDA", req.name);
       return {};
     },
     traceSetting: (req) => {
-      const settings = answerTraceSettings(
+      const settings = traceSetting(
         options.tracing,
+        registry,
         req.modelName || undefined,
         Object.fromEntries(Object.entries(req.settings).map(([k, v]) => [k, v.value])),
-        registry,
       );
       return create(TraceSettingResponseSchema, {
         settings: Object.fromEntries(
@@ -575,7 +513,7 @@ export function inferenceService(
           v.parameterChoice.case === undefined ? [] : [[k, v.parameterChoice.value] as const],
         ),
       );
-      const settings = answerLogSettings(options.logSettings, changes);
+      const settings = logSetting(options.logSettings, changes);
       return create(LogSettingsResponseSchema, {
         settings: Object.fromEntries(Object.entries(settings).map(([k, v]) => [k, settingToWire(v)])),
       });
@@ -622,44 +560,22 @@ function settingToWire(v: LogSettingValue): MessageInitShape<typeof LogSettingsR
   return { parameterChoice: { case: "stringParam", value: v } };
 }
 
-/** A load request's parameters: "config" (a JSON model config) and "file:<path>" overrides (bytes), as Triton's. */
-function loadOptions(parameters: { [key: string]: ModelRepositoryParameter }): ModelLoadOptions {
-  const options: ModelLoadOptions = {};
-  for (const [key, value] of Object.entries(parameters)) {
-    if (key.startsWith("file:")) {
-      checkFileOverridePath(key.slice("file:".length));
-      if (value.parameterChoice.case !== "bytesParam") {
-        throw new StageError(Code.InvalidArgument, "", `load parameter '${key}' must be bytes (the file's content)`);
-      }
-      options.files = { ...options.files, [key.slice("file:".length)]: value.parameterChoice.value };
-      continue;
-    }
-    if (key === "config") {
-      if (value.parameterChoice.case !== "stringParam") {
-        throw new StageError(
-          Code.InvalidArgument,
-          "",
-          "load parameter 'config' must be a string (the model config as JSON)",
-        );
-      }
-      options.config = value.parameterChoice.value;
-    }
-  }
-  return options;
+/** A repository request's parameters, each the value its wire case carries. */
+function parametersOf(parameters: { [key: string]: ModelRepositoryParameter }): RepositoryParameters {
+  return Object.fromEntries(Object.entries(parameters).map(([k, v]) => [k, v.parameterChoice.value]));
 }
 
-/** The unload request's parameters, read as Triton's gRPC frontend reads them. */
-function unloadOptions(parameters: { [key: string]: ModelRepositoryParameter }): ModelUnloadOptions {
-  const flag = parameters.unload_dependents;
-  if (!flag) return {};
-  if (flag.parameterChoice.case !== "boolParam") {
-    throw new StageError(
-      Code.InvalidArgument,
-      "",
-      "invalid value type for 'unload_dependents' parameter, expected bool_param.",
-    );
-  }
-  return { unloadDependents: flag.parameterChoice.value };
+/**
+ * What a server with no extensions given lists: what it implements. Classification, sequence
+ * batching and scheduling are the Trellis server's model runtime, not a lone stage's.
+ */
+function lonelyExtensions(registry: ModelRegistry, options: ServeOptions): string[] {
+  return serverExtensions({
+    repository: registry.repository !== undefined,
+    systemSharedMemory: options.sharedMemory !== undefined,
+    trace: options.tracing !== undefined,
+    logging: options.logSettings !== undefined,
+  });
 }
 
 export function healthService(registry: ModelRegistry): Partial<ServiceImpl<typeof Health>> {

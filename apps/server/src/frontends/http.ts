@@ -10,31 +10,32 @@ import { toJson } from "@bufbuild/protobuf";
 import {
   type ApiCategory,
   type ApiRestrictions,
-  answerLogSettings,
-  answerTraceSettings,
-  checkFileOverridePath,
-  checkModelName,
   clientError,
-  clientMessage,
   forwardedHeaders,
   inferOptionsFromParameters,
   inflateDeflate,
-  type LogSettings,
   type LogSettingsControl,
+  loadModel,
+  logSetting,
   type ModelRegistry,
+  modelReady,
   normalizedModelConfig,
-  refuseClientSharedMemory,
-  refuseSharedMemoryRegister,
+  registerSharedMemory,
+  repositoryIndex,
   restrictionError,
   type SharedMemoryRef,
   type SystemSharedMemory,
+  serverReady,
   sharedMemoryNotTaken,
   sharedMemoryOutputParameters,
   sharedMemoryRef,
-  sharedMemoryStatus,
+  sharedMemoryRegions,
   shownValue,
   statisticsStage,
   type TraceControl,
+  traceSetting,
+  unloadModel,
+  unregisterSharedMemory,
   withForwardedHeaders,
   withoutSharedMemory,
 } from "@trellis/kserve";
@@ -356,18 +357,9 @@ function httpCategory(path: string): ApiCategory | undefined {
           : "metadata";
 }
 
-/** Triton's "file:<path>" load parameters over HTTP: each file's content in base64. */
-function fileOverrides(parameters: Record<string, unknown>): Record<string, Uint8Array> | undefined {
-  let files: Record<string, Uint8Array> | undefined;
-  for (const [key, value] of Object.entries(parameters)) {
-    if (!key.startsWith("file:")) continue;
-    checkFileOverridePath(key.slice("file:".length));
-    if (typeof value !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(value)) {
-      throw new StageError(Code.InvalidArgument, "", `load parameter '${key}' must be the file's content in base64`);
-    }
-    files = { ...files, [key.slice("file:".length)]: Buffer.from(value, "base64") };
-  }
-  return files;
+/** A "file:<path>" load parameter's content over HTTP: base64 text. */
+function base64Bytes(value: unknown): Uint8Array | undefined {
+  return typeof value === "string" && /^[A-Za-z0-9+/]*={0,2}$/.test(value) ? Buffer.from(value, "base64") : undefined;
 }
 
 /** A request handler for the REST API; answers 404 for paths it does not know. */
@@ -402,76 +394,49 @@ export function restHandler(ctx: RestContext) {
     }
     if (path === "/v2/health/ready") {
       requireMethod(req, "GET");
-      const ready = registry.isReady
-        ? await registry.isReady()
-        : (await Promise.all(registry.list().map((s) => s.isReady()))).every(Boolean);
-      return sendEmpty(res, ready ? 200 : 400);
+      return sendEmpty(res, (await serverReady(registry)) ? 200 : 400);
     }
     if (path === "/v2/logging") {
-      const changes = await settingChanges(req, "log settings");
-      for (const [key, value] of Object.entries(changes)) {
-        if (typeof value === "object" && value !== null) {
-          throw badRequest(`log setting '${key}' must be a boolean, a number or a string, got ${shownValue(value)}`);
-        }
-      }
-      return sendJson(res, 200, answerLogSettings(ctx.logSettings, changes as LogSettings));
+      return sendJson(res, 200, logSetting(ctx.logSettings, await settingChanges(req, "log settings")));
     }
     const shm = SHARED_MEMORY_ROUTE.exec(path);
     if (shm) {
       const [, which, region = "", action] = shm;
       const kind = which === "system" ? "system" : "CUDA";
-      const regions = kind === "system" ? ctx.sharedMemory : undefined;
       if (action === "status") {
         requireMethod(req, "GET");
-        if (!regions) return sendJson(res, 200, sharedMemoryStatus(kind, region));
         return sendJson(
           res,
           200,
-          regions.status(region).map((r) => ({ name: r.name, key: r.key, offset: r.offset, byte_size: r.byteSize })),
+          sharedMemoryRegions(ctx.sharedMemory, kind, region).map((r) => ({
+            name: r.name,
+            key: r.key,
+            offset: r.offset,
+            byte_size: r.byteSize,
+          })),
         );
       }
       requireMethod(req, "POST");
       if (action === "register") {
         if (!region) throw new HttpError(404, "Not Found");
-        // As Triton: with client shared memory off, register and unregister are refused (501), CUDA's too.
-        if (!ctx.sharedMemory) refuseClientSharedMemory();
-        if (!regions) refuseSharedMemoryRegister(kind);
-        const body = parseObject(await readBody(req, maxInputBytes), "register request");
-        const count = (field: string, fallback?: number) => {
-          const v = body?.[field] ?? fallback;
-          if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
-            throw new StageError(Code.InvalidArgument, "", `register request: '${field}' must be a byte count`);
-          }
-          return v;
-        };
-        if (typeof body?.key !== "string") {
-          throw new StageError(Code.InvalidArgument, "", "register request: 'key' must be a string");
-        }
-        regions.register(region, body.key, count("offset", 0), count("byte_size"));
+        await registerSharedMemory(ctx.sharedMemory, kind, region, async () => {
+          const body = parseObject(await readBody(req, maxInputBytes), "register request");
+          return { key: body.key, offset: body.offset, byteSize: body.byte_size };
+        });
         return sendEmpty(res, 200);
       }
-      if (!ctx.sharedMemory) refuseClientSharedMemory();
-      // No CUDA region is ever registered: unregistering one has nothing to do.
-      regions?.unregister(region);
+      unregisterSharedMemory(ctx.sharedMemory, kind, region);
       return sendEmpty(res, 200);
     }
     const traceMatch = TRACE_ROUTE.exec(path);
     if (traceMatch) {
       const model = traceMatch[1];
       // A value may be a string, a list of strings, or null (clear back to the global setting).
-      let changes: Record<string, string[]> = Object.fromEntries(
+      const changes: Record<string, string[]> = Object.fromEntries(
         Object.entries(await settingChanges(req, "trace settings")).map(([k, v]) => [k, traceSettingValue(k, v)]),
       );
-      // The trace extension: a model named with no settings in the body clears all of the model's own.
-      if (model && req.method === "POST" && Object.keys(changes).length === 0 && ctx.tracing) {
-        // trace_file is the server's alone (refused when a client names it), so not among them.
-        changes = Object.fromEntries(
-          Object.keys(ctx.tracing.settings(model))
-            .filter((k) => k !== "trace_file")
-            .map((k) => [k, []]),
-        );
-      }
-      return sendJson(res, 200, answerTraceSettings(ctx.tracing, model, changes, registry));
+      // The trace extension: a POST naming a model with no settings clears all of the model's own.
+      return sendJson(res, 200, traceSetting(ctx.tracing, registry, model, changes, req.method === "POST"));
     }
     if (path === "/v2/models/stats") {
       requireMethod(req, "GET");
@@ -483,9 +448,7 @@ export function restHandler(ctx: RestContext) {
       if (body.ready !== undefined && typeof body.ready !== "boolean") {
         throw badRequest(`index request: 'ready' must be a boolean, got ${shownValue(body.ready)}`);
       }
-      const repo = registry.repository;
-      if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
-      const rows = await repo.index(body.ready === true);
+      const rows = await repositoryIndex(registry, body.ready === true);
       return sendJson(
         res,
         200,
@@ -493,8 +456,7 @@ export function restHandler(ctx: RestContext) {
           name: r.name,
           ...(r.version ? { version: r.version } : {}),
           ...(r.state ? { state: r.state } : {}),
-          // A load failure's reason says where the server looked: the client gets it without the paths.
-          ...(r.reason ? { reason: clientMessage(r.reason) } : {}),
+          ...(r.reason ? { reason: r.reason } : {}),
         })),
       );
     }
@@ -502,33 +464,10 @@ export function restHandler(ctx: RestContext) {
     if (repoMatch) {
       requireMethod(req, "POST");
       const [, name = "", action] = repoMatch;
-      checkModelName(name);
       const body = parseObject(await readBody(req, maxInputBytes), `${action} request`);
       const parameters = parametersObject(body, `${action} request`);
-      const repo = registry.repository;
-      if (!repo) throw new StageError(Code.Unimplemented, "", "this server has no model repository");
-      if (action === "load") {
-        const { config, ...rest } = parameters;
-        const files = fileOverrides(rest);
-        if (config !== undefined && typeof config !== "string") {
-          throw new StageError(
-            Code.InvalidArgument,
-            "",
-            "load parameter 'config' must be a string (the model config as JSON)",
-          );
-        }
-        await repo.load(name, { ...(config === undefined ? {} : { config }), ...(files ? { files } : {}) });
-      } else {
-        const unloadDependents = parameters.unload_dependents;
-        if (unloadDependents !== undefined && typeof unloadDependents !== "boolean") {
-          throw new StageError(
-            Code.InvalidArgument,
-            "",
-            `Unable to parse 'unload_dependents': expected a boolean, got ${JSON.stringify(unloadDependents)}`,
-          );
-        }
-        await repo.unload(name, { unloadDependents: unloadDependents === true });
-      }
+      if (action === "load") await loadModel(registry, name, parameters, base64Bytes);
+      else await unloadModel(registry, name, parameters);
       return sendEmpty(res, 200);
     }
     const m = MODEL_ROUTE.exec(path);
@@ -546,8 +485,7 @@ export function restHandler(ctx: RestContext) {
       if (action === "ready") {
         // As Triton's HandleModelReady: a model it cannot find answers with that error (404, or 503
         // for a version not ready), one found but not ready with 400.
-        const ready = await registry.resolve(name, version).isReady();
-        if (!ready) throw new HttpError(400, "Model version not ready");
+        if (!(await modelReady(registry, name, version))) throw new HttpError(400, "Model version not ready");
         return sendEmpty(res, 200);
       }
       if (action === "stats") return sendStats(res, [statisticsStage(registry, name, version)]);
