@@ -10,13 +10,17 @@ const STAGE = import.meta.resolve("@trellis/stage");
 /**
  * OUT = IN, THREAD = the thread's id. IN[0] = -1: an uncaught error in the thread (it crashes);
  * -2: StageError(FAILED_PRECONDITION); -3: never answers. Config parameter fail_factory: the
- * factory throws. The factory logs "loaded" with whether it was given `models`.
+ * factory throws. The factory logs "loaded" with whether it was given `models`. A decoupled
+ * config: IN[0] = N sends N responses, OUT = N, N-1, ..., 1.
  */
 const MODULE = `import { threadId } from "node:worker_threads";
 import { Code, defineStage, StageError } from "${STAGE}";
 export function createStage({ config, version, logger, models }) {
   if (config.parameters.fail_factory) throw new StageError(Code.InvalidArgument, config.name, "factory refused");
   logger.info({ threadId, given: models !== undefined }, "loaded");
+  if (config.modelTransactionPolicy?.decoupled) return defineStage({ config, version, async *computeStream(request) {
+    for (let n = Number(request.inputs[0].data[0]); n > 0; n--) yield [{ name: "OUT", datatype: "FP32", shape: [1], data: Float32Array.of(n) }];
+  } });
   return defineStage({ config, version, async compute(request) {
     const x = request.inputs[0];
     const v = Number(x.data[0]);

@@ -92,6 +92,24 @@ describe("startWorkerInstances", () => {
     }
   });
 
+  it("streams a decoupled stage's responses from its thread, in order", async () => {
+    const stage = await start(1, { extra: "model_transaction_policy { decoupled: true }" });
+    try {
+      const got: number[] = [];
+      for await (const r of stage.inferStream?.(request(3)) ?? [])
+        got.push((r.outputs[0]?.data as Float32Array)[0] ?? 0);
+      expect(got).toEqual([3, 2, 1]);
+      // A consumer that stops early leaves the thread free for the next call.
+      for await (const _ of stage.inferStream?.(request(5)) ?? []) break;
+      const again: number[] = [];
+      for await (const r of stage.inferStream?.(request(2)) ?? [])
+        again.push((r.outputs[0]?.data as Float32Array)[0] ?? 0);
+      expect(again).toEqual([2, 1]);
+    } finally {
+      await stage.close();
+    }
+  });
+
   it("fails the load when a thread's factory throws, with its error naming the model", async () => {
     const err = await failure(start(2, { extra: `parameters { key: "fail_factory" value: { string_value: "1" } }` }));
     expect(err).toBeInstanceOf(StageError);
