@@ -7,7 +7,7 @@ import { basename, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { createEnsemble, type ResolveStep } from "@trellis/ensemble-runner";
 import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
-import { startWorkerInstances, withSequenceBatching } from "@trellis/runtime";
+import { createModelRuntime, instanceCount, stageBackend, startWorkerInstances } from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
@@ -294,13 +294,7 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
         "model_transaction_policy { decoupled: true }, but the stage has no inferStream to send its responses (defineStage: give computeStream)",
       );
     }
-    if (!sequence) return stage;
-    // The ONNX stage applies sequence_batching itself (ORT needs the control tensors); a TypeScript one is wrapped.
-    const instances = config.instanceGroup.reduce((n, g) => n + Math.max(1, g.count), 0) || 1;
-    return withSequenceBatching(stage, { modelDir: model.modelDir, instances }).catch(async (err: unknown) => {
-      await stage.close();
-      throw err;
-    });
+    return serveTypescript(stage, model, options);
   }
   if (backend === "python") {
     throw new StageError(
@@ -315,6 +309,27 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
     model.name,
     `unsupported ${what}; supported: platform "ensemble", backend "onnxruntime" / platform "onnxruntime_onnx", backend "typescript", or a remote model listed in the endpoint map`,
   );
+}
+
+/**
+ * A TypeScript stage (a package, a user's model.js, a pool of worker instances) served by the
+ * model runtime: request checks, statistics, dynamic and sequence batching, instance_group's
+ * count (N executions at once; with neither instance_group nor dynamic_batching the stage takes
+ * requests as they come, bounding its own work) and the rate limiter, as for any backend.
+ */
+function serveTypescript(stage: Stage, model: RepositoryModel, options: LoadStageOptions): Promise<Stage> {
+  const { config } = model;
+  // dynamic_batching without instance_group runs one instance (Triton's default), so batches form.
+  const counted = config.instanceGroup.length > 0 || config.schedulingChoice.case === "dynamicBatching";
+  const instances = counted ? instanceCount(config) : Number.POSITIVE_INFINITY;
+  return createModelRuntime({
+    config: stage.config,
+    version: stage.version,
+    backend: stageBackend(stage, instances),
+    modelDir: model.modelDir,
+    ...(options.rateLimiter ? { rateLimiter: options.rateLimiter } : {}),
+    ...(options.logger ? { logger: options.logger } : {}),
+  });
 }
 
 // Imported by name at load time so onnxruntime is only loaded when an ONNX model is.

@@ -24,7 +24,7 @@ import {
   StatisticsRecorder,
   traceExecution,
 } from "@trellis/stage";
-import { checkInferRequest, modelFilePath } from "@trellis/stage/backend";
+import { checkInferRequest, modelFilePath, RUNTIME_HOOKS, type RuntimeHooks } from "@trellis/stage/backend";
 import { cFixed6, pyJsonFloatList, pyJsonStringList } from "./format.js";
 import { loadLabels } from "./labels.js";
 import { softmaxRowF32, topK } from "./softmax.js";
@@ -185,7 +185,14 @@ export class PostprocessStage implements Stage {
     return out;
   }
 
-  async infer(request: InferRequest, options: InferOptions = {}): Promise<InferResponse> {
+  infer(request: InferRequest, options: InferOptions = {}): Promise<InferResponse> {
+    return this.answer(request, options, true);
+  }
+
+  /** For the model runtime, which records the statistics and trace itself. */
+  readonly [RUNTIME_HOOKS]: RuntimeHooks = { infer: (request, options) => this.answer(request, options ?? {}, false) };
+
+  private async answer(request: InferRequest, options: InferOptions, record: boolean): Promise<InferResponse> {
     const start = nowNs();
     try {
       if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloaded");
@@ -208,12 +215,14 @@ export class PostprocessStage implements Stage {
         computeInferNs: outputStart - inferStart,
         computeOutputNs: end - outputStart,
       };
-      this.stats.executed(n, times);
-      this.stats.requestSucceeded(end - start, n, 0, times);
-      traceExecution(options.trace, start, start, end, times);
+      if (record) {
+        this.stats.executed(n, times);
+        this.stats.requestSucceeded(end - start, n, 0, times);
+        traceExecution(options.trace, start, start, end, times);
+      }
       return response;
     } catch (err) {
-      this.stats.requestFailed(nowNs() - start);
+      if (record) this.stats.requestFailed(nowNs() - start);
       throw err;
     }
   }

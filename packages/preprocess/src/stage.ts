@@ -24,7 +24,13 @@ import {
   tensor,
   traceExecution,
 } from "@trellis/stage";
-import { checkInferRequest, invalidArgument, type RequestSpec } from "@trellis/stage/backend";
+import {
+  checkInferRequest,
+  invalidArgument,
+  type RequestSpec,
+  RUNTIME_HOOKS,
+  type RuntimeHooks,
+} from "@trellis/stage/backend";
 import { decodeCrop, ElementError, unwrap } from "./image.js";
 import { lookupTables, rowWriter } from "./normalize.js";
 import { type PreprocessParameters, parametersFromConfig, resolveParameters } from "./options.js";
@@ -155,7 +161,8 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
     return request.inputs[0]!.data as Uint8Array[];
   }
 
-  async function infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
+  /** `record`: false when the model runtime serves the stage (it records the statistics and trace). */
+  async function infer(request: InferRequest, opts: InferOptions = {}, record = true): Promise<InferResponse> {
     const start = nowNs();
     try {
       if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
@@ -209,12 +216,14 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
         computeInferNs: inferDone - inputDone,
         computeOutputNs: end - inferDone,
       };
-      stats.executed(n, times);
-      stats.requestSucceeded(end - start, n, 0, times);
-      traceExecution(opts.trace, start, start, end, times);
+      if (record) {
+        stats.executed(n, times);
+        stats.requestSucceeded(end - start, n, 0, times);
+        traceExecution(opts.trace, start, start, end, times);
+      }
       return response;
     } catch (err) {
-      stats.requestFailed(nowNs() - start);
+      if (record) stats.requestFailed(nowNs() - start);
       if (!(err instanceof StageError)) {
         logger?.error({ err, model: name }, "preprocess failed");
         throw new StageError(Code.Internal, name, err instanceof Error ? err.message : String(err), { cause: err });
@@ -223,19 +232,23 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
     }
   }
 
-  return {
+  const hooks: RuntimeHooks = { infer: (request, opts) => infer(request, opts, false), requestSpec };
+  const stage: Stage & { [RUNTIME_HOOKS]: RuntimeHooks } = {
     name,
     version,
     config,
     isReady: () => !closed,
     metadata: () => metadata,
-    infer,
+    infer: (request, opts) => infer(request, opts),
+    // The model runtime checks requests with the same leniency and records statistics itself.
+    [RUNTIME_HOOKS]: hooks,
     statistics: () => stats.snapshot(),
     pendingRequests: () => waiting,
     close: async () => {
       closed = true;
     },
   };
+  return stage;
 }
 
 /** The repository loader's entry point: parameters come from config.pbtxt. */

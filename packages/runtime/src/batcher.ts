@@ -34,6 +34,8 @@ export interface BatchContext {
   instance: number;
   /** True when the batcher allocated the inputs (concatenation), so the executor may transfer or reuse their buffers. */
   ownsInputs: boolean;
+  /** A batch of one request: that request's options (its signal, priority), its trace left to the batcher. */
+  options?: InferOptions;
 }
 
 export interface BatchResult {
@@ -113,6 +115,7 @@ interface Pending {
   enqueuedNs: number;
   queueNs: number;
   trace?: RequestTrace;
+  options: InferOptions;
   timer?: NodeJS.Timeout;
   detach?: () => void;
   resolve(response: InferResponse): void;
@@ -318,6 +321,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         requests: batch.map((p) => p.request),
         instance,
         ownsInputs: batch.length > 1,
+        ...(batch.length === 1 ? { options: batch[0]!.options } : {}),
       });
       t2 = nowNs();
     } catch (err) {
@@ -424,6 +428,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         enqueuedNs: nowNs(),
         queueNs: 0,
         trace: opts.trace,
+        options: withoutTrace(opts),
         resolve,
         reject,
       };
@@ -483,6 +488,10 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
       await Promise.allSettled([...inFlight]);
     },
   };
+}
+
+function withoutTrace({ trace: _trace, ...rest }: InferOptions): InferOptions {
+  return rest;
 }
 
 function sliceData(data: TensorData, start: number, end: number): TensorData {

@@ -1,5 +1,19 @@
-export { type BatchingStrategy, createDynamicBatcher } from "./batcher.js";
+export {
+  type BatchContext,
+  type BatchingStrategy,
+  type BatchResult,
+  createDynamicBatcher,
+} from "./batcher.js";
 export { CpuGate } from "./cpu-gate.js";
+export {
+  configRequestSpec,
+  createModelRuntime,
+  instanceCount,
+  type ModelBackend,
+  type ModelRuntime,
+  type ModelRuntimeOptions,
+  stageBackend,
+} from "./model-runtime.js";
 export { RateLimiter, rateLimiterResources } from "./rate-limiter.js";
 export { ResponseCache, type ResponseStore, responseCacheKey } from "./response-cache.js";
 export {

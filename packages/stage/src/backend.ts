@@ -1,4 +1,5 @@
 export { configMaxQueueSize, datatypeToConfig } from "./config.js";
+export { RUNTIME_HOOKS, type RuntimeHooks, runtimeHooksOf } from "./define.js";
 export { delegateStage, type StageOverrides } from "./delegate.js";
 export { internal, invalidArgument, notFound, resourceExhausted, toConnectError, unavailable } from "./errors.js";
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";

@@ -11,6 +11,26 @@ import { decoupledRefusal, type InferOptions, type InferRequest, type InferRespo
 import { nowNs, StatisticsRecorder } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
 import { traceExecution } from "./trace.js";
+import type { RequestSpec } from "./triton-messages.js";
+
+/**
+ * Where a stage keeps what the model runtime (@trellis/runtime) uses when it wraps it: its
+ * infer and inferStream without the stage's own statistics and tracing (the runtime records
+ * them once), and the request checks it wants instead of the config's (a looser spec).
+ */
+export const RUNTIME_HOOKS: unique symbol = Symbol.for("trellis.runtime-hooks") as never;
+
+export interface RuntimeHooks {
+  infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
+  inferStream?(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
+  /** Checks to run instead of the config's (e.g. [N] taken for [N,1]). */
+  requestSpec?: RequestSpec;
+}
+
+/** The runtime hooks `stage` carries, if any. */
+export function runtimeHooksOf(stage: Stage): RuntimeHooks | undefined {
+  return (stage as Stage & { [RUNTIME_HOOKS]?: RuntimeHooks })[RUNTIME_HOOKS];
+}
 
 export interface StageDefinition {
   /** The model's configuration: its name names the stage, its inputs and outputs make the metadata. */
@@ -75,7 +95,8 @@ export function defineStage(definition: StageDefinition): Stage {
   const open = () => {
     if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
   };
-  const succeeded = (request: InferRequest, options: InferOptions | undefined, start: number) => {
+  const succeeded = (request: InferRequest, options: InferOptions | undefined, start: number, record: boolean) => {
+    if (!record) return;
     const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
     const end = nowNs();
     const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
@@ -83,31 +104,51 @@ export function defineStage(definition: StageDefinition): Stage {
     recorder.requestSucceeded(end - start, batch, 0, times);
     traceExecution(options?.trace, start, start, end, times);
   };
-  const failed = (err: unknown, start: number): ConnectError => {
-    recorder.requestFailed(nowNs() - start);
+  const failed = (err: unknown, start: number, record: boolean): ConnectError => {
+    if (record) recorder.requestFailed(nowNs() - start);
     if (err instanceof StageError) return err;
     if (err instanceof ConnectError) return new StageError(err.code, name, err.rawMessage, { cause: err });
     return toConnectError(err, name);
   };
 
-  const stage: Stage = {
+  const infer = async (request: InferRequest, options: InferOptions | undefined, record: boolean) => {
+    if (decoupled || !compute) throw decoupledRefusal(name);
+    const start = nowNs();
+    try {
+      open();
+      const outputs = pick(request, await compute(request, options));
+      succeeded(request, options, start, record);
+      return { id: request.id, modelName: name, modelVersion: version, outputs };
+    } catch (err) {
+      throw failed(err, start, record);
+    }
+  };
+  // One execution per request, however many responses it sends; it succeeds once the last is sent.
+  async function* stream(request: InferRequest, options: InferOptions | undefined, record: boolean) {
+    const start = nowNs();
+    try {
+      open();
+      let first = true;
+      for await (const outputs of (computeStream as NonNullable<typeof computeStream>)(request, options)) {
+        if (first && record) recorder.firstResponse(nowNs() - start);
+        first = false;
+        yield { id: request.id, modelName: name, modelVersion: version, outputs: pick(request, outputs) };
+      }
+      succeeded(request, options, start, record);
+    } catch (err) {
+      throw failed(err, start, record);
+    }
+  }
+
+  const hooks: RuntimeHooks = { infer: (request, options) => infer(request, options, false) };
+  const stage: Stage & { [RUNTIME_HOOKS]: RuntimeHooks } = {
     name,
     version,
     config,
     isReady: () => (closed ? false : (definition.isReady?.() ?? true)),
     metadata: () => metadata,
-    async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
-      if (decoupled || !compute) throw decoupledRefusal(name);
-      const start = nowNs();
-      try {
-        open();
-        const outputs = pick(request, await compute(request, options));
-        succeeded(request, options, start);
-        return { id: request.id, modelName: name, modelVersion: version, outputs };
-      } catch (err) {
-        throw failed(err, start);
-      }
-    },
+    infer: (request, options) => infer(request, options, true),
+    [RUNTIME_HOOKS]: hooks,
     statistics: () => recorder.snapshot(),
     close() {
       closed ??= Promise.resolve(definition.close?.());
@@ -115,22 +156,8 @@ export function defineStage(definition: StageDefinition): Stage {
     },
   };
   if (decoupled && computeStream) {
-    // One execution per request, however many responses it sends; it succeeds once the last is sent.
-    stage.inferStream = async function* (request: InferRequest, options?: InferOptions) {
-      const start = nowNs();
-      try {
-        open();
-        let first = true;
-        for await (const outputs of computeStream(request, options)) {
-          if (first) recorder.firstResponse(nowNs() - start);
-          first = false;
-          yield { id: request.id, modelName: name, modelVersion: version, outputs: pick(request, outputs) };
-        }
-        succeeded(request, options, start);
-      } catch (err) {
-        throw failed(err, start);
-      }
-    };
+    stage.inferStream = (request, options) => stream(request, options, true);
+    hooks.inferStream = (request, options) => stream(request, options, false);
   }
   return stage;
 }

@@ -1,0 +1,338 @@
+/**
+ * The model runtime: what Triton's core does for every backend, done once here for every
+ * Trellis backend (a TypeScript stage, a user's model.js, an ONNX session pool). A request is
+ * checked against the config (Triton's checks, codes and words), goes through the sequence
+ * batcher (sequence_batching), then the dynamic batcher (dynamic_batching merges requests; without
+ * it each request runs alone through the same queue), waits for an instance (instance_group's
+ * count) and its admission (the rate limiter's resources, then the backend's own, e.g. the CPU
+ * gate), and runs as one `execute` call; its answers are split back per request. Statistics are
+ * recorded here, once per served model. A backend only computes a batch.
+ */
+import { create } from "@bufbuild/protobuf";
+import {
+  type ModelConfig,
+  type ModelDynamicBatching,
+  ModelDynamicBatchingSchema,
+  ModelInstanceGroup_Kind,
+} from "@trellis/protocol";
+import {
+  Code,
+  datatypeFromConfig,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  isDecoupled,
+  metadataFromConfig,
+  nowNs,
+  type RateLimiter,
+  type Stage,
+  StageError,
+  type StageLogger,
+  type StageMetadata,
+  StatisticsRecorder,
+  traceExecution,
+} from "@trellis/stage";
+import {
+  checkInferRequest,
+  decoupledRefusal,
+  type RateLimiterSlot,
+  type RequestSpec,
+  runtimeHooksOf,
+  toConnectError,
+} from "@trellis/stage/backend";
+import { type BatchContext, type BatchingStrategy, type BatchResult, createDynamicBatcher } from "./batcher.js";
+import { rateLimiterResources } from "./rate-limiter.js";
+import { createSequenceBatcher, type SequenceBatcher, sequenceTensors } from "./sequence-batcher.js";
+
+type Release = () => void;
+
+/** What a backend is to the runtime: something that computes a batch on one of its instances. */
+export interface ModelBackend {
+  /**
+   * Executions it runs at once (instance_group's count); `Infinity`: as many as arrive (a
+   * stage that bounds its own work), so requests never queue in the runtime.
+   */
+  instances: number;
+  /** Computes one batch (one request, or several merged along dim 0) on instance `ctx.instance`. */
+  execute(batch: InferRequest, ctx: BatchContext): Promise<BatchResult>;
+  /** A decoupled model's responses to one request (no batching): checked and counted by the runtime. */
+  executeStream?(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
+  /** Admission of one execution on `instance` after the rate limiter's (e.g. the CPU gate); gives its release. */
+  admit?(instance: number): Release | Promise<Release>;
+  isReady?(): boolean | Promise<boolean>;
+  metadata?(): StageMetadata | Promise<StageMetadata>;
+  /** Requests waiting inside the backend itself (a stage with its own queue). */
+  pendingRequests?(): number;
+  /** Checks to run instead of the config's: a backend with its own, looser spec (preprocess takes [N] for [N,1]). */
+  requestSpec?: RequestSpec;
+  close(): Promise<void>;
+}
+
+export interface ModelRuntimeOptions {
+  config: ModelConfig;
+  /** Version served; default "1". */
+  version?: string;
+  /** Owned by the runtime from here: closed by its close, or when creating the runtime fails. */
+  backend: ModelBackend;
+  /** The server's rate limiter: each instance registers with its group's rate_limiter resources. */
+  rateLimiter?: RateLimiter;
+  /** `<repository>/<model>`: where sequence_batching's initial_state files are read. */
+  modelDir?: string;
+  /** The dynamic batcher's strategy (see BatchingStrategy); default "eager". */
+  strategy?: BatchingStrategy;
+  logger?: StageLogger;
+}
+
+/** A served model: a Stage whose queue the server can see. */
+export interface ModelRuntime extends Stage {
+  /** Requests queued in the runtime (and in the backend, when it has a queue of its own). */
+  pendingRequests?(): number;
+}
+
+/** instance_group's instances in order (a GPU group: count per device), each with its rate_limiter. */
+function instanceResources(config: ModelConfig) {
+  const list: ReturnType<typeof rateLimiterResources>[] = [];
+  for (const g of config.instanceGroup) {
+    const devices = g.kind === ModelInstanceGroup_Kind.GPU ? Math.max(1, g.gpus.length) : 1;
+    const resources = rateLimiterResources(g.rateLimiter);
+    for (let i = 0; i < Math.max(1, g.count) * devices; i++) list.push(resources);
+  }
+  return list;
+}
+
+/** The executions instance_group asks for: the sum of its counts (a GPU group's per device); none: 1. */
+export function instanceCount(config: ModelConfig): number {
+  return instanceResources(config).length || 1;
+}
+
+/** What a request is checked against by default: the config's inputs (and a sequence model's control and state ones) and outputs. */
+export function configRequestSpec(config: ModelConfig): RequestSpec {
+  const sequence = sequenceTensors(config);
+  return {
+    model: config.name,
+    maxBatchSize: config.maxBatchSize,
+    inputs: [
+      ...config.input.map((c) => ({
+        name: c.name,
+        datatype: datatypeFromConfig(c.dataType),
+        dims: c.dims.map(Number),
+        optional: c.optional,
+      })),
+      ...sequence.inputs.map((s) => ({ name: s.name, datatype: s.datatype, dims: s.dims })),
+    ],
+    outputs: [...config.output.map((o) => o.name), ...sequence.outputs.map((o) => o.name)],
+  };
+}
+
+/**
+ * The batching the dynamic batcher does: dynamic_batching's, or for a sequence model the
+ * strategy's delay and preferred sizes, so heads of different sequences batch together.
+ */
+function batchingOf(config: ModelConfig): ModelDynamicBatching | undefined {
+  const choice = config.schedulingChoice;
+  if (choice.case === "dynamicBatching") return choice.value;
+  if (choice.case !== "sequenceBatching") return undefined;
+  const strategy = choice.value.strategyChoice;
+  return create(ModelDynamicBatchingSchema, {
+    maxQueueDelayMicroseconds: strategy.value?.maxQueueDelayMicroseconds ?? 0n,
+    preferredBatchSize: strategy.case === "oldest" ? strategy.value.preferredBatchSize : [],
+  });
+}
+
+/** Executions in flight at once for a backend without a bound of its own. */
+const UNBOUNDED_SLOTS = 4096;
+
+/**
+ * The Stage that serves `options.backend` under `options.config`. Refuses (and closes the
+ * backend) when an instance can never run under the rate limiter or sequence_batching is
+ * malformed.
+ */
+export async function createModelRuntime(options: ModelRuntimeOptions): Promise<ModelRuntime> {
+  const { config, backend } = options;
+  const name = config.name;
+  const version = options.version ?? "1";
+  const recorder = new StatisticsRecorder(name, version);
+  const spec = backend.requestSpec ?? configRequestSpec(config);
+  const bounded = Number.isFinite(backend.instances);
+  const instances = bounded ? Math.max(1, Math.floor(backend.instances)) : UNBOUNDED_SLOTS;
+  const decoupled = isDecoupled(config);
+
+  // Each instance's place in the rate limiter (--rate-limit execution_count).
+  const slots: RateLimiterSlot[] = [];
+  const unregister = () => {
+    for (const slot of slots.splice(0)) slot.unregister();
+  };
+  let sequencer: SequenceBatcher | undefined;
+  try {
+    if (options.rateLimiter && bounded) {
+      const groups = instanceResources(config);
+      for (let i = 0; i < instances; i++) {
+        slots.push(options.rateLimiter.register({ model: name, ...(groups[i] ?? rateLimiterResources(undefined)) }));
+      }
+    }
+    if (config.schedulingChoice.case === "sequenceBatching") {
+      sequencer = await createSequenceBatcher({
+        config,
+        ...(options.modelDir ? { modelDir: options.modelDir } : {}),
+        instances: bounded ? instances : instanceCount(config),
+        run: (request, opts) => batcher.infer(request, opts),
+        onRefused: (ns) => recorder.requestFailed(ns),
+      });
+    }
+  } catch (err) {
+    unregister();
+    await backend.close();
+    throw err;
+  }
+
+  const backendAdmit = backend.admit?.bind(backend);
+  const admit =
+    slots.length > 0
+      ? (instance: number) => admitBoth(slots[instance]?.admit(), backendAdmit && (() => backendAdmit(instance)))
+      : backendAdmit;
+  const batcher = createDynamicBatcher({
+    name,
+    version,
+    maxBatchSize: config.maxBatchSize,
+    dynamicBatching: batchingOf(config),
+    instances,
+    strategy: options.strategy ?? "eager",
+    recorder,
+    validate: (request) => {
+      checkInferRequest(request, spec);
+    },
+    ...(admit ? { admit } : {}),
+    execute: (batch, ctx) => backend.execute(batch, ctx),
+  });
+
+  let closed = false;
+  const closedError = () => new StageError(Code.Unavailable, name, "model is unloading");
+
+  /** A request of batch 0 that the spec takes (emptyBatch): answered by the backend at once, not queued. */
+  async function emptyBatch(request: InferRequest, opts: InferOptions | undefined, start: number) {
+    const result = await backend.execute(request, {
+      batchSize: 0,
+      requests: [request],
+      instance: 0,
+      ownsInputs: false,
+      ...(opts ? { options: opts } : {}),
+    });
+    const end = nowNs();
+    const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
+    recorder.executed(0, times);
+    recorder.requestSucceeded(end - start, 0, 0, times);
+    traceExecution(opts?.trace, start, start, end, times);
+    return { id: request.id, modelName: name, modelVersion: version, outputs: result.outputs } as InferResponse;
+  }
+
+  async function infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
+    if (decoupled) throw decoupledRefusal(name);
+    if (spec.emptyBatch && config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
+      const start = nowNs();
+      try {
+        if (closed) throw closedError();
+        checkInferRequest(request, spec);
+        return await emptyBatch(request, opts, start);
+      } catch (err) {
+        recorder.requestFailed(nowNs() - start);
+        throw toConnectError(err, name);
+      }
+    }
+    return (sequencer ?? batcher).infer(request, opts);
+  }
+
+  const stage: ModelRuntime = {
+    name,
+    version,
+    config,
+    isReady: () => !closed && (backend.isReady?.() ?? true),
+    metadata: () => backend.metadata?.() ?? metadataFromConfig(config, [version]),
+    infer,
+    statistics: () => recorder.snapshot(),
+    async close() {
+      if (closed) return;
+      closed = true;
+      sequencer?.close();
+      await batcher.close();
+      unregister();
+      await backend.close();
+    },
+  };
+  // A queue the server can see: the runtime's (when requests can wait in it) plus the backend's own.
+  if (bounded || sequencer || backend.pendingRequests) {
+    stage.pendingRequests = () => batcher.queued + (sequencer?.queued ?? 0) + (backend.pendingRequests?.() ?? 0);
+  }
+  const executeStream = backend.executeStream?.bind(backend);
+  if (decoupled && executeStream) {
+    // One execution per request, however many responses it sends; it succeeds once the last is sent.
+    stage.inferStream = async function* (request: InferRequest, opts?: InferOptions) {
+      const start = nowNs();
+      try {
+        if (closed) throw closedError();
+        const size = checkInferRequest(request, spec);
+        let first = true;
+        for await (const response of executeStream(request, opts)) {
+          if (first) recorder.firstResponse(nowNs() - start);
+          first = false;
+          yield response;
+        }
+        const end = nowNs();
+        const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
+        recorder.executed(size, times);
+        recorder.requestSucceeded(end - start, size, 0, times);
+        traceExecution(opts?.trace, start, start, end, times);
+      } catch (err) {
+        recorder.requestFailed(nowNs() - start);
+        throw toConnectError(err, name);
+      }
+    };
+  }
+  return stage;
+}
+
+/**
+ * A run's admission: the rate limiter's resources first, then the backend's (a run waiting
+ * for resources must not hold the CPU gate from others). Synchronous when both are had at once.
+ */
+function admitBoth(
+  limited: Release | Promise<Release> | undefined,
+  then: (() => Release | Promise<Release>) | undefined,
+): Release | Promise<Release> {
+  const both = (first: Release | undefined, second: Release | undefined) => () => {
+    second?.();
+    first?.();
+  };
+  if (typeof limited !== "function" && limited) {
+    return limited.then(async (release) => both(release, await then?.()));
+  }
+  const second = then?.();
+  if (second instanceof Promise) return second.then((release) => both(limited, release));
+  return both(limited, second);
+}
+
+/**
+ * Any Stage as a backend (a TypeScript stage, a user's model.js, a pool of worker instances):
+ * each batch is one `infer` call; a decoupled stage's `inferStream` is passed through. A stage
+ * made by defineStage (or another carrying runtime hooks) is called without its own statistics,
+ * so the runtime's are the only ones recorded.
+ */
+export function stageBackend(stage: Stage, instances: number): ModelBackend {
+  const hooks = runtimeHooksOf(stage);
+  const run = hooks ? hooks.infer.bind(hooks) : stage.infer.bind(stage);
+  const stream = hooks?.inferStream?.bind(hooks) ?? stage.inferStream?.bind(stage);
+  const backend: ModelBackend = {
+    instances,
+    async execute(batch, ctx) {
+      const response = await run(batch, ctx.options);
+      return { outputs: response.outputs };
+    },
+    isReady: () => stage.isReady(),
+    metadata: () => stage.metadata(),
+    close: () => stage.close(),
+  };
+  if (stream) backend.executeStream = stream;
+  if (hooks?.requestSpec) backend.requestSpec = hooks.requestSpec;
+  const pending = stage.pendingRequests?.bind(stage);
+  if (pending) backend.pendingRequests = pending;
+  return backend;
+}
