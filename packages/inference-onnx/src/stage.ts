@@ -7,9 +7,8 @@
 import { existsSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { basename, join } from "node:path";
-import { create } from "@bufbuild/protobuf";
-import { type ModelConfig, type ModelDynamicBatching, ModelDynamicBatchingSchema } from "@trellis/protocol";
-import { createDynamicBatcher, createSequenceBatcher, type SequenceBatcher, sequenceTensors } from "@trellis/runtime";
+import type { ModelConfig } from "@trellis/protocol";
+import { createModelRuntime, type ModelBackend } from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
@@ -17,7 +16,6 @@ import {
   datatypeFromConfig,
   elementCount,
   formatShape,
-  type InferRequest,
   metadataFromConfig,
   nowNs,
   type RateLimiter,
@@ -26,21 +24,10 @@ import {
   type StageFactoryOptions,
   type StageLogger,
   type StageMetadata,
-  StatisticsRecorder,
   type Tensor,
   type TensorData,
 } from "@trellis/stage";
-import {
-  allocate,
-  bytesOf,
-  checkInferRequest,
-  elementSize,
-  modelFilePath,
-  type RateLimiterSlot,
-  type RequestSpec,
-  randomData,
-  viewAs,
-} from "@trellis/stage/backend";
+import { allocate, bytesOf, elementSize, modelFilePath, randomData, viewAs } from "@trellis/stage/backend";
 import {
   autoCompleteConfig,
   checkConfigAgainstModel,
@@ -106,29 +93,6 @@ async function resolveModelPath(stage: string, versionDir: string, filename: str
     );
   }
   return path;
-}
-
-/** Request checks against the config, before anything reaches ORT: Triton's, in its words and order. */
-function requestValidator(config: ModelConfig): (request: InferRequest) => void {
-  // A sequence model also takes the control and state tensors its sequence batcher adds.
-  const sequence = sequenceTensors(config);
-  const spec: RequestSpec = {
-    model: config.name,
-    maxBatchSize: config.maxBatchSize,
-    inputs: [
-      ...config.input.map((c) => ({
-        name: c.name,
-        datatype: datatypeFromConfig(c.dataType),
-        dims: c.dims.map(Number),
-        optional: c.optional,
-      })),
-      ...sequence.inputs.map((s) => ({ name: s.name, datatype: s.datatype, dims: s.dims })),
-    ],
-    outputs: [...config.output.map((o) => o.name), ...sequence.outputs.map((o) => o.name)],
-  };
-  return (request) => {
-    checkInferRequest(request, spec);
-  };
 }
 
 /** Our tensor → a worker tensor whose buffer the worker may take. */
@@ -236,27 +200,12 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   // Runs hold the CPU gate alone when every instance's threads cover every core.
   const exclusive = plans.every((plan, i) => exclusiveCpu(given, plan, instanceOptions[i]!.intraOpNumThreads));
   const maxSharedWaitMs = exclusiveCpuMaxWaitMs(given);
-  // Each instance's place in the server's rate limiter, when it has one (--rate-limit execution_count);
-  // registered first, so an instance that could never run fails the load before any session starts.
-  const slots: RateLimiterSlot[] = [];
-  const unregister = () => {
-    for (const slot of slots.splice(0)) slot.unregister();
-  };
-  try {
-    for (const plan of options.rateLimiter ? plans : []) {
-      slots.push(options.rateLimiter!.register({ model: name, ...plan.rateLimiter }));
-    }
-  } catch (err) {
-    unregister();
-    throw err;
-  }
   const started = await Promise.allSettled(
     plans.map((_, i) => SessionWorker.start(name, { modelPath, sessionOptions: instanceOptions[i]! })),
   );
   const workers = started.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   const failedAt = started.findIndex((s) => s.status === "rejected");
   if (failedAt >= 0) {
-    unregister();
     await Promise.all(workers.map((w) => w.close()));
     const plan = plans[failedAt]!;
     const reason = (started[failedAt] as PromiseRejectedResult).reason;
@@ -285,29 +234,8 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     }
     checkConfigAgainstModel(config, io);
   } catch (err) {
-    unregister();
     await Promise.all(workers.map((w) => w.close()));
     throw err;
-  }
-
-  // sequence_batching: a sequence's requests reach the batcher one at a time, control and state
-  // tensors added. Made before warmup, so a bad initial_state file fails the load before it runs.
-  let sequencer: SequenceBatcher | undefined;
-  if (config.schedulingChoice.case === "sequenceBatching") {
-    try {
-      sequencer = await createSequenceBatcher({
-        config,
-        modelDir: options.modelDir,
-        instances: workers.length,
-        // Both are made below, before the stage takes a request.
-        run: (request, opts) => batcher.infer(request, opts),
-        onRefused: (ns) => recorder.requestFailed(ns),
-      });
-    } catch (err) {
-      unregister();
-      await Promise.all(workers.map((w) => w.close()));
-      throw err;
-    }
   }
 
   const props = await readOnnxMetadataProps(modelPath).catch(() => ({}) as Record<string, string>);
@@ -326,25 +254,13 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
 
   const outputNames = config.output.map((o) => o.name);
   const reshape = reshaper(config);
-  const recorder = new StatisticsRecorder(name, version);
   const gate = options.cpuGate;
   const gateAdmit =
     exclusive && gate ? () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) : undefined;
-  const dynamicBatching = batchingOf(config);
-  const batcher = createDynamicBatcher({
-    name,
-    version,
-    maxBatchSize: config.maxBatchSize,
-    dynamicBatching,
+  // Each worker is one instance; the model runtime checks, batches, sequences, rate-limits and counts.
+  const backend: ModelBackend = {
     instances: workers.length,
-    strategy: batchingStrategy(config),
-    recorder,
-    validate: requestValidator(config),
-    ...(slots.length > 0
-      ? { admit: (instance: number) => admitBoth(slots[instance]?.admit(), gateAdmit) }
-      : gateAdmit
-        ? { admit: gateAdmit }
-        : {}),
+    ...(gateAdmit ? { admit: gateAdmit } : {}),
     execute: async (batch, ctx) => {
       const worker = workers[ctx.instance]!;
       const t0 = nowNs();
@@ -361,7 +277,12 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
         times: { computeInputNs: r.startNs - t0, computeInferNs: r.endNs - r.startNs, computeOutputNs: t1 - r.endNs },
       };
     },
-  });
+    isReady: () => workers.every((w) => w.alive),
+    metadata: () => metadata,
+    close: async () => {
+      await Promise.all(workers.map((w) => w.close()));
+    },
+  };
 
   // Warmup runs on every instance before the stage reports ready, outside the statistics (as Triton's).
   try {
@@ -378,9 +299,7 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
       }
     }
   } catch (err) {
-    await batcher.close();
-    unregister();
-    await Promise.all(workers.map((w) => w.close()));
+    await backend.close();
     const warmupName = config.modelWarmup.map((w) => w.name).join(", ");
     throw new StageError(
       Code.Internal,
@@ -389,7 +308,16 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     );
   }
 
-  let closed = false;
+  // sequence_batching's control and state tensors are added by the runtime's sequence batcher.
+  const runtime = await createModelRuntime({
+    config,
+    version,
+    backend,
+    modelDir: options.modelDir,
+    strategy: batchingStrategy(config),
+    ...(options.rateLimiter ? { rateLimiter: options.rateLimiter } : {}),
+    ...(log ? { logger: log } : {}),
+  });
   log?.info(
     {
       model: name,
@@ -408,57 +336,13 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     config,
     synthetic,
     modelPath,
-    isReady: () => !closed && workers.every((w) => w.alive),
+    isReady: () => runtime.isReady(),
     metadata: () => metadata,
-    infer: (request, opts) => (sequencer ?? batcher).infer(request, opts),
-    pendingRequests: () => batcher.queued + (sequencer?.queued ?? 0),
-    statistics: () => recorder.snapshot(),
-    async close() {
-      if (closed) return;
-      closed = true;
-      sequencer?.close();
-      await batcher.close();
-      unregister();
-      await Promise.all(workers.map((w) => w.close()));
-    },
+    infer: (request, opts) => runtime.infer(request, opts),
+    pendingRequests: () => runtime.pendingRequests?.() ?? 0,
+    statistics: () => runtime.statistics(),
+    close: () => runtime.close(),
   };
-}
-
-/**
- * The batching the dynamic batcher does: dynamic_batching's, or for a sequence model the
- * strategy's delay and preferred sizes, so heads of different sequences batch together.
- */
-function batchingOf(config: ModelConfig): ModelDynamicBatching | undefined {
-  const choice = config.schedulingChoice;
-  if (choice.case === "dynamicBatching") return choice.value;
-  if (choice.case !== "sequenceBatching") return undefined;
-  const strategy = choice.value.strategyChoice;
-  return create(ModelDynamicBatchingSchema, {
-    maxQueueDelayMicroseconds: strategy.value?.maxQueueDelayMicroseconds ?? 0n,
-    preferredBatchSize: strategy.case === "oldest" ? strategy.value.preferredBatchSize : [],
-  });
-}
-
-type Release = () => void;
-
-/**
- * A run's admission: the rate limiter's resources first, then the CPU gate (a run waiting
- * for resources must not hold the gate from others). Synchronous when both are had at once.
- */
-function admitBoth(
-  limited: Release | Promise<Release> | undefined,
-  gateAdmit: (() => Release | Promise<Release>) | undefined,
-): Release | Promise<Release> {
-  const both = (first: Release | undefined, second: Release | undefined) => () => {
-    second?.();
-    first?.();
-  };
-  if (typeof limited !== "function" && limited) {
-    return limited.then(async (release) => both(release, await gateAdmit?.()));
-  }
-  const gated = gateAdmit?.();
-  if (gated instanceof Promise) return gated.then((release) => both(limited, release));
-  return both(limited, gated);
 }
 
 /** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/inference-onnx). */
