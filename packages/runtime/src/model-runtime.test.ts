@@ -1,0 +1,87 @@
+import { parseModelConfig } from "@trellis/protocol";
+import { Code, defineStage, type InferRequest, StageError, tensor } from "@trellis/stage";
+import { observeRequests } from "@trellis/stage/backend";
+import { rejectionOf } from "@trellis/testing";
+import { describe, expect, it } from "vitest";
+import { createModelRuntime, stageBackend } from "./model-runtime.js";
+
+const config = (extra = "") =>
+  parseModelConfig(`name: "m" backend: "typescript" max_batch_size: 4
+    input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    ${extra}`);
+
+/** OUT = IN * 2; every call's batch size is kept in `calls`. */
+function doubler(extra = "") {
+  const calls: number[] = [];
+  const stage = defineStage({
+    config: config(extra),
+    async compute(request: InferRequest) {
+      const input = request.inputs[0]!;
+      calls.push(input.shape[0]!);
+      await new Promise((r) => setTimeout(r, 5));
+      return [
+        tensor(
+          "OUT",
+          "FP32",
+          input.shape,
+          (input.data as Float32Array).map((v) => v * 2),
+        ),
+      ];
+    },
+  });
+  return { stage, calls };
+}
+
+const request = (...values: number[]): InferRequest => ({
+  inputs: [tensor("IN", "FP32", [values.length / 2, 2], Float32Array.from(values))],
+});
+
+describe("createModelRuntime", () => {
+  it("runs concurrent requests as merged batches on one instance and splits the answers back", async () => {
+    const { stage, calls } = doubler("dynamic_batching { }");
+    const runtime = await createModelRuntime({ config: stage.config, backend: stageBackend(stage, 1) });
+    const answers = await Promise.all([request(1, 2), request(3, 4), request(5, 6, 7, 8)].map((r) => runtime.infer(r)));
+    expect(answers.map((a) => Array.from(a.outputs[0]!.data as Float32Array))).toEqual([
+      [2, 4],
+      [6, 8],
+      [10, 12, 14, 16],
+    ]);
+    // The first runs alone at once; the two that queued behind it merge into one call.
+    expect(calls).toEqual([1, 3]);
+    const stats = (await runtime.statistics()).inferenceStats!;
+    expect([stats.success!.count, (await runtime.statistics()).executionCount]).toEqual([3n, 2n]);
+    await runtime.close();
+  });
+
+  it("refuses a bad request with Triton's words before the backend runs", async () => {
+    const { stage, calls } = doubler();
+    const runtime = await createModelRuntime({ config: stage.config, backend: stageBackend(stage, 1) });
+    const err = await rejectionOf(
+      runtime.infer({ inputs: [tensor("IN", "FP32", [1, 3], Float32Array.of(1, 2, 3))] }),
+      StageError,
+    );
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toContain("unexpected shape for input 'IN' for model 'm'. Expected [-1,2], got [1,3]");
+    expect(calls).toEqual([]);
+    expect((await runtime.statistics()).inferenceStats!.fail!.count).toBe(1n);
+    await runtime.close();
+  });
+
+  it("records a wrapped defineStage's requests once, for the observers too", async () => {
+    const { stage } = doubler();
+    const runtime = await createModelRuntime({ config: stage.config, backend: stageBackend(stage, 2) });
+    const heard: string[] = [];
+    const stop = observeRequests((s) => heard.push(s.model));
+    try {
+      await runtime.infer(request(1, 2));
+    } finally {
+      stop();
+    }
+    expect(heard).toEqual(["m"]);
+    expect((await stage.statistics()).inferenceCount).toBe(0n);
+    expect((await runtime.statistics()).inferenceCount).toBe(1n);
+    await runtime.close();
+    expect(await stage.isReady()).toBe(false);
+  });
+});
