@@ -226,7 +226,8 @@ describe("a model whose config sets no max_queue_size", () => {
     expect(plain.filter((o) => o.ok).length).toBe(3);
     // serial runs one and queues the rest: 1 executing + 3 queued.
     expect(serial.filter((o) => o.ok).length).toBe(4);
-    expect(own.filter((o) => o.ok).length).toBe(5);
+    // own batches (dynamic_batching) on one instance, Triton's default: 1 executing + 5 queued.
+    expect(own.filter((o) => o.ok).length).toBe(6);
     for (const [model, group, limit] of [
       ["plain", plain, 3],
       ["serial", serial, 3],
