@@ -61,7 +61,9 @@ export interface StageDefinition {
  * it with its batch size (the first input's first dimension when the config
  * batches) and its time as compute time; requested outputs are picked from
  * what `compute` returns (or, for a decoupled model, from each response
- * `computeStream` yields: the request's time runs to its last).
+ * `computeStream` yields: the request's time runs to its last). Served by the model runtime
+ * (@trellis/runtime, as the repository loader serves every TypeScript stage), `compute` gets
+ * the runtime's merged batches and the runtime's statistics are the ones reported.
  */
 export function defineStage(definition: StageDefinition): Stage {
   const { config, version = "1" } = definition;
