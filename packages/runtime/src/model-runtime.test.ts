@@ -3,7 +3,8 @@ import { Code, defineStage, type InferRequest, StageError, tensor } from "@trell
 import { observeRequests } from "@trellis/stage/backend";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { createModelRuntime, stageBackend } from "./model-runtime.js";
+import { createModelRuntime, instanceCount, stageBackend } from "./model-runtime.js";
+import { RateLimiter } from "./rate-limiter.js";
 
 const config = (extra = "") =>
   parseModelConfig(`name: "m" backend: "typescript" max_batch_size: 4
@@ -83,5 +84,33 @@ describe("createModelRuntime", () => {
     expect((await runtime.statistics()).inferenceCount).toBe(1n);
     await runtime.close();
     expect(await stage.isReady()).toBe(false);
+  });
+
+  it("admits a TypeScript stage's instances through the rate limiter, across models", async () => {
+    const limiter = new RateLimiter({ R: 1 });
+    let running = 0;
+    let peak = 0;
+    const limited = async () => {
+      const stage = defineStage({
+        config: config('instance_group [ { count: 2 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]'),
+        async compute(request: InferRequest) {
+          peak = Math.max(peak, ++running);
+          await new Promise((r) => setTimeout(r, 10));
+          running--;
+          return [tensor("OUT", "FP32", request.inputs[0]!.shape, request.inputs[0]!.data as Float32Array)];
+        },
+      });
+      return createModelRuntime({
+        config: stage.config,
+        backend: stageBackend(stage, instanceCount(stage.config)),
+        rateLimiter: limiter,
+      });
+    };
+    const [a, b] = [await limited(), await limited()];
+    expect(instanceCount(a.config)).toBe(2);
+    await Promise.all([a, b, a, b].map((m, i) => m.infer(request(i, i))));
+    // Four instances in all, but one unit of R: one execution at a time.
+    expect(peak).toBe(1);
+    await Promise.all([a.close(), b.close()]);
   });
 });
