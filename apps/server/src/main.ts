@@ -6,7 +6,7 @@
 import { resolve } from "node:path";
 import v8 from "node:v8";
 import { SystemSharedMemory } from "@trellis/kserve";
-import { ResponseCache } from "@trellis/runtime";
+import { importInInstanceThreads, ResponseCache } from "@trellis/runtime";
 import { ensureSeedModels } from "./cli/bootstrap.js";
 import { readCommandLine, UsageError } from "./cli/cli.js";
 import { createServerLogger } from "./cli/logging.js";
@@ -17,6 +17,7 @@ import type { VertexAiOptions } from "./frontends/vertex-ai.js";
 import type { RedisResponseCache } from "./integrations/redis-cache.js";
 import { loadEndpoints, modelLoader } from "./models/loader.js";
 import { RepositoryManager } from "./models/repository.js";
+import { lendOwnPackages } from "./models/user-modules.js";
 import { Tracer } from "./observability/tracing.js";
 import { startServer } from "./server.js";
 
@@ -26,6 +27,9 @@ import { startServer } from "./server.js";
 // per 200 ensemble requests, 140-180 ms of pauses); a fixed 4x growth factor cuts that to 5
 // (55 ms). Set before any worker thread starts, so session and decode workers get it too.
 v8.setFlagsFromString("--heap-growing-percent=300");
+// User models may import @trellis/* by name with no node_modules of their own (as Triton lends
+// triton_python_backend_utils): resolved from this install. Before any model loads.
+lendOwnPackages(importInInstanceThreads);
 
 async function main(): Promise<void> {
   const settings = await readCommandLine();

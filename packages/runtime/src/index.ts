@@ -23,4 +23,4 @@ export {
   sequenceTensors,
   withSequenceBatching,
 } from "./sequence-batcher.js";
-export { startWorkerInstances, type WorkerInstancesOptions } from "./worker-instances.js";
+export { importInInstanceThreads, startWorkerInstances, type WorkerInstancesOptions } from "./worker-instances.js";

@@ -52,6 +52,7 @@ const logger: StageLogger = Object.fromEntries(
 async function loadStage(): Promise<Stage | undefined> {
   let mod: Record<string, unknown>;
   try {
+    for (const url of load.imports ?? []) await import(url);
     mod = (await import(load.specifier)) as Record<string, unknown>;
   } catch (err) {
     const message = err instanceof Error ? err.message : String(err);

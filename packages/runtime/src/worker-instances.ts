@@ -61,6 +61,18 @@ export interface InstanceLoad {
   modelDir: string;
   version: string;
   versionDir: string;
+  /** Modules imported before `specifier` (see importInInstanceThreads). */
+  imports?: string[];
+}
+
+const threadImports: string[] = [];
+
+/**
+ * Has every instance thread started from now on import `url` before its stage module: for
+ * module resolve hooks (node:module register), which Node 20 does not pass on to worker threads.
+ */
+export function importInInstanceThreads(url: string): void {
+  if (!threadImports.includes(url)) threadImports.push(url);
 }
 
 export interface WireError {
@@ -225,7 +237,8 @@ export async function startWorkerInstances(options: WorkerInstancesOptions): Pro
   }
 
   function spawn(index: number): Instance {
-    const worker = new Worker(WORKER_URL, { workerData: load });
+    const imports = threadImports.length > 0 ? { imports: [...threadImports] } : {};
+    const worker = new Worker(WORKER_URL, { workerData: { ...load, ...imports } });
     let onReady!: (m: Extract<FromInstance, { type: "ready" }>) => void;
     let onLoadError!: (err: Error) => void;
     const ready = new Promise<Extract<FromInstance, { type: "ready" }>>((resolve, reject) => {
