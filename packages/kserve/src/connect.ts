@@ -20,7 +20,7 @@ import {
 } from "@trellis/stage";
 import type { ModelRegistry } from "./registry.js";
 import { HTTP2_SETTINGS, serveStage, widenSessionWindow } from "./serve.js";
-import { describeTransportError, isConnectionLost, neverSent } from "./transport-errors.js";
+import { describeTransportError, isConnectionLost, neverSent, sentByServer } from "./transport-errors.js";
 import { inferRequestToWire, inferResponseFromWire, metadataFromWire } from "./wire.js";
 
 export type InferenceClient = Client<typeof GRPCInferenceService>;
@@ -287,7 +287,7 @@ export async function connectStage(
     // The caller's own cancellation or deadline: the caller reports it.
     if (outer?.aborted) return remoteError(err, name, label);
     const ce = ConnectError.from(err);
-    if (ce.isWireError) {
+    if (sentByServer(ce)) {
       // Its server is up but does not have the model (yet: it is starting, or reloading): not ours to call unknown.
       if (ce.code === Code.NotFound) {
         const e = new StageError(Code.Unavailable, name, `${where} is not available on its server: ${ce.rawMessage}`, {

@@ -28,6 +28,21 @@ function causes(err: unknown): unknown[] {
 
 const prop = (e: unknown, key: string) => (e as Record<string, unknown>)[key];
 
+/** Content types of a Connect-protocol answer (an error in its JSON body or its end-of-stream message). */
+const CONNECT_ANSWER = /^application\/(json|connect\+(proto|json))\b/;
+
+/**
+ * True when `err` is a status the server sent (gRPC's grpc-status in its trailers or headers, or a
+ * Connect-protocol error body), not one the transport made up for a failed or dropped connection.
+ * What ConnectError.isWireError says from @connectrpc/connect 2.2 on; those versions need Node 22,
+ * and Trellis runs on Node 20, so it is told from the error's metadata.
+ */
+export function sentByServer(err: ConnectError): boolean {
+  const { metadata } = err;
+  if (metadata.has("grpc-status") || metadata.has("grpc-status-details-bin")) return true;
+  return CONNECT_ANSWER.test(metadata.get("content-type") ?? "");
+}
+
 /** True when the request provably never reached the server, so sending it again cannot run it twice. */
 export function neverSent(err: unknown): boolean {
   return causes(err).some((e) => {
@@ -49,7 +64,7 @@ export function neverSent(err: unknown): boolean {
  */
 export function isConnectionLost(err: unknown): boolean {
   const errors = causes(err);
-  if (errors.some((e) => e instanceof ConnectError && e.isWireError)) return false;
+  if (errors.some((e) => e instanceof ConnectError && sentByServer(e))) return false;
   const ce = ConnectError.from(err);
   if (ce.code === Code.Canceled || ce.code === Code.Aborted) return true;
   return errors.some((e) => {
