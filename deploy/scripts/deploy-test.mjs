@@ -242,17 +242,7 @@ async function buildImage() {
   }
   log(`building ${image} from Dockerfile (BASE_IMAGE=${baseImage})`);
   // Host network for the build's RUN steps: the bridge's NAT stalls large registry downloads here.
-  const buildArgs = [
-    "build",
-    "--network",
-    "host",
-    "-f",
-    join(repoRoot, "Dockerfile"),
-    "--build-arg",
-    `BASE_IMAGE=${baseImage}`,
-    "-t",
-    image,
-  ];
+  const buildArgs = ["build", "--network", "host", "--build-arg", `BASE_IMAGE=${baseImage}`, "-t", image];
   // This machine's pnpm store, bind-mounted for the build's RUN steps: the install needs no downloads.
   try {
     const store = execFileSync("pnpm", ["store", "path"], { cwd: repoRoot, encoding: "utf8" }).trim();
@@ -261,7 +251,11 @@ async function buildImage() {
     buildArgs.push("--build-arg", "PNPM_FLAGS=--offline", "--build-arg", "PNPM_MINIMUM_RELEASE_AGE=0");
   } catch {}
   const buildStart = Date.now();
-  execFileSync("podman", [...buildArgs, repoRoot], { stdio: ["ignore", "ignore", "inherit"] });
+  // TRELLIS_BUILD_CONTEXT: another source tree to build (e.g. `git archive HEAD | tar -x -C dir`).
+  const context = process.env.TRELLIS_BUILD_CONTEXT ?? repoRoot;
+  execFileSync("podman", [...buildArgs, "-f", join(context, "Dockerfile"), context], {
+    stdio: ["ignore", "ignore", "inherit"],
+  });
   const buildMs = Date.now() - buildStart;
   log(`image built in ${secs(buildMs)}`);
   summary.build = secs(buildMs);
