@@ -1,0 +1,278 @@
+/**
+ * The public packages as a user gets them: each is packed (`pnpm pack`, which
+ * turns workspace:* into versions), the tarballs are installed with a plain
+ * `npm install` into a scratch project in the system temp folder (outside the
+ * workspace; third-party dependencies come from the npm registry, through
+ * npm's cache), and then:
+ *  (a) a plain ESM script chains @trellis/preprocess → @trellis/inference-onnx
+ *      → @trellis/postprocess and classifies chelsea.jpg with the shared
+ *      MobileNetV2 (copied into the scratch project at run time) as Egyptian cat;
+ *  (b) the installed `trellis-server` bin serves a repository (another temp
+ *      folder, no node_modules above it) whose model.mjs imports @trellis/stage.
+ * Times of the pack and the install are printed.
+ */
+import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { promisify } from "node:util";
+import { fixtureImagesDir, LABELS_PATH, MOBILENET_PATH, repoRoot } from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+const run = promisify(execFile);
+
+/** Every public package, by folder; @trellis/testing (and deploy) stay private. */
+const PUBLIC = [
+  "packages/stage",
+  "packages/protocol",
+  "packages/kserve",
+  "packages/runtime",
+  "packages/model-loader",
+  "packages/ensemble-runner",
+  "packages/preprocess",
+  "packages/postprocess",
+  "packages/inference-onnx",
+  "packages/inference-trt-bridge",
+  "apps/client",
+  "apps/server",
+  "tooling",
+];
+
+/** This process's environment without what pnpm sets for the scripts it runs (npm would read npm_config_*). */
+function userEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) {
+    if (!/^(npm_|pnpm_|PNPM_)/i.test(k)) env[k] = v;
+  }
+  return { ...env, ...extra };
+}
+
+const seconds = (since: number) => ((performance.now() - since) / 1000).toFixed(1);
+
+let work: string;
+let project: string;
+let tarballs: string[] = [];
+let installOutput = "";
+
+beforeAll(async () => {
+  work = await mkdtemp(join(tmpdir(), "trellis-consumer-"));
+  const packed = join(work, "tarballs");
+  await mkdir(packed);
+  let t = performance.now();
+  for (const dir of PUBLIC) {
+    await run("pnpm", ["pack", "--pack-destination", packed], { cwd: join(repoRoot, dir), env: process.env });
+  }
+  tarballs = (await readdir(packed)).filter((f) => f.endsWith(".tgz")).map((f) => join(packed, f));
+  console.log(`packed ${tarballs.length} packages in ${seconds(t)} s`);
+
+  project = join(work, "project");
+  await mkdir(project);
+  await writeFile(
+    join(project, "package.json"),
+    `${JSON.stringify({ name: "consumer", private: true, type: "module" })}\n`,
+  );
+  t = performance.now();
+  const { stdout, stderr } = await run(
+    "npm",
+    ["install", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=warn", ...tarballs],
+    {
+      cwd: project,
+      env: userEnv({ ONNXRUNTIME_NODE_INSTALL: "skip" }),
+      maxBuffer: 64 * 1024 * 1024,
+      timeout: 600_000,
+    },
+  );
+  installOutput = `${stdout}\n${stderr}`;
+  console.log(`npm install of the tarballs took ${seconds(t)} s\n${installOutput.trim()}`);
+}, 900_000);
+
+afterAll(async () => {
+  if (work) await rm(work, { recursive: true, force: true });
+});
+
+/** The names of the files a tarball holds (without npm's package/ prefix). */
+async function tarList(tarball: string): Promise<string[]> {
+  const { stdout } = await run("tar", ["-tzf", tarball], { maxBuffer: 16 * 1024 * 1024 });
+  return stdout
+    .split("\n")
+    .filter((l) => l !== "")
+    .map((l) => l.replace(/^package\//, ""));
+}
+
+describe("the packed packages", () => {
+  it("holds every public package, each with LICENSE, README and no workspace: ranges", async () => {
+    expect(tarballs).toHaveLength(PUBLIC.length);
+    for (const tarball of tarballs) {
+      const files = await tarList(tarball);
+      expect(files, tarball).toContain("LICENSE");
+      expect(files, tarball).toContain("README.md");
+      // What the package runs, not its sources, tests or benchmarks.
+      expect(
+        files.filter((f) => /^(src|test|bench)\/|^dist\/bench\//.test(f)),
+        tarball,
+      ).toEqual([]);
+      const { stdout } = await run("tar", ["-xzOf", tarball, "package/package.json"]);
+      const pkg = JSON.parse(stdout);
+      expect(pkg.private, tarball).toBeUndefined();
+      expect(pkg.license).toBe("Apache-2.0");
+      expect(pkg.engines).toEqual({ node: ">=20.19" });
+      expect(stdout).not.toContain("workspace:");
+    }
+  });
+
+  it("ships @trellis/protocol's .proto files", async () => {
+    const protocol = tarballs.find((t) => t.includes("trellis-protocol-"));
+    const files = await tarList(protocol as string);
+    expect(files).toEqual(
+      expect.arrayContaining(["proto/grpc_service.proto", "proto/health.proto", "proto/model_config.proto"]),
+    );
+    const installed = join(project, "node_modules", "@trellis", "protocol", "proto", "grpc_service.proto");
+    expect(await readFile(installed, "utf8")).toContain("service GRPCInferenceService");
+  });
+
+  it("installs with a plain npm install, with no engine warning on this Node", () => {
+    expect(installOutput).not.toContain("EBADENGINE");
+    for (const name of ["server", "client", "stage", "preprocess", "inference-onnx", "postprocess"]) {
+      expect(existsSync(join(project, "node_modules", "@trellis", name, "package.json")), name).toBe(true);
+    }
+  });
+});
+
+/** (a): a user's own pipeline from the three stage packages, no server. */
+const CLASSIFY = `import { readFile } from "node:fs/promises";
+import { createOnnxStage } from "@trellis/inference-onnx";
+import { createPostprocess } from "@trellis/postprocess";
+import { createPreprocess } from "@trellis/preprocess";
+import { parseModelConfig } from "@trellis/protocol";
+import { bytesTensor, bytesToStrings } from "@trellis/stage";
+
+const [image, modelDir, labelsFile] = process.argv.slice(2);
+const preprocess = createPreprocess({ mode: "seed" });
+const inference = await createOnnxStage({
+  config: parseModelConfig('name: "mobilenet"\\nbackend: "onnxruntime"\\nmax_batch_size: 8'),
+  modelDir,
+});
+const postprocess = await createPostprocess({
+  config: parseModelConfig(\`name: "postprocess"
+max_batch_size: 8
+input [ { name: "LOGITS" data_type: TYPE_FP32 dims: [ 1000 ] } ]
+output [ { name: "OUTPUT_RESULTS" data_type: TYPE_STRING dims: [ 1 ] } ]\`),
+  labels: (await readFile(labelsFile, "utf8")).split("\\n"),
+});
+const pixels = await preprocess.infer({ inputs: [bytesTensor("RAW_IMAGE", [1, 1], [await readFile(image)])] });
+const logits = await inference.infer({ inputs: [{ ...pixels.outputs[0], name: "input" }] });
+const results = await postprocess.infer({ inputs: [{ ...logits.outputs[0], name: "LOGITS" }] });
+console.log(bytesToStrings(results.outputs[0])[0]);
+await Promise.all([preprocess.close(), inference.close(), postprocess.close()]);
+`;
+
+describe("(a) a plain script: preprocess → inference-onnx → postprocess", () => {
+  it("classifies chelsea.jpg as Egyptian cat with the shared MobileNetV2", async () => {
+    const modelDir = join(project, "mobilenet");
+    await mkdir(join(modelDir, "1"), { recursive: true });
+    await copyFile(MOBILENET_PATH, join(modelDir, "1", "model.onnx"));
+    await copyFile(LABELS_PATH, join(project, "labels.txt"));
+    await writeFile(join(project, "classify.mjs"), CLASSIFY);
+    const t = performance.now();
+    const { stdout } = await run(
+      process.execPath,
+      ["classify.mjs", join(fixtureImagesDir, "chelsea.jpg"), modelDir, "labels.txt"],
+      { cwd: project, env: userEnv(), timeout: 120_000 },
+    );
+    console.log(`(a) ${seconds(t)} s: ${stdout.trim()}`);
+    const answer = JSON.parse(stdout.trim());
+    expect(answer.top5_labels[0]).toBe("Egyptian cat");
+    expect(answer.top5_probs[0]).toBeGreaterThan(0.5);
+  });
+});
+
+/** (b): a repository outside any project: model.mjs imports @trellis/stage by name. */
+const TRIPLER = `import { defineStage } from "@trellis/stage";
+export function createStage({ config, version }) {
+  return defineStage({ config, version, compute: (request) => [
+    { name: "OUT", datatype: "FP32", shape: request.inputs[0].shape, data: Float32Array.from(request.inputs[0].data, (v) => v * 3) },
+  ] });
+}
+`;
+const TRIPLER_CONFIG = `name: "tripler"
+backend: "typescript"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+`;
+
+/** Starts `bin` and resolves with its HTTP port once it logs "server started". */
+function startBin(bin: string, args: string[], cwd: string): Promise<{ proc: ChildProcess; http: number }> {
+  const proc = spawn(bin, args, { cwd, env: userEnv(), stdio: ["ignore", "pipe", "pipe"] });
+  let stderr = "";
+  proc.stderr?.on("data", (d) => {
+    stderr += String(d);
+  });
+  return new Promise((resolve, reject) => {
+    let http = 0;
+    const timer = setTimeout(() => reject(new Error(`no "server started" within 60 s:\n${stderr}`)), 60_000);
+    proc.on("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`trellis-server exited with ${code}:\n${stderr}`));
+    });
+    createInterface({ input: proc.stdout as NodeJS.ReadableStream }).on("line", (line) => {
+      let entry: Record<string, unknown>;
+      try {
+        entry = JSON.parse(line);
+      } catch {
+        return;
+      }
+      if (entry.msg === "listening" && entry.protocol === "http") http = entry.port as number;
+      if (entry.msg === "server started") {
+        clearTimeout(timer);
+        resolve({ proc, http });
+      }
+    });
+  });
+}
+
+describe("(b) the installed trellis-server", () => {
+  it("serves a repository whose model.mjs imports @trellis/stage, no node_modules beside it", async () => {
+    const repo = await mkdtemp(join(tmpdir(), "trellis-consumer-repo-"));
+    try {
+      for (let dir = repo; dir !== dirname(dir); dir = dirname(dir)) {
+        expect(existsSync(join(dir, "node_modules")), dir).toBe(false);
+      }
+      await mkdir(join(repo, "tripler", "1"), { recursive: true });
+      await writeFile(join(repo, "tripler", "config.pbtxt"), TRIPLER_CONFIG);
+      await writeFile(join(repo, "tripler", "1", "model.mjs"), TRIPLER);
+      const bin = join(project, "node_modules", ".bin", "trellis-server");
+      const ports = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--no-fetch-models"];
+      const t = performance.now();
+      const { proc, http } = await startBin(bin, ["--model-repository", repo, ...ports], repo);
+      try {
+        console.log(`(b) trellis-server started in ${seconds(t)} s`);
+        expect((await fetch(`http://127.0.0.1:${http}/v2/models/tripler/ready`)).status).toBe(200);
+        const res = await fetch(`http://127.0.0.1:${http}/v2/models/tripler/infer`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ inputs: [{ name: "IN", datatype: "FP32", shape: [2], data: [1.5, -2] }] }),
+        });
+        expect(res.status).toBe(200);
+        const answer = (await res.json()) as { outputs: { name: string; data: number[] }[] };
+        console.log(`(b) tripler answered ${JSON.stringify(answer.outputs)}`);
+        expect(answer.outputs[0]).toMatchObject({ name: "OUT", data: [4.5, -6] });
+      } finally {
+        const exited = new Promise((resolve) => proc.once("exit", resolve));
+        proc.kill("SIGTERM");
+        expect(await exited).toBe(0);
+      }
+    } finally {
+      await rm(repo, { recursive: true, force: true });
+    }
+  });
+
+  it("the installed trellis-client bin runs", async () => {
+    const { stdout } = await run(join(project, "node_modules", ".bin", "trellis-client"), ["--help"], {
+      env: userEnv(),
+    });
+    expect(stdout).toContain("Usage");
+  });
+});
