@@ -128,6 +128,7 @@ async function main(): Promise<void> {
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
+    ui: flags.ui,
     tracing: new Tracer(
       settings.tracing,
       logger,

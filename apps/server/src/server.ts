@@ -25,6 +25,7 @@ import { type GrpcConnectionOptions, manageGrpcConnection } from "./frontends/gr
 import { DEFAULT_HTTP_MAX_INPUT_BYTES, type RestContext, restHandler } from "./frontends/http.js";
 // The cloud endpoints' modules are imported only when their listener is asked for (below).
 import type { SageMakerOptions } from "./frontends/sagemaker.js";
+import { readUiAssets, uiHandler } from "./frontends/ui.js";
 import type { VertexAiOptions } from "./frontends/vertex-ai.js";
 import type { RepositoryManager } from "./models/repository.js";
 import { createMetrics, type MetricsOptions } from "./observability/metrics.js";
@@ -88,6 +89,8 @@ export interface ServerOptions {
   grpcConnections?: GrpcConnectionOptions;
   /** How long HTTP/1.1 clients (REST, SageMaker, Vertex AI, metrics) may take; see HttpTimeouts. */
   httpTimeouts?: HttpTimeouts;
+  /** The page on the HTTP port (/ui, `--ui`); default on, always off when the HTTP API is restricted. */
+  ui?: boolean;
 }
 
 /** Limits on slow or silent HTTP/1.1 clients, in milliseconds; 0: no limit. */
@@ -220,13 +223,24 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     forwardHeaders: options.forwardHeaders?.http,
   };
   const rest = restHandler(restContext);
+  // The page (/ui): off with --ui false, and whenever --http-restricted-api guards any part of the API.
+  const uiAssets = options.ui === false ? undefined : readUiAssets();
+  const restricted = Object.keys(options.httpRestrictions ?? {}).length > 0;
+  if (uiAssets && restricted) logger.info("the page (/ui) is off: the HTTP API is restricted (--http-restricted-api)");
+  else if (uiAssets?.size === 0) logger.debug("the page (/ui) is off: it was not built (dist/ui)");
+  const ui = uiAssets && uiAssets.size > 0 && !restricted ? uiHandler(uiAssets) : undefined;
+  const httpFallback: typeof rest = ui
+    ? (req, res) => {
+        if (!ui(req, res)) rest(req, res);
+      }
+    : rest;
   // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
   const timeouts = options.httpTimeouts ?? {};
   const httpServer = httpServerWith(
     timeouts,
     connectNodeAdapter({
       routes,
-      fallback: rest as NodeHandlerFn,
+      fallback: httpFallback as NodeHandlerFn,
       readMaxBytes: options.httpMaxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES,
       // gRPC-Web and Connect calls on the HTTP port come under the HTTP port's restrictions.
       interceptors: options.httpRestrictions ? [restrictionInterceptor(options.httpRestrictions)] : [],

@@ -271,6 +271,7 @@ export const program = new Command("trellis-server")
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
   .option(
     "--allow-sagemaker [bool]",
+  .option("--ui [bool]", "serve the page on the HTTP port (/ui; off whenever --http-restricted-api is given)", flag, true)
     "serve SageMaker's GET /ping and POST /invocations (for the model SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names), and its multi-model endpoint's /models routes (explicit mode), on --sagemaker-port",
     flag,
     false,
@@ -540,6 +541,7 @@ export interface Flags extends TraceFlags {
   endpointsClientKey?: string;
   endpointsTimeoutSecs: number;
   endpointsKeepaliveTime: number;
+  ui: boolean;
   endpointsKeepaliveTimeout: number;
   metricsConfig: string[];
   fetchModels: boolean;
