@@ -30,6 +30,7 @@ let browser: Browser;
 
 beforeAll(async () => {
   repo = await makeSeedRepository();
+  await mkdir(ARTIFACTS, { recursive: true });
   [server, browser] = await Promise.all([
     startServerProcess(["--model-repository", repo]),
     chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] }),
@@ -103,7 +104,6 @@ describe("the page on the HTTP port", () => {
     // The live panel, refreshed from the server's statistics: both requests counted.
     await expect.poll(() => requestCount(page, "resnet50_ensemble"), { timeout: 10_000 }).toBe(before + 2);
 
-    await mkdir(ARTIFACTS, { recursive: true });
     const shot = join(ARTIFACTS, "ui.png");
     await page.screenshot({ path: shot, fullPage: true });
     console.log(`screenshot: ${shot}`);
@@ -114,6 +114,8 @@ describe("the page on the HTTP port", () => {
   it("fits a narrow screen and is usable by keyboard", async () => {
     const page = await browser.newPage({ viewport: { width: 360, height: 740 } });
     await page.goto(`${server.http}/ui/`);
+    const load = await page.evaluate<number>('performance.getEntriesByType("navigation")[0].loadEventEnd');
+    console.log(`page load from the server (/ui/, second browser page): ${load.toFixed(1)} ms`);
     const width = await page.evaluate<number>("document.documentElement.scrollWidth");
     expect(width).toBeLessThanOrEqual(360);
     // The pick button and the model choice are labelled controls reachable with Tab.
@@ -126,6 +128,7 @@ describe("the page on the HTTP port", () => {
     expect(focused).toContain("model");
     expect(focused).toContain("pick");
     expect(await page.locator("#results").getAttribute("aria-live")).toBe("polite");
+    await page.screenshot({ path: join(ARTIFACTS, "ui-narrow.png"), fullPage: true });
     await page.close();
   });
 

@@ -172,6 +172,10 @@ document.addEventListener("paste", (e) => {
 
 let last: { at: number; stats: Stats } | undefined;
 
+/** A model name with line-break chances after its underscores (narrow screens). */
+const breakable = (name: string): (Node | string)[] =>
+  name.split(/(?<=_)/).flatMap((part, i) => (i === 0 ? [part] : [document.createElement("wbr"), part]));
+
 function renderLive(index: IndexRow[], stats: Stats): void {
   const now = performance.now();
   const names = [...new Set([...index.map((r) => r.name), ...stats.keys()])].sort();
@@ -195,7 +199,7 @@ function renderLive(index: IndexRow[], stats: Stats): void {
       return el(
         "tr",
         { "data-model": name },
-        el("th", { scope: "row" }, name),
+        el("th", { scope: "row" }, ...breakable(name)),
         el("td", { "data-field": "version" }, s?.version || rows.map((r) => r.version).join(", ") || "–"),
         el("td", { "data-field": "state", title: reason }, state),
         el("td", { "data-field": "requests" }, String(requests)),
