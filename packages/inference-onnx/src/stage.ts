@@ -211,10 +211,11 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     const reason = (started[failedAt] as PromiseRejectedResult).reason;
     const message = reason instanceof Error ? reason.message : String(reason);
     if (plan.kind === "GPU") {
+      // One line an operator can act on, not onnxruntime's own words (a shared library it could not load).
       throw new StageError(
         Code.Unavailable,
         name,
-        `instance_group KIND_GPU (device ${plan.deviceId}) needs onnxruntime-node's ${plan.executionProviders.join(",")} execution provider, which could not be used here: ${message}`,
+        `instance_group KIND_GPU (device ${plan.deviceId}): no GPU that onnxruntime's ${plan.executionProviders.join(",")} execution provider can use on this machine; set kind: KIND_CPU (or KIND_AUTO) in config.pbtxt to run on the CPU`,
       );
     }
     throw new StageError(Code.Internal, name, `onnxruntime could not load ${modelPath}: ${message}`);

@@ -7,11 +7,13 @@ import { basename, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { createEnsemble, type ResolveStep } from "@trellis/ensemble-runner";
 import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
+import type { ModelConfig } from "@trellis/protocol";
 import { createModelRuntime, instanceCount, stageBackend, startWorkerInstances } from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
   configParameter,
+  datatypeFromConfig,
   isDecoupled,
   type ModelCaller,
   type RateLimiter,
@@ -297,10 +299,13 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
     return serveTypescript(stage, model, options);
   }
   if (backend === "python") {
+    const replacement = trellisReplacement(config);
     throw new StageError(
       Code.InvalidArgument,
       model.name,
-      `backend "python" is not supported: Trellis runs TypeScript stages. Set backend: "typescript" and either parameters { key: "module" value: { string_value: "<stage package>" } } or put a model.js exporting createStage(options) in ${versionDir} (the TypeScript counterpart of model.py)`,
+      replacement
+        ? `backend "python" is not supported: Trellis runs TypeScript stages, and ${replacement} does what this model's model.py does. In config.pbtxt, replace backend: "python" with the lines: backend: "typescript" parameters { key: "module" value: { string_value: "${replacement}" } }`
+        : `backend "python" is not supported: Trellis runs TypeScript stages. Set backend: "typescript" and either parameters { key: "module" value: { string_value: "<stage package>" } } or put a model.js exporting createStage(options) in the version folder ${version} (the TypeScript counterpart of model.py)`,
     );
   }
   const what = backend ? `backend "${backend}"` : config.platform ? `platform "${config.platform}"` : "no backend";
@@ -381,4 +386,36 @@ function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions
     }
     return stage;
   };
+}
+
+/**
+ * The Trellis package that replaces a Triton Python model, for the kinds it has: the seed's
+ * ResNet-50 preprocess (an encoded image in, a [3, 224, 224] FP32 tensor out) and postprocess
+ * (1000 logits in, a JSON string out), recognised by name or by that shape.
+ */
+function trellisReplacement(config: ModelConfig): string | undefined {
+  type Tensors = { dataType: ModelConfig["input"][number]["dataType"]; dims: bigint[] }[];
+  const types = (list: Tensors) =>
+    list
+      .map((t) => {
+        try {
+          return datatypeFromConfig(t.dataType);
+        } catch {
+          return "?";
+        }
+      })
+      .join(",");
+  const dims = (list: Tensors) => list.map((t) => t.dims.join("x")).join(",");
+  const [inputs, outputs] = [types(config.input), types(config.output)];
+  if (
+    config.name === "resnet50_preprocess" ||
+    (inputs === "BYTES" && outputs === "FP32" && dims(config.output) === "3x224x224")
+  )
+    return "@trellis/preprocess";
+  if (
+    config.name === "resnet50_postprocess" ||
+    (inputs === "FP32" && outputs === "BYTES" && dims(config.input) === "1000")
+  )
+    return "@trellis/postprocess";
+  return undefined;
 }
