@@ -8,8 +8,9 @@ import v8 from "node:v8";
 import { SystemSharedMemory } from "@trellis/kserve";
 import { importInInstanceThreads, ResponseCache } from "@trellis/runtime";
 import { ensureSeedModels } from "./cli/bootstrap.js";
-import { readCommandLine, UsageError } from "./cli/cli.js";
-import { createServerLogger } from "./cli/logging.js";
+import { program, readCommandLine, UsageError } from "./cli/cli.js";
+import { createServerLogger, defaultLogStyle } from "./cli/logging.js";
+import { startupFailure } from "./cli/usage.js";
 // The optional integrations (the Redis cache, OpenTelemetry, SageMaker, Vertex AI) are imported
 // where their flags switch them on: a server that does not use one never loads it (nor its packages).
 import type { SageMakerModelHost, SageMakerOptions } from "./frontends/sagemaker.js";
@@ -41,6 +42,7 @@ async function main(): Promise<void> {
     warning: flags.logWarning,
     error: flags.logError,
     format: flags.logFormat,
+    style: flags.logStyle ?? defaultLogStyle(settings.logFile),
   });
   for (const warning of settings.warnings) logger.warn(warning);
 
@@ -184,8 +186,8 @@ async function main(): Promise<void> {
 
   await manager.start();
   const index = manager.index(false);
-  for (const m of index)
-    logger.info({ model: m.name, version: m.version, state: m.state, reason: m.reason }, "model status");
+  // The state of each; a failure's reason was logged once, when it failed.
+  for (const m of index) logger.info({ model: m.name, version: m.version, state: m.state }, "model status");
   const failed = index.filter((m) => m.state === "UNAVAILABLE");
   if (vertexAi) {
     // As Triton: the Vertex AI endpoint needs its default model loaded, or a single model to default to.
@@ -206,8 +208,12 @@ async function main(): Promise<void> {
     }
   }
   if (flags.exitOnError && failed.length > 0) {
-    logger.error({ failed: failed.map((m) => m.name) }, "a model failed to load and --exit-on-error is set: exiting");
+    const names = [...new Set(failed.map((m) => m.name))];
+    logger.error({ failed: names }, "a model failed to load and --exit-on-error is set: exiting");
     await server.shutdown(0);
+    console.error(
+      `trellis-server: ${names.length === 1 ? "model" : "models"} ${names.map((n) => `'${n}'`).join(", ")} failed to load (reason logged above); exiting as --exit-on-error is true (Triton's default; --exit-on-error=false serves the rest, not ready)`,
+    );
     process.exit(1);
   }
   logger.info(
@@ -226,7 +232,21 @@ async function main(): Promise<void> {
 
 main().catch((err) => {
   // Before the logger exists (bad flags) commander has already printed; this is for everything after.
-  console.error(err instanceof UsageError ? `trellis-server: ${err.message}` : err instanceof Error ? err.stack : err);
+  const opts = program.opts();
+  const failure = startupFailure(err, {
+    "--http-port": opts.httpPort,
+    "--grpc-port": opts.grpcPort,
+    "--metrics-port": opts.metricsPort,
+    "--sagemaker-port": opts.allowSagemaker ? opts.sagemakerPort : undefined,
+    "--vertex-ai-port": opts.allowVertexAi ? opts.vertexAiPort : undefined,
+  });
+  console.error(
+    err instanceof UsageError || failure
+      ? `trellis-server: ${failure ?? (err as Error).message}`
+      : err instanceof Error
+        ? err.stack
+        : err,
+  );
   process.exit(1);
 });
 

@@ -69,7 +69,8 @@ beforeAll(async () => {
     chain: { config: CHAIN_CONFIG },
     broken: { config: echoConfig("broken", { params: { module: "./does-not-exist.js" } }) },
   });
-  server = await startServerProcess(["--model-repository", repo]);
+  // "broken" fails to load: served anyway (--exit-on-error=false), and not ready, as tritonserver.
+  server = await startServerProcess(["--model-repository", repo, "--exit-on-error=false"]);
 });
 
 afterAll(async () => {
@@ -78,7 +79,7 @@ afterAll(async () => {
 });
 
 describe("startup", () => {
-  it("logs one line per model loaded and per listening port, and stays up when a model fails", async () => {
+  it("logs one line per model loaded and per listening port, and with --exit-on-error=false stays up, not ready, when a model fails", async () => {
     const loaded = server.logs.filter((l) => l.msg === "model loaded").map((l) => `${l.model}:${l.version}`);
     expect(loaded.sort()).toEqual(
       [
@@ -103,7 +104,8 @@ describe("startup", () => {
     expect(String(failed?.reason)).toContain("does-not-exist.js");
 
     expect((await fetch(`${server.http}/v2/health/live`)).status).toBe(200);
-    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
+    // Strict readiness (Triton's default): a model that failed to load keeps the server not ready.
+    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(400);
     expect((await fetch(`${server.http}/v2/models/echo/ready`)).status).toBe(200);
     // No version loaded: 404, as Triton's HandleModelReady answers a model it cannot find.
     expect((await fetch(`${server.http}/v2/models/broken/ready`)).status).toBe(404);
@@ -424,7 +426,8 @@ describe("gRPC", () => {
 
   it("serves the whole service to a Connect gRPC client, ensembles included", async () => {
     const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
-    expect((await client.serverReady({})).ready).toBe(true);
+    // "broken" failed to load: not ready, as tritonserver's strict readiness.
+    expect((await client.serverReady({})).ready).toBe(false);
     expect((await client.modelReady({ name: "chain" })).ready).toBe(true);
     expect((await client.modelReady({ name: "broken" })).ready).toBe(false);
     const rows = [
@@ -444,7 +447,8 @@ describe("gRPC", () => {
     expect(String(err)).toContain("Request for unknown model: 'nope' is not found");
 
     const health = createClient(Health, createGrpcTransport({ baseUrl: server.grpc }));
-    expect((await health.check({ service: "" })).status).toBe(HealthCheckResponse_ServingStatus.SERVING);
+    // grpc.health.v1 follows readiness (Kubernetes gRPC probes): not serving while "broken" failed.
+    expect((await health.check({ service: "" })).status).toBe(HealthCheckResponse_ServingStatus.NOT_SERVING);
   });
 
   it("reads and changes the log settings over HTTP and gRPC (logging extension); verbose turns debug lines on", async () => {

@@ -121,7 +121,7 @@ describe("explicit model control", () => {
     expect((await client.modelReady({ name: "other" })).ready).toBe(true);
   });
 
-  it("reports a model that fails to load, with its reason, and stays up", async () => {
+  it("reports a model that fails to load, with its reason, and stays up, not ready until it is unloaded", async () => {
     const failed = await postJson(`${server.http}/v2/repository/models/broken/load`, {});
     expect(failed.status).toBe(400);
     expect(failed.json.error).toContain("missing.js");
@@ -132,7 +132,9 @@ describe("explicit model control", () => {
     expect(broken?.state).toBe("UNAVAILABLE");
     expect(broken?.reason).toContain("missing.js");
     expect((await fetch(`${server.http}/v2/health/live`)).status).toBe(200);
-    // A failed model is reported, not counted against readiness.
+    // As Triton's strict readiness: a model asked for that failed keeps the server not ready; unloaded, it does not.
+    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(400);
+    expect((await postJson(`${server.http}/v2/repository/models/broken/unload`, {})).status).toBe(200);
     expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
   });
 
@@ -500,6 +502,8 @@ describe("poll mode over two repositories", () => {
       "poll",
       "--repository-poll-secs",
       "0.2",
+      // "twin" is in both repositories and fails to load: the rest is served.
+      "--exit-on-error=false",
     ]);
   });
   afterAll(async () => {
@@ -525,11 +529,13 @@ describe("poll mode over two repositories", () => {
     );
     // Not loaded: 404, as Triton's infer on a model it cannot find (see parity-codes.test.ts).
     expect((await infer("twin")).status).toBe(404);
-    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
+    // A model that failed to load keeps the server not ready (strict readiness), until it loads.
+    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(400);
 
     await rm(join(second, "twin"), { recursive: true });
     await until(async () => (await infer("twin")).status === 200, "twin to load from the first repository");
     expect(await output("twin")).toEqual([5, 10, 15, 20]);
+    expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(200);
   });
 
   it("reloads a model whose config changed without refusing a request meanwhile", async () => {
@@ -633,12 +639,10 @@ export function createStage({ config, version }) {
     }
   });
 
-  it("with --exit-on-error, exits 1 when a model fails to load at start; without it, serves the rest", async () => {
-    const exits = await explicit(["--load-model", "echo", "--load-model", "broken", "--exit-on-error"]).catch(
-      (e: Error) => e,
-    );
+  it("exits 1 when a model fails to load at start (--exit-on-error, Triton's default); with --exit-on-error=false, serves the rest", async () => {
+    const exits = await explicit(["--load-model", "echo", "--load-model", "broken"]).catch((e: Error) => e);
     expect(String(exits)).toMatch(/server exited with 1 before starting/);
-    const serves = await explicit(["--load-model", "echo", "--load-model", "broken"]);
+    const serves = await explicit(["--load-model", "echo", "--load-model", "broken", "--exit-on-error=false"]);
     try {
       expect((await postJson(`${serves.http}/v2/models/echo/infer`, slowRequest(0))).status).toBe(200);
     } finally {

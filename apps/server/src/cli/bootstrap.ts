@@ -1,15 +1,50 @@
 /**
- * First start on a fresh machine: the seed repository ships configs but no
- * weights. If resnet50_inference has no model.onnx (or postprocess no
- * labels), fetch them; offline, tooling writes the synthetic stand-in, and
- * we say so loudly.
+ * First start of a fresh clone (--fetch-models, which `pnpm start` passes): the project's own
+ * `models/` ships configs but no weights. If resnet50_inference has no model file (or
+ * postprocess no labels), fetch them; offline, tooling writes the synthetic stand-in, and we
+ * say so loudly. Only the project's own `models/` is ever written: a repository given from
+ * elsewhere (a Triton user's, a mounted volume) is served as it is, and a model missing its
+ * weights there fails to load naming the file.
  */
-import { hasSeedArtifacts, isSeedRepository } from "@trellis/tooling/paths";
+import { readFile, realpath } from "node:fs/promises";
+import { join } from "node:path";
+import {
+  DEFAULT_REPOSITORY,
+  hasSeedArtifacts,
+  INFERENCE_CONFIG,
+  INFERENCE_MODEL,
+  isSeedRepository,
+} from "@trellis/tooling/paths";
 import type { Logger } from "../server.js";
 
+const real = (path: string) => realpath(path).catch(() => path);
+
+/** The file the seed's inference model loads (its config's default_model_filename), relative to the repository. */
+async function configuredModelFile(repository: string): Promise<string> {
+  const config = await readFile(join(repository, INFERENCE_CONFIG), "utf8").catch(() => "");
+  const named = /^\s*default_model_filename\s*:\s*"([^"]*)"/m.exec(config)?.[1];
+  return named ? join(INFERENCE_MODEL, "..", named) : INFERENCE_MODEL;
+}
+
 export async function ensureSeedModels(repositories: string[], logger: Logger): Promise<void> {
+  const own = await real(DEFAULT_REPOSITORY);
   for (const repository of repositories) {
     if (!(await isSeedRepository(repository)) || (await hasSeedArtifacts(repository))) continue;
+    if ((await real(repository)) !== own) {
+      logger.info(
+        { repository },
+        "--fetch-models: this repository is not the project's own models/ folder, so nothing is written to it",
+      );
+      continue;
+    }
+    const modelFile = await configuredModelFile(repository);
+    if (modelFile !== INFERENCE_MODEL) {
+      logger.warn(
+        { repository, expected: modelFile },
+        "--fetch-models: resnet50_inference's default_model_filename is not model.onnx, the file models:fetch writes: nothing fetched",
+      );
+      continue;
+    }
     logger.info({ repository }, "ResNet-50 weights or labels missing; fetching them (pnpm models:fetch)");
     // Loaded only now: a normal start never pays for the rest of the tooling.
     const { ensureModels } = await import("@trellis/tooling");
@@ -20,6 +55,7 @@ export async function ensureSeedModels(repositories: string[], logger: Logger): 
       warn: (line) => logger.warn({ repository }, line),
     });
     if (result.source === "synthetic") {
+      // The onnx backend logs the load with "synthetic": true (it reads the model's marker), as this says.
       const banner =
         "!!! OFFLINE: serving a SYNTHETIC ResNet-50 with random weights. Classifications are meaningless. Run `pnpm models:fetch` when online, then restart. !!!";
       logger.warn({ repository, model: result.modelPath }, banner);

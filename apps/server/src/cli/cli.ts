@@ -4,7 +4,7 @@
  * and tracing settings in cache-config.ts and trace-config.ts).
  * A bad flag or flag file is a UsageError: one line, no stack.
  */
-import { open, readFile } from "node:fs/promises";
+import { open, readFile, stat } from "node:fs/promises";
 import { resolve } from "node:path";
 import {
   API_CATEGORIES,
@@ -99,9 +99,13 @@ export const program = new Command("trellis-server")
   .version(SERVER_VERSION)
   .option(
     "--model-repository <path>",
-    "model repository directory (config.pbtxt + version folders per model); repeat for several (required)",
+    "model repository directory (config.pbtxt + version folders per model); repeat for several (required unless --default-model-repository)",
     collect,
     [],
+  )
+  .option(
+    "--default-model-repository <path>",
+    "the repository served when no --model-repository (or --model-store) is given; one that is given replaces it (what `pnpm start` passes: ../../models)",
   )
   .option("--model-store <path>", "the same as --model-repository, as tritonserver's", collect, [])
   .option("--id <name>", "the server's name, in server metadata (GET /v2, gRPC ServerMetadata)", "trellis")
@@ -163,15 +167,15 @@ export const program = new Command("trellis-server")
   .option("--repository-poll-secs <secs>", "rescan interval in poll mode", positiveSeconds, 15)
   .option(
     "--strict-readiness [bool]",
-    "report ready only when every loaded model is ready; false: whenever the server is up",
+    "report ready only when every model asked for is ready (one that failed to load keeps the server not ready, as tritonserver); false: whenever the server is up",
     flag,
     true,
   )
   .option(
     "--exit-on-error [bool]",
-    "exit (code 1) if any model fails to load at start; default false: serve the rest (tritonserver's default is true)",
+    "exit (code 1) if any model fails to load at start, as tritonserver; false: serve the rest (the server then reports not ready while --strict-readiness)",
     flag,
-    false,
+    true,
   )
   .option(
     "--strict-model-config [bool]",
@@ -425,6 +429,12 @@ export const program = new Command("trellis-server")
   .option("--log-file <path>", "write the logs (JSON lines) to this file instead of stdout")
   .addOption(
     new Option(
+      "--log-style <style>",
+      "json: one JSON object per line (for log shippers); text: one readable line per entry (time, level, message, key=value fields). Default: text when stdout is a terminal (and no --log-file), else json",
+    ).choices(["json", "text"]),
+  )
+  .addOption(
+    new Option(
       "--log-verbose [level]",
       "verbose (debug) logging: level > 0 (1 when given without one, or true); changeable at run time through /v2/logging",
     )
@@ -460,7 +470,13 @@ export const program = new Command("trellis-server")
   .option("--trace-rate <n>", "deprecated in tritonserver: --trace-config rate=<n>")
   .option("--trace-count <n>", "deprecated in tritonserver: --trace-config count=<n>")
   .option("--trace-log-frequency <n>", "deprecated in tritonserver: --trace-config triton,log-frequency=<n>")
-  .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start");
+  .option(
+    "--fetch-models [bool]",
+    "fetch the seed's missing ResNet-50 weights and labels at start (offline: write a synthetic stand-in, with a banner), into this project's own models/ folder only: a repository given elsewhere is never written to (what `pnpm start` passes)",
+    flag,
+    false,
+  )
+  .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start (the default)");
 addCompatFlags(program);
 
 export interface Flags extends TraceFlags {
@@ -495,6 +511,8 @@ export interface Flags extends TraceFlags {
   logWarning: boolean;
   logError: boolean;
   logFormat: "default" | "ISO8601";
+  logStyle?: "json" | "text";
+  defaultModelRepository?: string;
   httpPort: number;
   grpcPort: number;
   metricsPort: number;
@@ -768,8 +786,21 @@ export interface Settings {
 
 export async function readCommandLine(argv: string[] = process.argv): Promise<Settings> {
   const flags = program.parse(argv).opts<Flags>();
-  const repositories = [...flags.modelRepository, ...flags.modelStore].map((r) => resolve(r));
+  const given = [...flags.modelRepository, ...flags.modelStore];
+  // A repository given replaces the default (as `pnpm start -- --model-repository X` means: serve X).
+  const repositories = (
+    given.length === 0 && flags.defaultModelRepository ? [flags.defaultModelRepository] : given
+  ).map((r) => resolve(r));
   if (repositories.length === 0) throw new UsageError("--model-repository <path> is required");
+  // Checked before any port opens: a start that cannot serve leaves nothing listening.
+  for (const repository of repositories) {
+    const info = await stat(repository).catch(() => undefined);
+    if (!info?.isDirectory()) {
+      throw new UsageError(
+        `--model-repository ${repository}: ${info ? "not a directory" : "no such directory"} (the model repository must exist)`,
+      );
+    }
+  }
   if (!flags.allowHttp && !flags.allowGrpc) {
     throw new UsageError("nothing to serve: --allow-http and --allow-grpc are both false");
   }

@@ -5,6 +5,8 @@
  * log_format choosing how each JSON line's "time" is written: "default", pino's
  * milliseconds since the epoch, or "ISO8601". Logs go to stdout or to --log-file's
  * file (log_file: set only at start, as in Triton since 24.05).
+ * --log-style text writes each entry as one readable line instead of JSON (the default on a
+ * terminal): time, level, message, then the fields as key=value.
  */
 
 import type { LogSettings, LogSettingsControl } from "@trellis/kserve";
@@ -34,6 +36,51 @@ export interface InitialLogSettings {
   warning: boolean;
   error: boolean;
   format: LogFormat;
+  /** "json" lines (default) or readable "text" lines. */
+  style?: LogStyle;
+}
+
+export type LogStyle = "json" | "text";
+
+/** The style when --log-style is not given: readable on a terminal, JSON for anything reading the output. */
+export function defaultLogStyle(file: string | undefined): LogStyle {
+  return !file && process.stdout.isTTY ? "text" : "json";
+}
+
+const LEVEL_NAMES: Record<number, string> = {
+  10: "TRACE",
+  20: "DEBUG",
+  30: "INFO",
+  40: "WARN",
+  50: "ERROR",
+  60: "FATAL",
+};
+const HIDDEN = new Set(["level", "time", "pid", "hostname", "msg"]);
+const pad = (n: number, width = 2) => String(n).padStart(width, "0");
+
+/** One pino JSON line as a readable line: `<time> <LEVEL> <message> key=value ...`. */
+export function textLine(json: string): string {
+  let entry: Record<string, unknown>;
+  try {
+    entry = JSON.parse(json);
+  } catch {
+    return json;
+  }
+  const time =
+    typeof entry.time === "number"
+      ? (() => {
+          const d = new Date(entry.time);
+          return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+        })()
+      : String(entry.time ?? "");
+  const level = (LEVEL_NAMES[entry.level as number] ?? String(entry.level)).padEnd(5);
+  const fields = Object.entries(entry)
+    .filter(([key, value]) => !HIDDEN.has(key) && value !== undefined && value !== "")
+    .map(([key, value]) => {
+      const text = typeof value === "string" ? value : JSON.stringify(value);
+      return `${key}=${typeof value === "string" && /[\s"=]/.test(value) ? JSON.stringify(value) : text}`;
+    });
+  return `${[time, level, String(entry.msg ?? ""), ...fields].join(" ")}\n`;
 }
 
 const invalid = (message: string) => new StageError(Code.InvalidArgument, "", message);
@@ -70,7 +117,16 @@ export function createServerLogger(initial: InitialLogSettings): { logger: Logge
     },
   };
   // Synchronous writes to a log file: nothing is lost when the process exits after shutdown.
-  const logger = initial.file ? pino(options, pino.destination({ dest: initial.file, sync: true })) : pino(options);
+  const destination = initial.file
+    ? pino.destination({ dest: initial.file, sync: true })
+    : initial.style === "text"
+      ? pino.destination({ dest: 1, sync: true })
+      : undefined;
+  const stream =
+    initial.style === "text" && destination
+      ? { write: (line: string) => destination.write(line.split("\n").filter(Boolean).map(textLine).join("")) }
+      : destination;
+  const logger = stream ? pino(options, stream) : pino(options);
   const apply = () => {
     logger.level =
       current.log_verbose_level > 0

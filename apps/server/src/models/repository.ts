@@ -189,7 +189,8 @@ export class RepositoryManager implements ModelRegistry {
       const names = this.opts.loadModels.includes("*") ? scan.models.map((m) => m.name) : this.opts.loadModels;
       await this.loadMany(names);
     } else {
-      await this.loadMany(scan.models.map((m) => m.name));
+      // Models whose config is invalid are asked for too: they fail, and count as failed (readiness, --exit-on-error).
+      await this.loadMany([...scan.models, ...scan.errors].map((m) => m.name));
     }
     this.started = true;
     if (this.opts.mode === "poll") this.schedulePoll();
@@ -260,9 +261,11 @@ export class RepositoryManager implements ModelRegistry {
   }
 
   /**
-   * Ready once the initial load is done, nothing is mid-load/unload and
-   * every loaded version reports ready. Versions that failed to load are
-   * reported in the index but do not hold the server's readiness hostage.
+   * Ready once the initial load is done and, with strict readiness (the default), every
+   * model asked for is ready, as Triton's InferenceServer::IsReady: nothing mid-load/unload,
+   * every loaded version reports ready, and none failed to load (a version that failed holds
+   * readiness back until it loads or is unloaded: a probe must not send traffic to a server
+   * missing a model it should serve).
    */
   async isReady(): Promise<boolean> {
     if (!this.started || this.closed || this.draining) return false;
@@ -271,6 +274,7 @@ export class RepositoryManager implements ModelRegistry {
     for (const e of this.models.values()) {
       for (const v of e.versions.values()) {
         if (v.state === "LOADING" || v.state === "UNLOADING") return false;
+        if (v.state === "UNAVAILABLE" && v.reason !== "unloaded") return false;
         if (v.state === "READY" && v.stage) checks.push(v.stage.isReady());
       }
     }
@@ -399,14 +403,16 @@ export class RepositoryManager implements ModelRegistry {
     });
     const plain = wanted.filter((n) => !ensembles.includes(n));
     await Promise.all(plain.map((n) => this.load(n, false).catch(() => undefined)));
-    for (const n of ensembles) await this.load(n, false).catch(() => undefined);
+    // A step that just failed is not tried (and its failure logged) again for each ensemble.
+    const tried = new Set(plain);
+    for (const n of ensembles) await this.load(n, false, {}, tried).catch(() => undefined);
   }
 
   /**
    * Loads (or reloads) `name` from the repository, its ensemble steps
    * first. Throws if any version fails; the failure stays in the index.
    */
-  async load(name: string, rescan = true, options: ModelLoadOptions = {}): Promise<void> {
+  async load(name: string, rescan = true, options: ModelLoadOptions = {}, tried?: Set<string>): Promise<void> {
     if (rescan) await this.scan();
     if (options.files && Object.keys(options.files).length > 0) return this.loadFromFiles(name, options);
     const configOverride = options.config;
@@ -415,10 +421,14 @@ export class RepositoryManager implements ModelRegistry {
       // Triton's answer (INTERNAL), its repository poll finding no such model folder.
       throw new StageError(Code.Internal, "", `${notPolled(name)}: no such model in the model repository`);
     }
-    if (!e.model) throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
+    if (!e.model) {
+      // Asked for and failed (its config): kept in the index as a failed load, as Triton's.
+      e.versions.set("", { version: "", state: "UNAVAILABLE", reason: e.scanError ?? "" });
+      throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
+    }
     const model = configOverride === undefined ? e.model : withConfig(e.model, configOverride);
     if (configOverride !== undefined) this.checkOverride(name, model.config, {});
-    if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name]));
+    if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name, ...(tried ?? [])]));
     const failures = await this.enqueue(e, () => this.loadEntry(e, model));
     if (failures.length > 0) {
       throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${failures.join("; ")}`);
@@ -771,7 +781,9 @@ export class RepositoryManager implements ModelRegistry {
   private async unloadVersion(e: ModelEntry, v: VersionEntry): Promise<void> {
     const stage = v.stage;
     if (!stage) {
-      if (v.state !== "UNAVAILABLE") v.state = "UNAVAILABLE";
+      // A failed version unloaded is "unloaded", as Triton's: it no longer holds readiness back.
+      v.state = "UNAVAILABLE";
+      v.reason = "unloaded";
       return;
     }
     v.state = "UNLOADING";
@@ -814,7 +826,7 @@ export class RepositoryManager implements ModelRegistry {
         this.models.delete(e.name);
       }
     }
-    await this.loadMany(scan.models.map((m) => m.name));
+    await this.loadMany([...scan.models, ...scan.errors].map((m) => m.name));
   }
 }
 
