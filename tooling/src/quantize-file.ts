@@ -1,0 +1,152 @@
+/**
+ * `models:quantize` without the command line: read an fp32 model, calibrate on photos, write the
+ * QDQ int8 model, let ONNX Runtime show which nodes it fuses into int8 kernels, and compare fp32
+ * with int8 on held-out photos.
+ */
+import { createHash } from "node:crypto";
+import { mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { fromBinary, toBinary } from "@bufbuild/protobuf";
+import {
+  type AccuracyReport,
+  type CalibrationMethod,
+  calibrate,
+  compareModels,
+  listImages,
+  type Progress,
+  preprocessImages,
+  writeOptimizedGraph,
+} from "./calibrate.js";
+import { ModelProtoSchema } from "./gen/onnx_pb.js";
+import {
+  type ActivationType,
+  countOps,
+  planQuantization,
+  type QuantParams,
+  quantizeModel,
+  type TensorRange,
+} from "./quantize.js";
+
+export interface QuantizeFileOptions {
+  model: string;
+  /** a folder of photos or a file listing them */
+  calibration: string;
+  /** held-out photos for the accuracy report */
+  evaluation?: string;
+  out: string;
+  method?: CalibrationMethod;
+  percentile?: number;
+  activationType?: ActivationType;
+  reduceRange?: boolean;
+  /** where ORT's optimized graph goes (default: <out>.ort-optimized.onnx, deleted after counting) */
+  optimizedPath?: string;
+  progress?: Progress;
+}
+
+export interface LayerRange {
+  tensor: string;
+  observed: TensorRange;
+  quantized: TensorRange;
+  scale: number;
+  zeroPoint: number;
+}
+
+export interface QuantizeReport {
+  model: string;
+  out: string;
+  sha256: string;
+  bytes: number;
+  method: CalibrationMethod;
+  percentile?: number;
+  activationType: ActivationType;
+  reduceRange: boolean;
+  calibrationImages: string[];
+  quantizedWeights: number;
+  qdqTensors: number;
+  /** op counts of the QDQ model and of the graph ONNX Runtime runs after fusing it */
+  qdqOps: Record<string, number>;
+  ortOptimizedOps: Record<string, number>;
+  layers: LayerRange[];
+  accuracy?: AccuracyReport;
+}
+
+export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeReport> {
+  const method = o.method ?? "percentile";
+  const activationType = o.activationType ?? "uint8";
+  const src = new Uint8Array(await readFile(o.model));
+  const fp32 = fromBinary(ModelProtoSchema, src);
+  const calibrationImages = await listImages(o.calibration);
+  if (calibrationImages.length === 0) throw new Error(`no images in ${o.calibration}`);
+  const inputs = await preprocessImages(calibrationImages, (d, t, f) =>
+    o.progress?.(d, t, `preprocess ${basename(f)}`),
+  );
+  const plan = planQuantization(fp32);
+  const cal = await calibrate(fp32, plan.tensors, inputs, {
+    method,
+    percentile: o.percentile,
+    progress: (d, t, w) => o.progress?.(d, t, `calibrate (${w})`),
+  });
+  const percentile = method === "percentile" ? (o.percentile ?? 99.999) : undefined;
+  const q = quantizeModel(fp32, {
+    ranges: cal.ranges,
+    activationType,
+    reduceRange: o.reduceRange,
+    metadata: {
+      "trellis.quantization.calibration": `${method}${percentile !== undefined ? ` ${percentile}` : ""}, ${calibrationImages.length} images`,
+    },
+  });
+  const bytes = toBinary(ModelProtoSchema, q.model);
+  await mkdir(dirname(o.out), { recursive: true });
+  const part = `${o.out}.part`;
+  await writeFile(part, bytes);
+  await rename(part, o.out);
+
+  const optimized = o.optimizedPath ?? `${o.out}.ort-optimized.onnx`;
+  await writeOptimizedGraph(bytes, optimized);
+  const ortOptimizedOps = countOps(fromBinary(ModelProtoSchema, new Uint8Array(await readFile(optimized))));
+  if (!o.optimizedPath) await rm(optimized, { force: true });
+
+  const layers: LayerRange[] = plan.tensors.map((t) => {
+    const p: QuantParams = q.params[t]!;
+    const [qmin, qmax] = activationType === "uint8" ? [0, 255] : [-128, 127];
+    return {
+      tensor: t,
+      observed: cal.observed[t]!,
+      quantized: { min: (qmin - p.zeroPoint) * p.scale, max: (qmax - p.zeroPoint) * p.scale },
+      scale: p.scale,
+      zeroPoint: p.zeroPoint,
+    };
+  });
+  const report: QuantizeReport = {
+    model: o.model,
+    out: o.out,
+    sha256: createHash("sha256").update(bytes).digest("hex"),
+    bytes: bytes.length,
+    method,
+    ...(percentile !== undefined ? { percentile } : {}),
+    activationType,
+    reduceRange: o.reduceRange ?? false,
+    calibrationImages,
+    quantizedWeights: q.weights,
+    qdqTensors: plan.tensors.length,
+    qdqOps: countOps(q.model),
+    ortOptimizedOps,
+    layers,
+  };
+  if (o.evaluation) {
+    const files = await listImages(o.evaluation);
+    const held = await preprocessImages(files, (d, t, f) => o.progress?.(d, t, `preprocess ${basename(f)}`));
+    report.accuracy = await compareModels(src, bytes, held, files, (d, t) =>
+      o.progress?.(d, t, "compare fp32 vs int8"),
+    );
+  }
+  return report;
+}
+
+/** `<repo>/<model>/<version>/model.onnx` → the same file name in version `n`. */
+export function versionPath(model: string, n: number): string {
+  const versionDir = dirname(model);
+  if (!/^\d+$/.test(basename(versionDir)))
+    throw new Error(`--version: ${model} is not inside a numbered version folder`);
+  return join(dirname(versionDir), String(n), basename(model));
+}
