@@ -281,6 +281,14 @@ export class RepositoryManager implements ModelRegistry {
     return (await Promise.all(checks)).every(Boolean);
   }
 
+  /** Models asked for with a version that failed to load (not unloaded since): what holds strict readiness back. */
+  failedModels(): string[] {
+    return [...this.models.values()]
+      .filter((e) => [...e.versions.values()].some((v) => v.state === "UNAVAILABLE" && v.reason !== "unloaded"))
+      .map((e) => e.name)
+      .sort();
+  }
+
   index(readyOnly: boolean): ModelIndexEntry[] {
     const rows: ModelIndexEntry[] = [];
     for (const e of [...this.models.values()].sort((a, b) => a.name.localeCompare(b.name))) {
