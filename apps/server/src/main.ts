@@ -188,7 +188,8 @@ async function main(): Promise<void> {
   const index = manager.index(false);
   // The state of each; a failure's reason was logged once, when it failed.
   for (const m of index) logger.info({ model: m.name, version: m.version, state: m.state }, "model status");
-  const failed = index.filter((m) => m.state === "UNAVAILABLE");
+  // Models asked for that failed (in explicit mode, a model not asked for does not count, as Triton's).
+  const failed = manager.failedModels();
   if (vertexAi) {
     // As Triton: the Vertex AI endpoint needs its default model loaded, or a single model to default to.
     const ready = index.filter((m) => m.state === "READY").map((m) => m.name);
@@ -208,7 +209,7 @@ async function main(): Promise<void> {
     }
   }
   if (flags.exitOnError && failed.length > 0) {
-    const names = [...new Set(failed.map((m) => m.name))];
+    const names = failed;
     logger.error({ failed: names }, "a model failed to load and --exit-on-error is set: exiting");
     await server.shutdown(0);
     console.error(
