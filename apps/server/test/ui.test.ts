@@ -73,6 +73,8 @@ describe("the page on the HTTP port", () => {
     const row = page.locator('#models tr[data-model="resnet50_ensemble"]');
     await expect.poll(() => row.locator('[data-field="state"]').textContent()).toBe("READY");
     await expect.poll(() => page.locator("#models tbody tr").count()).toBe(4);
+    // Only the ensemble takes an encoded image and gives a top-5 (preprocess answers an image tensor).
+    expect(await page.locator("#model option").allTextContents()).toEqual(["resnet50_ensemble"]);
     const before = await requestCount(page, "resnet50_ensemble");
 
     await page

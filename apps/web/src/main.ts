@@ -92,13 +92,17 @@ async function run(model: Classifier | undefined, file: File, card: HTMLElement,
     return finish("error", el("p", { class: "error", role: "alert", "data-code": answer.code }, answer.error));
   }
   const after = await statistics().catch(() => new Map() as Stats);
+  const probabilities = answer.labels.every(({ prob }) => prob >= 0 && prob <= 1);
+  const top = Math.max(...answer.labels.map(({ prob }) => prob));
   const top5 = el(
     "ol",
     { class: "top5", "aria-label": `Top ${answer.labels.length} for ${file.name}` },
     ...answer.labels.map(({ label, prob }) => {
-      const pct = `${(prob * 100).toFixed(1)}%`;
+      // Probabilities as percentages; other scores (a classification of raw logits) as they are, bars relative.
+      const pct = probabilities ? `${(prob * 100).toFixed(1)}%` : prob.toFixed(2);
+      const share = probabilities ? prob : top > 0 ? prob / top : 0;
       const bar = el("span", { class: "bar", "aria-hidden": "true" });
-      bar.style.width = `${Math.max(0, Math.min(100, prob * 100))}%`;
+      bar.style.width = `${Math.max(0, Math.min(100, share * 100))}%`;
       return el("li", {}, bar, el("span", { class: "label" }, label), el("span", { class: "prob" }, pct));
     }),
   );
