@@ -183,7 +183,7 @@ async function typescriptModule(
 }
 
 /**
- * Parameter worker_threads "true": the stage's instances (the sum of instance_group counts, default 1)
+ * Parameter worker_threads "true": the stage's instances (instanceCount: the sum of instance_group counts, default 1)
  * each in a worker thread that loads the module; a package name is resolved here, where it is a dependency.
  */
 async function workerInstances(
@@ -208,7 +208,7 @@ async function workerInstances(
     specifier: resolved,
     label: param ? where : basename(where),
     factoryOptions: { config, modelDir, version, versionDir },
-    instances: config.instanceGroup.reduce((n, g) => n + Math.max(1, g.count), 0) || 1,
+    instances: instanceCount(config),
     ...(factoryOptions.logger ? { logger: factoryOptions.logger } : {}),
     ...(factoryOptions.cpuGate ? { cpuGate: factoryOptions.cpuGate } : {}),
   });
