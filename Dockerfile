@@ -26,9 +26,11 @@ COPY pnpm-lock.yaml pnpm-workspace.yaml package.json ./
 RUN pnpm fetch --store-dir /pnpm/store ${PNPM_FLAGS}
 COPY . .
 RUN pnpm install --frozen-lockfile --store-dir /pnpm/store ${PNPM_FLAGS}
-# The server's workspace dependencies, then the server itself (not its benches).
+# The server's workspace dependencies (the page, @trellis/web, among them), then the server itself
+# (not its benches) with the page copied into its dist/ui.
 RUN pnpm turbo build --filter='@trellis/server^...' --output-logs=errors-only \
- && pnpm --filter @trellis/server exec tsc -p tsconfig.build.json
+ && pnpm --filter @trellis/server exec tsc -p tsconfig.build.json \
+ && pnpm --filter @trellis/server exec node scripts/copy-ui.mjs
 # Production node_modules with the stage packages the model loader imports by name
 # (@trellis/preprocess, @trellis/postprocess, @trellis/inference-onnx, ...) copied in.
 RUN pnpm --filter @trellis/server deploy --prod --store-dir /pnpm/store ${PNPM_FLAGS} /out \
