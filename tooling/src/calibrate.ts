@@ -102,7 +102,7 @@ export async function calibrate(
       opts.progress?.(++done, total, "ranges");
     }
     if (opts.method === "minmax") return { ranges: structuredClone(observed), observed };
-    const pct = opts.percentile ?? 99.999;
+    const pct = opts.percentile ?? 99.99;
     const hist: Record<string, Float64Array> = {};
     for (const t of tensors) hist[t] = new Float64Array(BINS);
     for (const x of inputs) {
@@ -195,6 +195,8 @@ function topK(p: Float64Array, k: number): number[] {
 export interface ImageComparison {
   file: string;
   fp32Top1: number;
+  /** the fp32 network's probability for its top-1 class */
+  fp32Top1Prob: number;
   int8Top1: number;
   agree: boolean;
   top5Overlap: number;
@@ -262,6 +264,7 @@ export async function compareModels(
       perImage.push({
         file: files[k]!,
         fp32Top1: ta[0]!,
+        fp32Top1Prob: pa[ta[0]!]!,
         int8Top1: tb[0]!,
         agree: ta[0] === tb[0],
         top5Overlap: ta.filter((c) => tb.includes(c)).length / 5,

@@ -23,7 +23,7 @@ const program = new Command("models:quantize")
       .choices(["percentile", "mse", "minmax"])
       .default("percentile"),
   )
-  .option("--percentile <p>", "percentile kept by --method percentile", "99.999")
+  .option("--percentile <p>", "percentile kept by --method percentile", "99.99")
   .addOption(new Option("--activation-type <t>", "activation type").choices(["uint8", "int8"]).default("uint8"))
   .option("--reduce-range", "7-bit weights (for CPUs without VNNI, where u8×s8 can saturate)", false)
   .option("--report <file>", "accuracy report JSON (default: <out>.report.json)")

@@ -21,6 +21,7 @@ import { ModelProtoSchema } from "./gen/onnx_pb.js";
 import {
   type ActivationType,
   countOps,
+  foldBatchNorms,
   planQuantization,
   type QuantParams,
   quantizeModel,
@@ -75,6 +76,8 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
   const activationType = o.activationType ?? "uint8";
   const src = new Uint8Array(await readFile(o.model));
   const fp32 = fromBinary(ModelProtoSchema, src);
+  // plan and calibrate on the graph the quantizer sees: BatchNormalization folded into its Conv
+  foldBatchNorms(fp32);
   const calibrationImages = await listImages(o.calibration);
   if (calibrationImages.length === 0) throw new Error(`no images in ${o.calibration}`);
   const inputs = await preprocessImages(calibrationImages, (d, t, f) =>
@@ -86,7 +89,7 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
     percentile: o.percentile,
     progress: (d, t, w) => o.progress?.(d, t, `calibrate (${w})`),
   });
-  const percentile = method === "percentile" ? (o.percentile ?? 99.999) : undefined;
+  const percentile = method === "percentile" ? (o.percentile ?? 99.99) : undefined;
   const q = quantizeModel(fp32, {
     ranges: cal.ranges,
     activationType,

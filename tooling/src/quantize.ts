@@ -329,11 +329,60 @@ export function dequantizeModel(input: ModelProto): ModelProto {
 
 // ---------------------------------------------------------------- quantize (fp32 → QDQ int8)
 
+/**
+ * Folds each BatchNormalization that alone reads a Conv's output into that Conv (W' = W·γ/√(σ²+ε)
+ * per output channel, b' = (b − μ)·γ/√(σ²+ε) + β), as ONNX Runtime would before running it, so
+ * that the Conv's output can be quantized. Returns how many were folded.
+ */
+export function foldBatchNorms(model: ModelProto): number {
+  const g = model.graph!;
+  const inits = new Map(g.initializer.map((t) => [t.name!, t]));
+  const readers = new Map<string, number>();
+  for (const n of g.node) for (const x of n.input) readers.set(x, (readers.get(x) ?? 0) + 1);
+  const producer = new Map<string, NodeProto>();
+  for (const n of g.node) for (const y of n.output) producer.set(y, n);
+  const graphOutputs = new Set(g.output.map((o) => o.name!));
+  const drop = new Set<NodeProto>();
+  for (const bn of g.node) {
+    if (bn.opType !== "BatchNormalization" || bn.output.length !== 1) continue;
+    const conv = producer.get(bn.input[0]!);
+    if (!conv || conv.opType !== "Conv" || readers.get(bn.input[0]!) !== 1 || graphOutputs.has(bn.input[0]!)) continue;
+    const [, sName, bName, mName, vName] = bn.input;
+    const w = inits.get(conv.input[1]!);
+    const params = [sName, bName, mName, vName].map((x) => inits.get(x!));
+    if (!w || params.some((t) => !t) || (readers.get(conv.input[1]!) ?? 0) !== 1) continue;
+    const [gamma, beta, mean, variance] = params.map((t) => tensorValues(t!));
+    const eps = bn.attribute.find((a) => a.name === "epsilon")?.f ?? 1e-5;
+    const wv = tensorValues(w);
+    const m = Number(w.dims[0]);
+    const inner = wv.length / m;
+    const oldBias = conv.input[2] ? tensorValues(inits.get(conv.input[2])!) : new Array<number>(m).fill(0);
+    const nw = new Float32Array(wv.length);
+    const nb = new Float32Array(m);
+    for (let c = 0; c < m; c++) {
+      const k = gamma![c]! / Math.sqrt(variance![c]! + eps);
+      for (let i = 0; i < inner; i++) nw[c * inner + i] = wv[c * inner + i]! * k;
+      nb[c] = (oldBias[c]! - mean![c]!) * k + beta![c]!;
+    }
+    const wName = `${conv.input[1]}_bnfolded`;
+    const bNew = `${bn.output[0]}_bias_bnfolded`;
+    g.initializer.push(floatTensor(wName, w.dims.map(Number), nw), floatTensor(bNew, [m], nb));
+    conv.input = [conv.input[0]!, wName, bNew];
+    conv.output = [bn.output[0]!];
+    drop.add(bn);
+  }
+  if (drop.size === 0) return 0;
+  g.node = g.node.filter((n) => !drop.has(n));
+  const read = new Set(g.node.flatMap((n) => n.input));
+  g.initializer = g.initializer.filter((t) => read.has(t.name!));
+  return drop.size;
+}
+
 const WEIGHTED = new Set(["Conv", "Gemm", "MatMul"]);
 /** ops ONNX Runtime runs in int8 when their inputs come from DequantizeLinear and output goes to QuantizeLinear */
-const ACTIVATION_OPS = new Set(["Add", "GlobalAveragePool", "AveragePool", "MaxPool", "Concat"]);
-/** data movement: output shares its input's quantization */
-const PASS_THROUGH = new Set(["Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze"]);
+const ACTIVATION_OPS = new Set(["Add", "GlobalAveragePool", "AveragePool", "Concat"]);
+/** data movement (and max): output shares its input's quantization, so ONNX Runtime can drop the pair */
+const PASS_THROUGH = new Set(["Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool"]);
 /** activations folded into the preceding op's output range */
 const FOLDED = new Set(["Relu", "Clip"]);
 
@@ -380,6 +429,18 @@ export function planQuantization(model: ModelProto): QuantizationPlan {
     if (cs.length === 1 && FOLDED.has(cs[0]!.opType!) && !graphOutputs.has(y)) return cs[0]!.output[0]!;
     return y;
   };
+  // A Conv/Gemm/MatMul whose output no int8 op reads stays fp32 (a classifier before the graph
+  // output): ONNX Runtime would not fuse it, and would dequantize its weights on every run.
+  for (let changed = true; changed; ) {
+    changed = false;
+    for (const n of g.node) {
+      if (!isQ(n) || !WEIGHTED.has(n.opType!)) continue;
+      if (!n.output.some((y) => (consumers.get(carried(y)) ?? []).some(isQ))) {
+        quantized.delete(n);
+        changed = true;
+      }
+    }
+  }
   const tensors = new Set<string>();
   for (const n of g.node) {
     if (!isQ(n)) continue;
@@ -452,6 +513,7 @@ export interface QuantizeResult {
 export function quantizeModel(input: ModelProto, opts: QuantizeOptions): QuantizeResult {
   const model = clone(ModelProtoSchema, input);
   upgradeToOpset13(model);
+  foldBatchNorms(model);
   const plan = planQuantization(model);
   const g = model.graph!;
   const type = opts.activationType ?? "uint8";
@@ -462,6 +524,10 @@ export function quantizeModel(input: ModelProto, opts: QuantizeOptions): Quantiz
     const r = opts.ranges[t];
     if (!r) throw new Error(`no calibrated range for ${t}`);
     params[t] = activationParams(r, type);
+  }
+  for (const n of g.node) {
+    const [x, y] = [n.input[0]!, n.output[0]!];
+    if (PASS_THROUGH.has(n.opType!) && params[x] && params[y]) params[y] = params[x];
   }
   const qname = (t: string) => `${t}_quantized`;
   const dqname = (t: string) => `${t}_dequantized`;

@@ -13,6 +13,7 @@ import {
   activationParams,
   countOps,
   dequantizeModel,
+  foldBatchNorms,
   planQuantization,
   quantizeModel,
   roundHalfEven,
@@ -102,9 +103,9 @@ describe("quantizeModel on a tiny model", () => {
   const fp32 = tinyModel();
   const { model, plan, params } = quantizeModel(fp32, { ranges: RANGES });
 
-  it("plans QDQ on the activations between int8 ops; the ReLU is folded, the graph output stays fp32", () => {
-    expect(plan.tensors).toEqual(["input", "r1", "c2", "c3", "s", "g", "f"]);
-    expect(plan.nodes).toEqual(["conv1", "conv2", "conv3", "add", "gap", "flatten", "fc"]);
+  it("plans QDQ on the activations between int8 ops; the ReLU is folded, the classifier and graph output stay fp32", () => {
+    expect(plan.tensors).toEqual(["input", "r1", "c2", "c3", "s", "g"]);
+    expect(plan.nodes).toEqual(["conv1", "conv2", "conv3", "add", "gap", "flatten"]);
     expect(params.r1).toEqual({ scale: f32(6 / 255), zeroPoint: 0 });
     expect(params.c3).toEqual({ scale: f32(4 / 255), zeroPoint: 191 });
   });
@@ -123,7 +124,7 @@ describe("quantizeModel on a tiny model", () => {
       expect(g.node.filter((n) => n !== q && n.input.includes(t))).toEqual([]);
     }
     expect(g.node.some((n) => n.input.includes("c1_dequantized"))).toBe(false);
-    expect(countOps(model)).toMatchObject({ QuantizeLinear: 7, DequantizeLinear: 7 + 4 + 2, Relu: 1 });
+    expect(countOps(model)).toMatchObject({ QuantizeLinear: 6, DequantizeLinear: 6 + 3 + 1, Relu: 1, Gemm: 1 });
   });
 
   it("quantizes weights per output channel, symmetric int8 (zero points 0), biases int32 at x_scale × w_scale", () => {
@@ -135,8 +136,9 @@ describe("quantizeModel on a tiny model", () => {
     expect(tensorValues(init(model, "w2_scale"))[0]).toBe(f32(0.5 / 127));
     const dqw = model.graph!.node.find((n) => n.output[0] === "w1_dequantized")!;
     expect(dqw.attribute.find((a) => a.name === "axis")?.i).toBe(0n);
-    // Gemm B [K, N] without transB: channels along axis 1
-    expect(tensorValues(init(model, "wfc_scale"))).toEqual([1, 2, 1].map((a) => f32(a / 127)));
+    // the classifier's weights stay fp32
+    expect(init(model, "wfc").dataType).toBe(1);
+    expect(model.graph!.initializer.some((t) => t.name === "wfc_quantized")).toBe(false);
     const bs = tensorValues(init(model, "b1_scale"));
     expect(bs).toEqual([1, 2, 3, 4].map((a) => f32(f32(4 / 255) * f32(a / 127))));
     expect(tensorValues(init(model, "b1_quantized"))).toEqual(
@@ -180,6 +182,47 @@ describe("quantizeModel on a tiny model", () => {
   it("keeps a weight read by an fp32 op as an fp32 initializer too", () => {
     expect(planQuantization(fp32).tensors).toContain("input");
     expect(model.graph!.initializer.some((t) => t.name === "w1")).toBe(false);
+  });
+});
+
+describe("foldBatchNorms", () => {
+  it("folds a BatchNormalization into the Conv before it; ONNX Runtime computes the same outputs", async () => {
+    const graph = create(GraphProtoSchema, {
+      name: "bn",
+      node: [
+        node("Conv", "conv", ["input", "w"], ["c"], { kernel_shape: [1, 1] }),
+        node("BatchNormalization", "bn", ["c", "gamma", "beta", "mean", "var"], ["output"], { epsilon: 1e-5 }, [
+          "epsilon",
+        ]),
+      ],
+      initializer: [
+        floatTensor("w", [2, 3, 1, 1], Float32Array.of(1, -1, 0.5, 0.25, 2, -0.5)),
+        floatTensor("gamma", [2], Float32Array.of(2, 0.5)),
+        floatTensor("beta", [2], Float32Array.of(0.1, -0.3)),
+        floatTensor("mean", [2], Float32Array.of(0.2, -1)),
+        floatTensor("var", [2], Float32Array.of(4, 0.25)),
+      ],
+      input: [floatValueInfo("input", [1, 3, 2, 2])],
+      output: [floatValueInfo("output", [1, 2, 2, 2])],
+    });
+    const m = create(ModelProtoSchema, {
+      irVersion: 7n,
+      opsetImport: [create(OperatorSetIdProtoSchema, { domain: "", version: 13n })],
+      graph,
+    });
+    const before = toBinary(ModelProtoSchema, m);
+    expect(foldBatchNorms(m)).toBe(1);
+    expect(countOps(m)).toEqual({ Conv: 1 });
+    const x = new ort.Tensor("float32", Float32Array.of(1, 2, 3, 4, -1, 0, 1, 2, 0.5, 0.5, -2, 3), [1, 3, 2, 2]);
+    const run = async (b: Uint8Array) => {
+      const s = await ort.InferenceSession.create(b, { graphOptimizationLevel: "disabled" });
+      const y = (await s.run({ input: x })).output!.data as Float32Array;
+      await s.release();
+      return [...y];
+    };
+    const a = await run(before);
+    const b = await run(toBinary(ModelProtoSchema, m));
+    for (const [i, v] of b.entries()) expect(v).toBeCloseTo(a[i]!, 5);
   });
 });
 
