@@ -315,6 +315,17 @@ describe("HTTP/REST", () => {
     });
   });
 
+  it("classifies an ensemble's output once, as Triton's frontend does, not again in the step", async () => {
+    const { status, json } = await postJson(`${server.http}/v2/models/chain/infer`, {
+      inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data: [0.1, 0.7, 0.2, 0.05] }],
+      outputs: [{ name: "OUT", parameters: { classification: 2 } }],
+    });
+    expect(status).toBe(200);
+    expect(json.outputs[0]).toMatchObject({ name: "OUT", datatype: "BYTES", shape: [1, 2] });
+    expect(json.outputs[0].data).toHaveLength(2);
+    expect(json.outputs[0].data.map((s: string) => s.split(":")[1])).toEqual(["1", "2"]);
+  });
+
   it("maps errors to Triton's statuses with {error} bodies", async () => {
     const unknown = await postJson(`${server.http}/v2/models/nope/infer`, { inputs: [] });
     expect(unknown).toEqual({ status: 404, json: { error: "Request for unknown model: 'nope' is not found" } });

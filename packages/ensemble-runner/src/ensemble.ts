@@ -266,8 +266,11 @@ function buildEnsemble(
       if (!metadata.outputs.some((m) => m.name === o.name)) {
         throw requestRefusal(tritonMessages.unexpectedOutput(name, o.name));
       }
-      if (o.parameters && Object.keys(o.parameters).length > 0) {
-        // The step producing it does the work (e.g. classification), unless another step reads the tensor.
+      // Classification is the frontend's, done once on the ensemble's answer (as Triton's
+      // src/classification.cc); the step producing the tensor gets the output's other parameters.
+      const { classification: _, ...stepParameters } = o.parameters ?? {};
+      if (Object.keys(stepParameters).length > 0) {
+        // The step producing it does the work, unless another step reads the tensor.
         if (plan.consumers.has(o.name)) {
           throw new StageError(
             Code.InvalidArgument,
@@ -278,7 +281,7 @@ function buildEnsemble(
         const p = plan.producers.get(o.name);
         if (p?.kind === "step") {
           const r = perStep[p.step]!.find((x) => x.name === p.output)!;
-          r.parameters = o.parameters;
+          r.parameters = stepParameters;
         }
       }
     }
