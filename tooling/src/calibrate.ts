@@ -31,17 +31,30 @@ export async function listImages(source: string): Promise<string[]> {
 
 export type Progress = (done: number, total: number, what: string) => void;
 
-/** [1,3,224,224] FP32 tensors, as the seed's preprocessing makes them (createPreprocess seed mode). */
-export async function preprocessImages(files: string[], progress?: Progress): Promise<Float32Array[]> {
+export interface PreprocessedImages {
+  /** [1,3,224,224] FP32 tensors of the images that decoded, in order */
+  tensors: Float32Array[];
+  files: string[];
+  /** images the seed preprocessing refused (undecodable, unsupported format), with its message */
+  skipped: { file: string; error: string }[];
+}
+
+/** The tensors the seed's preprocessing makes (createPreprocess seed mode); an image it refuses is skipped. */
+export async function preprocessImages(files: string[], progress?: Progress): Promise<PreprocessedImages> {
   const stage = createPreprocess({ mode: "seed" });
-  const out: Float32Array[] = [];
+  const out: PreprocessedImages = { tensors: [], files: [], skipped: [] };
   try {
     for (const [k, f] of files.entries()) {
       const bytes = new Uint8Array(await readFile(f));
-      const res = await stage.infer({
-        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1], data: [bytes] }],
-      });
-      out.push(Float32Array.from(res.outputs[0]!.data as Float32Array));
+      try {
+        const res = await stage.infer({
+          inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1], data: [bytes] }],
+        });
+        out.tensors.push(Float32Array.from(res.outputs[0]!.data as Float32Array));
+        out.files.push(f);
+      } catch (err) {
+        out.skipped.push({ file: f, error: (err as Error).message });
+      }
       progress?.(k + 1, files.length, f);
     }
   } finally {

@@ -106,4 +106,5 @@ if (report.accuracy) {
   );
   for (const f of a.disagreements) console.log(`  top-1 differs: ${f}`);
 }
+for (const { file, error } of report.skippedImages) console.log(`  skipped ${file}: ${error}`);
 console.log(`  report (per-layer ranges, per-image results): ${reportPath}`);

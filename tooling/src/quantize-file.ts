@@ -62,6 +62,8 @@ export interface QuantizeReport {
   activationType: ActivationType;
   reduceRange: boolean;
   calibrationImages: string[];
+  /** images the seed preprocessing refused (calibration and held-out), left out */
+  skippedImages: { file: string; error: string }[];
   quantizedWeights: number;
   qdqTensors: number;
   /** op counts of the QDQ model and of the graph ONNX Runtime runs after fusing it */
@@ -78,11 +80,12 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
   const fp32 = fromBinary(ModelProtoSchema, src);
   // plan and calibrate on the graph the quantizer sees: BatchNormalization folded into its Conv
   foldBatchNorms(fp32);
-  const calibrationImages = await listImages(o.calibration);
-  if (calibrationImages.length === 0) throw new Error(`no images in ${o.calibration}`);
-  const inputs = await preprocessImages(calibrationImages, (d, t, f) =>
-    o.progress?.(d, t, `preprocess ${basename(f)}`),
-  );
+  const listed = await listImages(o.calibration);
+  const pre = await preprocessImages(listed, (d, t, f) => o.progress?.(d, t, `preprocess ${basename(f)}`));
+  const calibrationImages = pre.files;
+  const inputs = pre.tensors;
+  if (inputs.length === 0) throw new Error(`no usable images in ${o.calibration}`);
+  const skipped = [...pre.skipped];
   const plan = planQuantization(fp32);
   const cal = await calibrate(fp32, plan.tensors, inputs, {
     method,
@@ -130,6 +133,7 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
     activationType,
     reduceRange: o.reduceRange ?? false,
     calibrationImages,
+    skippedImages: skipped,
     quantizedWeights: q.weights,
     qdqTensors: plan.tensors.length,
     qdqOps: countOps(q.model),
@@ -137,9 +141,11 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
     layers,
   };
   if (o.evaluation) {
-    const files = await listImages(o.evaluation);
-    const held = await preprocessImages(files, (d, t, f) => o.progress?.(d, t, `preprocess ${basename(f)}`));
-    report.accuracy = await compareModels(src, bytes, held, files, (d, t) =>
+    const held = await preprocessImages(await listImages(o.evaluation), (d, t, f) =>
+      o.progress?.(d, t, `preprocess ${basename(f)}`),
+    );
+    report.skippedImages.push(...held.skipped);
+    report.accuracy = await compareModels(src, bytes, held.tensors, held.files, (d, t) =>
       o.progress?.(d, t, "compare fp32 vs int8"),
     );
   }

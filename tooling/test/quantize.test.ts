@@ -233,7 +233,7 @@ describe("quantizeFile: calibration on photos through the seed preprocessing", (
     await writeFile(join(dir, "fp32.onnx"), toBinary(ModelProtoSchema, tinyModel(224)));
     await writeFile(
       join(dir, "calib.txt"),
-      ["chelsea.jpg", "coffee.png"].map((f) => join(SHARED, "fixtures/images", f)).join("\n"),
+      ["chelsea.jpg", "truncated.jpg", "coffee.png"].map((f) => join(SHARED, "fixtures/images", f)).join("\n"),
     );
   });
   afterAll(async () => {
@@ -256,7 +256,9 @@ describe("quantizeFile: calibration on photos through the seed preprocessing", (
       const b = await run(2);
       expect(sha(a.bytes)).toBe(sha(b.bytes));
       expect(a.r.sha256).toBe(sha(a.bytes));
-      expect(a.r.calibrationImages).toHaveLength(2);
+      expect(a.r.calibrationImages.map((f) => f.split("/").pop())).toEqual(["chelsea.jpg", "coffee.png"]);
+      // the truncated JPEG is refused by the seed preprocessing and left out, with its reason
+      expect(a.r.skippedImages.map((s) => s.file.split("/").pop())).toEqual(["truncated.jpg"]);
       // the seed preprocessing's input range: (0/255 − 0.485)/0.229 … (255/255 − 0.406)/0.225
       const input = a.r.layers.find((l) => l.tensor === "input")!;
       expect(input.observed.min).toBeGreaterThanOrEqual(f32(-0.485 / 0.229) - 1e-6);
