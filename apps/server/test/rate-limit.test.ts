@@ -99,6 +99,8 @@ it("refuses a model whose instances need more of a resource than --rate-limit-re
     "--model-repository",
     repo,
     ...["--rate-limit", "execution_count", "--rate-limit-resource", "R:0"],
+    // Serves on with the refused models listed, rather than exiting (Triton's default).
+    "--exit-on-error=false",
   ]);
   try {
     const index = (await jsonOf(await fetch(`${server.http}/v2/repository/index`, { method: "POST" }))) as {

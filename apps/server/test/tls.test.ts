@@ -107,7 +107,8 @@ describe("TLS set-up", () => {
     expect(res.status).toBe(200);
     expect(((await res.json()) as { outputs: { data: number[] }[] }).outputs[0]?.data).toEqual([10, 20, 30, 40]);
 
-    const untrusting = await start(explicit);
+    // It serves on, not ready, with the failed model listed (as Triton's --exit-on-error=false).
+    const untrusting = await start([...explicit, "--exit-on-error=false"]);
     const index = (await (
       await fetch(`${untrusting.http}/v2/repository/index`, { method: "POST", body: "{}" })
     ).json()) as { name: string; state?: string; reason?: string }[];
