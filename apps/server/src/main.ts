@@ -128,9 +128,9 @@ async function main(): Promise<void> {
     logSettings,
     grpcTls: settings.grpcTls,
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
+    ui: flags.ui,
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
-    ui: flags.ui,
     tracing: new Tracer(
       settings.tracing,
       logger,

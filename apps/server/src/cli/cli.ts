@@ -271,11 +271,11 @@ export const program = new Command("trellis-server")
     false,
   )
   .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
+  .option("--ui [bool]", "serve the page on the HTTP port (/ui; off whenever --http-restricted-api is given)", flag, true)
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
   .option(
     "--allow-sagemaker [bool]",
-  .option("--ui [bool]", "serve the page on the HTTP port (/ui; off whenever --http-restricted-api is given)", flag, true)
     "serve SageMaker's GET /ping and POST /invocations (for the model SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names), and its multi-model endpoint's /models routes (explicit mode), on --sagemaker-port",
     flag,
     false,
@@ -541,6 +541,7 @@ export interface Flags extends TraceFlags {
   allowClientShm: boolean;
   allowUnsafeLoadOverrides: boolean;
   allowHttp: boolean;
+  ui: boolean;
   allowGrpc: boolean;
   allowMetrics: boolean;
   allowSagemaker: boolean;
@@ -559,7 +560,6 @@ export interface Flags extends TraceFlags {
   endpointsClientKey?: string;
   endpointsTimeoutSecs: number;
   endpointsKeepaliveTime: number;
-  ui: boolean;
   endpointsKeepaliveTimeout: number;
   metricsConfig: string[];
   fetchModels: boolean;
