@@ -271,7 +271,12 @@ export const program = new Command("trellis-server")
     false,
   )
   .option("--allow-http [bool]", "open the HTTP/REST port", flag, true)
-  .option("--ui [bool]", "serve the page on the HTTP port (/ui; off whenever --http-restricted-api is given)", flag, true)
+  .option(
+    "--ui [bool]",
+    "serve the page on the HTTP port (/ui; off whenever --http-restricted-api is given)",
+    flag,
+    true,
+  )
   .option("--allow-grpc [bool]", "open the gRPC port", flag, true)
   .option("--allow-metrics [bool]", "open the metrics port", flag, true)
   .option(
