@@ -36,7 +36,15 @@ describe("tooling CLIs under pnpm 12", () => {
     const fetch = await cli("fetch-models.js", ["--", "--no-such-flag"]);
     expect(fetch.code).toBe(1);
     expect(fetch.stderr).toContain("unknown option '--no-such-flag'");
-    const quantize = await cli("quantize-cli.js", ["--", "--model", "m.onnx", "--calibration", "c", "--percentile", "20"]);
+    const quantize = await cli("quantize-cli.js", [
+      "--",
+      "--model",
+      "m.onnx",
+      "--calibration",
+      "c",
+      "--percentile",
+      "20",
+    ]);
     expect(quantize.code).toBe(1);
     expect(quantize.stderr).toContain("--percentile must be in (50, 100], got 20");
     const dequantize = await cli("dequantize-cli.js", ["--", "--model", "m.onnx"]);

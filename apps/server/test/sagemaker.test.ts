@@ -86,7 +86,9 @@ it("says what is wrong: a bad request to the model, an unparsable header size, a
   });
   expect(bad.status).toBe(400);
   // Refused by the model runtime's checks (Triton's words), before the stage runs.
-  expect(((await bad.json()) as { error: string }).error).toMatch(/expected 1 inputs but got 0 inputs for model 'echo'/);
+  expect(((await bad.json()) as { error: string }).error).toMatch(
+    /expected 1 inputs but got 0 inputs for model 'echo'/,
+  );
   const size = await fetch(`${base}/invocations`, {
     method: "POST",
     headers: { "content-type": `${BINARY}lots` },
