@@ -217,11 +217,8 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
       ownsInputs: false,
       ...(opts ? { options: opts } : {}),
     });
-    const end = nowNs();
-    const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
-    recorder.executed(0, times);
-    recorder.requestSucceeded(end - start, 0, 0, times);
-    traceExecution(opts?.trace, start, start, end, times);
+    const { endNs, times } = recorder.ranAlone(start, 0);
+    traceExecution(opts?.trace, start, start, endNs, times);
     return { id: request.id, modelName: name, modelVersion: version, outputs: result.outputs } as InferResponse;
   }
 
@@ -276,11 +273,8 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
           first = false;
           yield response;
         }
-        const end = nowNs();
-        const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
-        recorder.executed(size, times);
-        recorder.requestSucceeded(end - start, size, 0, times);
-        traceExecution(opts?.trace, start, start, end, times);
+        const { endNs, times } = recorder.ranAlone(start, size);
+        traceExecution(opts?.trace, start, start, endNs, times);
       } catch (err) {
         recorder.requestFailed(nowNs() - start);
         throw toConnectError(err, name);

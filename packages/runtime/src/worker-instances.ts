@@ -474,11 +474,7 @@ export async function startWorkerInstances(options: WorkerInstancesOptions): Pro
         recorder.requestFailed(nowNs() - start);
         throw err;
       }
-      const end = nowNs();
-      const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
-      const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
-      recorder.executed(batch, times);
-      recorder.requestSucceeded(end - start, batch, 0, times);
+      recorder.ranAlone(start, config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1);
       return response as InferResponse;
     },
     statistics: () => recorder.snapshot(),

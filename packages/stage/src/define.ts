@@ -100,11 +100,8 @@ export function defineStage(definition: StageDefinition): Stage {
   const succeeded = (request: InferRequest, options: InferOptions | undefined, start: number, record: boolean) => {
     if (!record) return;
     const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
-    const end = nowNs();
-    const times = { computeInputNs: 0, computeInferNs: end - start, computeOutputNs: 0 };
-    recorder.executed(batch, times);
-    recorder.requestSucceeded(end - start, batch, 0, times);
-    traceExecution(options?.trace, start, start, end, times);
+    const { endNs, times } = recorder.ranAlone(start, batch);
+    traceExecution(options?.trace, start, start, endNs, times);
   };
   const failed = (err: unknown, start: number, record: boolean): ConnectError => {
     if (record) recorder.requestFailed(nowNs() - start);

@@ -113,6 +113,18 @@ export class StatisticsRecorder {
     }
   }
 
+  /**
+   * A request that ran alone from `startNs` until now, all of it compute: one execution and one
+   * success of `batchSize` items. Returns the end and the times, for the request's trace.
+   */
+  ranAlone(startNs: number, batchSize: number): { endNs: number; times: ExecutionTimes } {
+    const endNs = nowNs();
+    const times = { computeInputNs: 0, computeInferNs: endNs - startNs, computeOutputNs: 0 };
+    this.executed(batchSize, times);
+    this.requestSucceeded(endNs - startNs, batchSize, 0, times);
+    return { endNs, times };
+  }
+
   /** A decoupled model sent its first response to a request, `ns` after the request came. */
   firstResponse(ns: number): void {
     if (!this.observed) return;
