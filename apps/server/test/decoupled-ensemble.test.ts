@@ -7,28 +7,13 @@
  */
 import { grpcJsInferenceClient, removeDir, type ServerProcess, startServerProcess, streamAll } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { COUNTDOWN_CONFIG, echoConfig, jsonOf, makeRepository, postJson } from "./helpers.js";
+import { countingModels, jsonOf, makeRepository, postJson } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
 beforeAll(async () => {
   repo = await makeRepository({
-    countdown: { config: COUNTDOWN_CONFIG },
-    tenfold_int: {
-      config: echoConfig("tenfold_int", { datatype: "TYPE_INT32", dims: [1], maxBatch: 0, params: { scale: "10" } }),
-    },
-    counting: {
-      config: `name: "counting"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "TENS" data_type: TYPE_INT32 dims: [ 1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "countdown" model_version: -1 input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "count" } },
-  { model_name: "tenfold_int" model_version: -1 input_map { key: "INPUT" value: "count" } output_map { key: "OUTPUT" value: "TENS" } }
-] }
-`,
-    },
+    ...countingModels(),
   });
   server = await startServerProcess(["--model-repository", repo]);
 });

@@ -6,17 +6,10 @@
  * one-answer endpoints refusing; statistics; an unload waiting for a request
  * still sending.
  */
-import { create, fromJson, toJson } from "@bufbuild/protobuf";
+import { fromJson, toJson } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import {
-  GRPCInferenceService,
-  InferParameterSchema,
-  type ModelInferRequest,
-  ModelInferRequestSchema,
-  type ModelStreamInferResponse,
-  ModelStreamInferResponseSchema,
-} from "@trellis/protocol";
+import { GRPCInferenceService, ModelInferRequestSchema, ModelStreamInferResponseSchema } from "@trellis/protocol";
 import {
   grpcJsInferenceClient,
   pythonGrpcCalls,
@@ -27,7 +20,15 @@ import {
   streamAll,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { COUNTDOWN_CONFIG, makeRepository, postJson } from "./helpers.js";
+import {
+  boolParam as bool,
+  COUNTDOWN_CONFIG,
+  countdownRequest as countdown,
+  int64Param as int64,
+  makeRepository,
+  postJson,
+  readStreamAnswer as read,
+} from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -46,30 +47,6 @@ afterAll(async () => {
   expect(await server.stop()).toBe(0);
   await removeDir(repo);
 });
-
-const bool = (value: boolean) => create(InferParameterSchema, { parameterChoice: { case: "boolParam", value } });
-const int64 = (value: bigint) => create(InferParameterSchema, { parameterChoice: { case: "int64Param", value } });
-
-function countdown(id: string, n: number, parameters: ModelInferRequest["parameters"] = {}): ModelInferRequest {
-  return create(ModelInferRequestSchema, {
-    modelName: "countdown",
-    id,
-    inputs: [{ name: "IN", datatype: "INT32", shape: [1n] }],
-    rawInputContents: [new Uint8Array(Int32Array.of(n).buffer)],
-    parameters,
-  });
-}
-
-/** What an answer says: the request's id, the value sent (or the error), and its final flag if any. */
-function read(a: ModelStreamInferResponse): string {
-  const r = a.inferResponse;
-  const flag = r?.parameters.triton_final_response?.parameterChoice;
-  const final = flag?.case === "boolParam" ? ` final=${flag.value}` : "";
-  if (a.errorMessage) return `${r?.id} error: ${a.errorMessage}${final}`;
-  const raw = r?.rawOutputContents[0];
-  const value = raw ? new Int32Array(Uint8Array.from(raw).buffer)[0] : "empty";
-  return `${r?.id} ${value}${final}`;
-}
 
 const client = () => createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
 

@@ -8,6 +8,13 @@ import http, { type IncomingHttpHeaders } from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { create } from "@bufbuild/protobuf";
+import {
+  InferParameterSchema,
+  type ModelInferRequest,
+  ModelInferRequestSchema,
+  type ModelStreamInferResponse,
+} from "@trellis/protocol";
 import type { ServerProcess } from "@trellis/testing";
 
 export const ECHO_STAGE = join(import.meta.dirname, "fixtures", "echo-stage.js");
@@ -207,4 +214,62 @@ export function freePort(): Promise<number> {
       probe.close(() => resolve(port));
     });
   });
+}
+
+/** A boolean request parameter, as tritonclient sends it. */
+export const boolParam = (value: boolean) =>
+  create(InferParameterSchema, { parameterChoice: { case: "boolParam", value } });
+/** An int64 request parameter, as tritonclient sends it. */
+export const int64Param = (value: bigint) =>
+  create(InferParameterSchema, { parameterChoice: { case: "int64Param", value } });
+
+/** A ModelStreamInfer request to the countdown model: IN = n. */
+export function countdownRequest(
+  id: string,
+  n: number,
+  parameters: ModelInferRequest["parameters"] = {},
+): ModelInferRequest {
+  return create(ModelInferRequestSchema, {
+    modelName: "countdown",
+    id,
+    inputs: [{ name: "IN", datatype: "INT32", shape: [1n] }],
+    rawInputContents: [new Uint8Array(Int32Array.of(n).buffer)],
+    parameters,
+  });
+}
+
+/** What a stream answer says: the request's id, the INT32 value sent (or the error), and its final flag if any. */
+export function readStreamAnswer(a: ModelStreamInferResponse): string {
+  const r = a.inferResponse;
+  const flag = r?.parameters.triton_final_response?.parameterChoice;
+  const final = flag?.case === "boolParam" ? ` final=${flag.value}` : "";
+  if (a.errorMessage) return `${r?.id} error: ${a.errorMessage}${final}`;
+  const raw = r?.rawOutputContents[0];
+  const value = raw ? new Int32Array(Uint8Array.from(raw).buffer)[0] : "empty";
+  return `${r?.id} ${value}${final}`;
+}
+
+/**
+ * The decoupled countdown, a step multiplying by ten, and the ensemble "counting" of the two
+ * (N in, TENS out: 10·N, 10·(N-1), ..., 10), for makeRepository.
+ */
+export function countingModels(): Record<string, ModelSpec> {
+  return {
+    countdown: { config: COUNTDOWN_CONFIG },
+    tenfold_int: {
+      config: echoConfig("tenfold_int", { datatype: "TYPE_INT32", dims: [1], maxBatch: 0, params: { scale: "10" } }),
+    },
+    counting: {
+      config: `name: "counting"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TENS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "countdown" model_version: -1 input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "count" } },
+  { model_name: "tenfold_int" model_version: -1 input_map { key: "INPUT" value: "count" } output_map { key: "OUTPUT" value: "TENS" } }
+] }
+`,
+    },
+  };
 }

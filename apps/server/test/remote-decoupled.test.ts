@@ -12,16 +12,20 @@ import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import {
-  GRPCInferenceService,
-  InferParameterSchema,
-  type ModelInferRequest,
-  ModelInferRequestSchema,
-  type ModelStreamInferResponse,
-} from "@trellis/protocol";
+import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { COUNTDOWN_CONFIG, echoConfig, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
+import {
+  boolParam as bool,
+  countdownRequest as countdown,
+  countingModels,
+  int64Param as int64,
+  makeRepository,
+  metricValue,
+  postJson,
+  readStreamAnswer as read,
+  scrape,
+} from "./helpers.js";
 
 let repo: string;
 /** Serves countdown itself. */
@@ -33,22 +37,7 @@ let ensemble: ServerProcess;
 
 beforeAll(async () => {
   repo = await makeRepository({
-    countdown: { config: COUNTDOWN_CONFIG },
-    tenfold_int: {
-      config: echoConfig("tenfold_int", { datatype: "TYPE_INT32", dims: [1], maxBatch: 0, params: { scale: "10" } }),
-    },
-    counting: {
-      config: `name: "counting"
-platform: "ensemble"
-max_batch_size: 0
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "TENS" data_type: TYPE_INT32 dims: [ 1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "countdown" model_version: -1 input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "count" } },
-  { model_name: "tenfold_int" model_version: -1 input_map { key: "INPUT" value: "count" } output_map { key: "OUTPUT" value: "TENS" } }
-] }
-`,
-    },
+    ...countingModels(),
   });
   const explicit = (model: string) => [
     "--model-repository",
@@ -71,30 +60,6 @@ afterAll(async () => {
   for (const server of [front, ensemble, remote]) if (server) expect(await server.stop()).toBe(0);
   await removeDir(repo);
 });
-
-const bool = (value: boolean) => create(InferParameterSchema, { parameterChoice: { case: "boolParam", value } });
-const int64 = (value: bigint) => create(InferParameterSchema, { parameterChoice: { case: "int64Param", value } });
-
-function countdown(id: string, n: number, parameters: ModelInferRequest["parameters"] = {}): ModelInferRequest {
-  return create(ModelInferRequestSchema, {
-    modelName: "countdown",
-    id,
-    inputs: [{ name: "IN", datatype: "INT32", shape: [1n] }],
-    rawInputContents: [new Uint8Array(Int32Array.of(n).buffer)],
-    parameters,
-  });
-}
-
-/** What an answer says: the request's id, the value sent (or the error), and its final flag if any. */
-function read(a: ModelStreamInferResponse): string {
-  const r = a.inferResponse;
-  const flag = r?.parameters.triton_final_response?.parameterChoice;
-  const final = flag?.case === "boolParam" ? ` final=${flag.value}` : "";
-  if (a.errorMessage) return `${r?.id} error: ${a.errorMessage}${final}`;
-  const raw = r?.rawOutputContents[0];
-  const value = raw ? new Int32Array(Uint8Array.from(raw).buffer)[0] : "empty";
-  return `${r?.id} ${value}${final}`;
-}
 
 const client = (server: ServerProcess) =>
   createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
