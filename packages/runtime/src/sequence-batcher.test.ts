@@ -222,10 +222,12 @@ describe("sequence batcher", () => {
     const sequencer = await createSequenceBatcher({ config, run: (r, o) => model.infer(r, o) });
     const single = (n: number, parameters: Parameters) => sequencer.infer({ inputs: [value(n, false)], parameters });
     await single(1, { sequence_id: 1, sequence_start: true });
-    const started = performance.now();
-    const backlogged = await single(5, { sequence_id: 2, sequence_start: true });
-    // The backlogged START ran only once sequence 1 went idle (50 ms; timers may fire a shade early).
-    expect(performance.now() - started).toBeGreaterThan(40);
+    const pending = single(5, { sequence_id: 2, sequence_start: true });
+    // Sequence 2 waits in the backlog while sequence 1 holds the only slot...
+    expect([sequencer.active, sequencer.backlogged]).toEqual([1, 1]);
+    // ...and runs once sequence 1 went idle (50 ms) and lost its slot.
+    const backlogged = await pending;
+    expect([sequencer.active, sequencer.backlogged]).toEqual([1, 0]);
     expect(outputOf(backlogged)).toEqual([5]);
     expect((await rejectionOf(single(1, { sequence_id: 1 }), StageError)).rawMessage).toContain(
       "must specify the START flag",
