@@ -29,8 +29,16 @@ export interface TrtPlanOptions {
   minBatch?: number;
   optBatch?: number;
   maxBatch?: number;
-  /** --fp16 (default true, as the seed built it). */
+  /** FP16 kernels (default true, as the seed built it): --fp16 up to TensorRT 10, an AutoCast step from 11. */
   fp16?: boolean;
+  /** FP16 engine inputs and outputs: the build flags, TYPE_FP16 in Triton's config and the bridge's conversion. */
+  ioFp16?: boolean;
+  /** NVIDIA container release (yy.mm) the engine is built and served with (default "23.01", the seed's). */
+  release?: string;
+  /** TensorRT major version in that release (8, 10 or 11); needed for a release not in TRT_RELEASES. */
+  tensorrt?: number;
+  /** Builder workspace limit in MiB (--memPoolSize=workspace:N); default: TensorRT's own. */
+  workspaceMiB?: number;
   /** Triton's gRPC endpoint, as the bridge will reach it (default "http://127.0.0.1:8101"). */
   endpoint?: string;
   /** GPU instances of the engine in Triton (default 1). */
@@ -44,10 +52,17 @@ export interface TrtPlanFile {
 }
 
 export interface TrtPlan {
+  /** The container release and its TensorRT major version the commands are for. */
+  release: string;
+  tensorrt: TensorRtMajor;
   /** The trtexec command line, shell-quoted. */
   command: string;
   /** Its argv (without "trtexec"). */
   args: string[];
+  /** Every command, in order: from TensorRT 11 the ModelOpt AutoCast step, then trtexec. */
+  steps: string[];
+  /** The same steps with trtexec in NVIDIA's TensorRT container of the release, run as the caller's user. */
+  docker: string[];
   /** Where trtexec writes the engine: the Triton model's version folder. */
   enginePath: string;
   files: TrtPlanFile[];
@@ -60,6 +75,17 @@ export class TrtPlanError extends Error {
 }
 
 const DEFAULT_ENDPOINT = "http://127.0.0.1:8101";
+
+/** TensorRT major versions whose trtexec options trt:plan was checked against. */
+export type TensorRtMajor = 8 | 10 | 11;
+const MAJORS: readonly number[] = [8, 10, 11];
+/** The seed's release: Triton and TensorRT containers 23.01 (TensorRT 8.5). */
+export const DEFAULT_RELEASE = "23.01";
+/**
+ * Container releases whose TensorRT version trt:plan knows (see tooling/README.md for sources);
+ * any other release needs `tensorrt` stated.
+ */
+export const TRT_RELEASES: Readonly<Record<string, TensorRtMajor>> = { "23.01": 8, "25.01": 10 };
 /** Names in the generated repositories. */
 export const TRT_NAMES = {
   tritonModel: "resnet50_trt",
@@ -76,9 +102,13 @@ function shellQuote(s: string): string {
 const typeName = (t: DataType) => DataType[t];
 const dims = (d: readonly bigint[]) => `[ ${d.join(", ")} ]`;
 
-function tensors(kind: "input" | "output", list: readonly { name: string; dataType: DataType; dims: bigint[] }[]) {
+function tensors(
+  kind: "input" | "output",
+  list: readonly { name: string; dataType: DataType; dims: bigint[] }[],
+  as?: DataType,
+) {
   const items = list.map(
-    (t) => `  {\n    name: "${t.name}"\n    data_type: ${typeName(t.dataType)}\n    dims: ${dims(t.dims)}\n  }`,
+    (t) => `  {\n    name: "${t.name}"\n    data_type: ${typeName(as ?? t.dataType)}\n    dims: ${dims(t.dims)}\n  }`,
   );
   return `${kind} [\n${items.join(",\n")}\n]`;
 }
@@ -118,6 +148,29 @@ function shapeOf(input: ModelInput, batch: number, configPath: string): number[]
 
 /** Computes the command and the files; writes nothing. */
 export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
+  const release = options.release ?? DEFAULT_RELEASE;
+  if (!/^\d\d\.\d\d$/.test(release)) throw new TrtPlanError(`release must be yy.mm, e.g. 23.01, got ${release}`);
+  const major = options.tensorrt ?? TRT_RELEASES[release];
+  if (major === undefined) {
+    const known = Object.entries(TRT_RELEASES)
+      .map(([r, m]) => `${r} → ${m}`)
+      .join(", ");
+    throw new TrtPlanError(
+      `release ${release}: trt:plan does not know its TensorRT version (it knows ${known}); ` +
+        "look it up in that container's release notes and pass --tensorrt 8|10|11",
+    );
+  }
+  if (!MAJORS.includes(major)) {
+    throw new TrtPlanError(`TensorRT ${major}: trt:plan knows 8, 10 and 11 (their trtexec options differ)`);
+  }
+  const tensorrt = major as TensorRtMajor;
+  const fp16 = options.fp16 !== false;
+  const ioFp16 = options.ioFp16 === true;
+  if (ioFp16 && !fp16) throw new TrtPlanError("--io-fp16 builds an FP16 engine; drop --no-fp16");
+  const ws = options.workspaceMiB;
+  if (ws !== undefined && (!Number.isInteger(ws) || ws < 1)) {
+    throw new TrtPlanError(`workspace must be a positive integer (MiB), got ${ws}`);
+  }
   const config = await loadModelConfig(options.config);
   const ensemble = await loadModelConfig(options.ensemble);
   const mbs = config.maxBatchSize;
@@ -163,33 +216,63 @@ export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
     Object.entries(shapes)
       .map(([name, s]) => `${name}:${s[which].join("x")}`)
       .join(",");
+  // TensorRT 8.5 and 10: --fp16 lets the builder pick FP16 kernels; FP16 I/O is asked with
+  // --inputIOFormats/--outputIOFormats (type:format). TensorRT 11 has no --fp16 (every network is
+  // strongly typed): ModelOpt AutoCast writes an FP16 ONNX first, whose I/O types the engine keeps.
+  const autocastOnnx = join(options.out, TRT_NAMES.tritonDir, tritonModel, "model.fp16.onnx");
+  const autocast =
+    tensorrt >= 11 && fp16
+      ? [
+          "python",
+          "-m",
+          "modelopt.onnx.autocast",
+          "--onnx_path",
+          options.onnx,
+          "--output_path",
+          autocastOnnx,
+          "--low_precision_type",
+          "fp16",
+          ...(ioFp16 ? [] : ["--keep_io_types"]),
+        ]
+      : undefined;
   const args = [
-    `--onnx=${options.onnx}`,
+    `--onnx=${autocast ? autocastOnnx : options.onnx}`,
     `--minShapes=${profile("min")}`,
     `--optShapes=${profile("opt")}`,
     `--maxShapes=${profile("max")}`,
-    ...(options.fp16 === false ? [] : ["--fp16"]),
+    ...(ws === undefined ? [] : [`--memPoolSize=workspace:${ws}`]),
+    ...(tensorrt < 11 && fp16 ? ["--fp16"] : []),
+    ...(tensorrt < 11 && ioFp16 ? ["--inputIOFormats=fp16:chw", "--outputIOFormats=fp16:chw"] : []),
     `--saveEngine=${enginePath}`,
   ];
-  const command = ["trtexec", ...args].map(shellQuote).join(" ");
+  const quote = (argv: string[]) => argv.map(shellQuote).join(" ");
+  const command = quote(["trtexec", ...args]);
+  const buildSteps = autocast ? [quote(autocast), command] : [command];
+  const image = `nvcr.io/nvidia/tensorrt:${release}-py3`;
+  const inContainer = `docker run --gpus all --rm --user "$(id -u):$(id -g)" -v "$PWD:/work" -w /work ${image} ${command}`;
+  const docker = autocast ? [quote(autocast), inContainer] : [inContainer];
+  const ioType = ioFp16 ? DataType.TYPE_FP16 : undefined;
+  const precision = !fp16 ? "" : tensorrt >= 11 ? ", FP16 by ModelOpt AutoCast" : ", --fp16";
   const onnxName = basename(options.onnx);
   const header = "# Generated by `pnpm trt:plan` (tooling/src/trt-plan-recipe.ts); see models/gpu/README.md.";
 
   const tritonConfig = `${header}
-# The TensorRT engine built by trtexec from ${onnxName} (profile batch ${min}/${opt}/${max}${options.fp16 === false ? "" : ", --fp16"}),
+# The TensorRT engine built by trtexec from ${onnxName} (profile batch ${min}/${opt}/${max}${precision}${ioFp16 ? ", FP16 I/O" : ""}),
 # served by a real Triton: tritonserver --model-repository=<this folder's parent> --grpc-port 8101.
-# The engine goes in 1/model.plan (not committed; build it with the same TensorRT as that Triton).
+# The engine goes in 1/model.plan (not committed; build it with the same TensorRT as that Triton:
+# release ${release}, TensorRT ${tensorrt}.x, e.g. nvcr.io/nvidia/tensorrt:${release}-py3 and tritonserver:${release}-py3).
 name: "${tritonModel}"
 platform: "tensorrt_plan"
 backend: "tensorrt"
 max_batch_size: ${mbs}
-${tensors("input", config.input)}
-${tensors("output", config.output)}
+${tensors("input", config.input, ioType)}
+${tensors("output", config.output, ioType)}
 ${dynamicBatching(config)}
 instance_group [
   {
     count: ${options.instances ?? 1}
     kind: KIND_GPU
+    gpus: [ 0 ]
   }
 ]
 `;
@@ -197,7 +280,7 @@ instance_group [
   const bridgeConfig = `${header}
 # The ensemble's inference step, run by TensorRT in a real Triton: the bridge
 # forwards each batch whole over KServe v2 gRPC to "${tritonModel}" at the endpoint.
-# Change "endpoint" to where that Triton's gRPC port is.
+# Change "endpoint" to where that Triton's gRPC port is.${ioFp16 ? "\n# The engine's inputs and outputs are FP16: the bridge converts FP32 <-> FP16 (fp16_conversion)." : ""}
 name: "${bridgeModel}"
 backend: "typescript"
 max_batch_size: ${mbs}
@@ -208,7 +291,7 @@ ${param("endpoint", options.endpoint ?? DEFAULT_ENDPOINT)}
 ${param("remote_model_name", tritonModel)}
 ${param("timeout_ms", "30000")}
 ${param("ready_timeout_ms", "60000")}
-${param("fp16_conversion", "false")}
+${param("fp16_conversion", String(ioFp16))}
 `;
 
   const steps = step.map((s) => (s.modelName === config.name ? { ...s, modelName: bridgeModel } : s));
@@ -225,8 +308,12 @@ ${ensembleSteps(steps)}
 `;
 
   return {
+    release,
+    tensorrt,
     command,
     args,
+    steps: buildSteps,
+    docker,
     enginePath,
     shapes,
     files: [

@@ -1,11 +1,11 @@
 #!/usr/bin/env node
-// CLI: pnpm trt:plan [--onnx FILE] [--config FILE] [--ensemble FILE] [--out DIR] [--opt-batch N] ...
-// Prints the trtexec command for the GPU machine and writes the GPU model repositories.
+// CLI: pnpm trt:plan [--release yy.mm] [--tensorrt 8|10|11] [--io-fp16] [--onnx FILE] [--out DIR] ...
+// Prints the commands that build the engine (for that release's TensorRT) and writes the GPU model repositories.
 import { join, relative } from "node:path";
 import { Command } from "commander";
 import { scriptArgv } from "./argv.js";
 import { DEFAULT_REPOSITORY } from "./paths.js";
-import { planTrt, TrtPlanError, writeTrtPlan } from "./trt-plan-recipe.js";
+import { DEFAULT_RELEASE, planTrt, TRT_RELEASES, TrtPlanError, writeTrtPlan } from "./trt-plan-recipe.js";
 
 // pnpm runs scripts in tooling/; paths on the command line mean the caller's directory.
 if (process.env.INIT_CWD) process.chdir(process.env.INIT_CWD);
@@ -18,8 +18,22 @@ const int = (v: string) => {
 
 const program = new Command("trt:plan")
   .description(
-    "print the trtexec command that builds the TensorRT engine, and write the GPU model repositories (Triton + Trellis bridge)",
+    "print the commands that build the TensorRT engine, and write the GPU model repositories (Triton + Trellis bridge)",
   )
+  .option(
+    "--release <yy.mm>",
+    `NVIDIA container release (Triton + TensorRT) to build and serve with; known: ${Object.entries(TRT_RELEASES)
+      .map(([r, m]) => `${r} (TensorRT ${m})`)
+      .join(", ")}`,
+    DEFAULT_RELEASE,
+  )
+  .option("--tensorrt <major>", "TensorRT major version of that release: 8, 10 or 11 (needed for other releases)", int)
+  .option(
+    "--io-fp16",
+    "FP16 engine inputs/outputs: build flags, TYPE_FP16 in Triton, fp16_conversion on the bridge",
+    false,
+  )
+  .option("--workspace <MiB>", "builder workspace limit (--memPoolSize=workspace:N)", int)
   .option("--onnx <file>", "ONNX model", rel(join(DEFAULT_REPOSITORY, "resnet50_inference", "1", "model.onnx")))
   .option("--config <file>", "its config.pbtxt", rel(join(DEFAULT_REPOSITORY, "resnet50_inference", "config.pbtxt")))
   .option(
@@ -38,7 +52,7 @@ const program = new Command("trt:plan")
   .option("--opt-batch <n>", "profile opt batch (default max_batch_size)", int)
   .option("--max-batch <n>", "profile max batch (default 2 x max_batch_size)", int)
   .option("--instances <n>", "GPU instances in Triton", int, 1)
-  .option("--no-fp16", "build an FP32 engine (no --fp16)")
+  .option("--no-fp16", "build an FP32 engine (no --fp16 / no AutoCast step)")
   .option("--dry-run", "print the command only, write nothing", false)
   .parse(scriptArgv());
 const o = program.opts<{
@@ -53,17 +67,25 @@ const o = program.opts<{
   maxBatch?: number;
   instances: number;
   fp16: boolean;
+  release: string;
+  tensorrt?: number;
+  ioFp16: boolean;
+  workspace?: number;
   dryRun: boolean;
 }>();
 
 try {
-  const plan = await planTrt({ ...o });
+  const plan = await planTrt({ ...o, workspaceMiB: o.workspace });
   if (!o.dryRun) {
     const written = await writeTrtPlan(plan, o.out);
     for (const p of written) console.error(`wrote ${rel(p)}`);
   }
-  console.error("build the engine on the GPU machine (TensorRT matching the Triton that serves it) with:");
-  console.log(plan.command);
+  console.error(
+    `build the engine on the GPU machine with TensorRT ${plan.tensorrt}.x (release ${plan.release}: the TensorRT of the Triton that serves it):`,
+  );
+  for (const step of plan.steps) console.log(step);
+  console.error(`or in NVIDIA's TensorRT container of release ${plan.release}:`);
+  for (const step of plan.docker) console.error(step);
 } catch (err) {
   if (err instanceof TrtPlanError || (err instanceof Error && err.name === "ModelConfigError")) {
     console.error(`trt:plan: ${err.message}`);
