@@ -8,6 +8,7 @@ import {
   describeTransportError,
   type GrpcTlsOptions,
   grpcTransport,
+  inferOptionsFromParameters,
   neverSent,
   remoteError,
 } from "@trellis/kserve";
@@ -19,6 +20,7 @@ import {
   type InferResponse,
   metadataFromConfig,
   nowNs,
+  type Parameters,
   type Stage,
   StageError,
   type StageLogger,
@@ -78,6 +80,55 @@ const convert = (t: Tensor, from: TensorPlan["local"], to: TensorPlan["local"]):
   return t;
 };
 
+/** True when the connection was refused: nothing listens at the endpoint. */
+const refused = (err: unknown): boolean => {
+  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    if ((e as { code?: unknown }).code === "ECONNREFUSED") return true;
+  }
+  return false;
+};
+
+/**
+ * What a refused connection most likely means at load: Triton's default --exit-on-error=true
+ * makes it exit when a model fails to load (server src/command_line_parser.h, exit_on_error_).
+ */
+const REFUSED_AT_LOAD =
+  "nothing listens there. Is Triton running? With its default --exit-on-error=true, Triton exits when a model fails to load: check Triton's log for the reason, or start it with --exit-on-error=false to keep it up and see the reason here";
+
+/**
+ * Why the remote model is not ready, from Triton's RepositoryIndex: each version's state and,
+ * for a failed load, Triton's own reason (core src/tritonserver.cc, "state" and "reason").
+ * Undefined when the index cannot be read (e.g. the model-repository protocol is restricted).
+ */
+async function indexReason(
+  client: Client<typeof GRPCInferenceService>,
+  name: string,
+  version: string,
+  timeoutMs: number,
+): Promise<string | undefined> {
+  let models: { name: string; version: string; state: string; reason: string }[];
+  try {
+    models = (await client.repositoryIndex({ repositoryName: "", ready: false }, { timeoutMs })).models;
+  } catch {
+    return undefined;
+  }
+  const entries = models.filter((m) => m.name === name && (!version || !m.version || m.version === version));
+  if (entries.length === 0) {
+    return `the server is up but its repository has no model ${name}${version ? ` version ${version}` : ""} (remote_model_name / remote_model_version right? loaded?)`;
+  }
+  // A model Triton found but has not loaded (explicit model control) is listed without state.
+  const states = entries.map(
+    (m) => `${m.version ? `version ${m.version} ` : ""}${m.state || "not loaded"}${m.reason ? `: ${m.reason}` : ""}`,
+  );
+  // "unloaded" is the reason of a version unloaded on purpose (core model_lifecycle.cc), not a failure.
+  const failed = entries.some((m) => m.state === "UNAVAILABLE" && m.reason && m.reason !== "unloaded");
+  return `the server lists model ${name} ${states.join("; ")}${
+    failed
+      ? "; Triton could not load it: fix the model or its config in Triton's repository (started with its default --exit-on-error=true, Triton exits on such a failure instead)"
+      : ""
+  }`;
+}
+
 /** Waits (bounded, polling with backoff) until the remote model is ready. */
 async function waitReady(
   client: Client<typeof GRPCInferenceService>,
@@ -95,13 +146,22 @@ async function waitReady(
     const rpcTimeout = Math.max(1, Math.min(2000, left));
     try {
       if ((await client.modelReady({ name, version }, { timeoutMs: rpcTimeout })).ready) return;
-      // Why not: Triton's ServerReady says whether the server itself is still starting.
-      const server = await client.serverReady({}, { timeoutMs: rpcTimeout }).catch(() => ({ ready: false }));
-      reason = server.ready ? `server is ready but model ${name} is not (loaded? name right?)` : "server is not ready";
+      // Why not: the repository index has the model's state and Triton's reason for a failed
+      // load; failing that, ServerReady says whether the server itself is still starting.
+      const listed = await indexReason(client, name, version, rpcTimeout);
+      if (listed) reason = listed;
+      else {
+        const server = await client.serverReady({}, { timeoutMs: rpcTimeout }).catch(() => ({ ready: false }));
+        reason = server.ready
+          ? `server is ready but model ${name} is not (loaded? name right?)`
+          : "server is not ready";
+      }
     } catch (err) {
       const ce = ConnectError.from(err);
       // A poll cut short by the end of the wait says less than the failure before it.
-      if (!(ce.code === Code.DeadlineExceeded && reason)) reason = describeTransportError(err);
+      if (!(ce.code === Code.DeadlineExceeded && reason)) {
+        reason = describeTransportError(err) + (refused(err) ? `; ${REFUSED_AT_LOAD}` : "");
+      }
     }
     const elapsed = Date.now() - start;
     if (elapsed >= readyTimeoutMs) {
@@ -114,6 +174,22 @@ async function waitReady(
     await new Promise((r) => setTimeout(r, Math.min(delay, readyTimeoutMs - elapsed)));
     delay = Math.min(delay * 2, 1000);
   }
+}
+
+/**
+ * The request's parameters as Triton takes them. Its own (sequence_id, sequence_start,
+ * sequence_end, priority, timeout) are checked for their type first, as the Trellis frontends
+ * check them; `triton_*` keys are dropped: Triton refuses every one but
+ * triton_enable_empty_final_response (server src/grpc/infer_handler.cc,
+ * SetInferenceRequestMetadata; src/common.h TRITON_RESERVED_REQUEST_PARAMS), and that one is
+ * a stream setting between the caller and Trellis, meaningless on the bridge's unary call.
+ * Other keys pass: Triton hands them to the backend.
+ */
+function tritonParameters(parameters: Parameters | undefined, stage: string): Parameters | undefined {
+  if (!parameters) return undefined;
+  inferOptionsFromParameters(parameters, stage);
+  const kept = Object.entries(parameters).filter(([key]) => !key.startsWith("triton_"));
+  return kept.length > 0 ? Object.fromEntries(kept) : undefined;
 }
 
 /**
@@ -198,7 +274,9 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
           throw new StageError(
             Code.Unavailable,
             remoteName,
-            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describeTransportError(err)}`,
+            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describeTransportError(err)}${
+              refused(err) ? "; nothing listens there. Is Triton running? Triton's log says why it stopped" : ""
+            }`,
             { cause: err },
           );
         }
@@ -251,7 +329,8 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
         // Ask for the local outputs only: the engine may expose more than the step maps.
         const outputs = request.outputs?.length ? request.outputs : plan.outputs.map((p) => ({ name: p.name }));
         const t1 = nowNs();
-        const res = await send({ ...request, inputs, outputs }, ctl.signal, started);
+        const parameters = tritonParameters(request.parameters, name);
+        const res = await send({ ...request, inputs, outputs, parameters }, ctl.signal, started);
         const t2 = nowNs();
         const outs = res.outputs.map((t) => {
           const p = outputPlan.get(t.name);

@@ -1,9 +1,9 @@
 import { readFileSync } from "node:fs";
 import http2, { type ServerHttp2Session } from "node:http2";
-import { ConnectError } from "@connectrpc/connect";
+import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { type ListeningServer, type ListenOptions, listenStage, serveStage } from "@trellis/kserve";
-import { parseModelConfig } from "@trellis/protocol";
+import { type ModelInferRequest, parseModelConfig } from "@trellis/protocol";
 import { Code, type Stage, tensor } from "@trellis/stage";
 import { float32ToFloat16Bits } from "@trellis/stage/backend";
 import { rejectionOf, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
@@ -179,6 +179,115 @@ ${extra}`);
     );
     expect(err.code).toBe(Code.Unavailable);
     expect(err.message).toMatch(/certificate/i);
+  });
+});
+
+/**
+ * Triton's gRPC frontend's checks on request parameters (server src/grpc/infer_handler.cc,
+ * SetInferenceRequestMetadata): its own keys with their wire types, `triton_*` keys refused
+ * but for the one it reserves (src/common.h TRITON_RESERVED_REQUEST_PARAMS), others passed to
+ * the backend when int64, bool, string or double. Records what each ModelInfer carried.
+ */
+function tritonParameterChecks(seen: Record<string, { case?: string; value?: unknown }>[]): Interceptor {
+  const types: Record<string, string[]> = {
+    sequence_id: ["int64Param", "stringParam"],
+    sequence_start: ["boolParam"],
+    sequence_end: ["boolParam"],
+    priority: ["int64Param", "uint64Param"],
+    timeout: ["int64Param"],
+  };
+  return (next) => async (req) => {
+    if (req.method.name !== "ModelInfer" || req.stream) return next(req);
+    const msg = req.message as ModelInferRequest;
+    const params = Object.fromEntries(Object.entries(msg.parameters).map(([k, v]) => [k, v.parameterChoice]));
+    seen.push(params);
+    for (const [key, choice] of Object.entries(params)) {
+      const allowed = types[key] ?? ["int64Param", "boolParam", "stringParam", "doubleParam"];
+      if (key.startsWith("triton_") && key !== "triton_enable_empty_final_response") {
+        throw new ConnectError(
+          "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys starting with 'triton_' are allowed: triton_enable_empty_final_response",
+          Code.InvalidArgument,
+        );
+      }
+      if (!allowed.includes(String(choice.case))) {
+        throw new ConnectError(`invalid value type for '${key}' parameter`, Code.InvalidArgument);
+      }
+    }
+    return next(req);
+  };
+}
+
+describe("request parameters", () => {
+  it("forwards Triton's own and the backend's parameters, and drops the triton_* keys Triton refuses", async () => {
+    const seen: Record<string, { case?: string; value?: unknown }>[] = [];
+    const server = http2.createServer(
+      connectNodeAdapter({
+        routes: serveStage(scaleStage(scaleConfig())),
+        interceptors: [tritonParameterChecks(seen)],
+      }),
+    );
+    const { port, close } = await listenH2(server);
+    cleanup.push(close);
+    const bridge = await createTrtBridge({
+      config: localConfig(),
+      endpoint: `http://127.0.0.1:${port}`,
+      modelName: "scale",
+    });
+    cleanup.push(() => bridge.close());
+    const res = await bridge.infer({
+      inputs: [batch(1)],
+      parameters: {
+        sequence_id: 42n,
+        sequence_start: true,
+        sequence_end: false,
+        priority: 2,
+        timeout: 5_000_000,
+        triton_enable_empty_final_response: true,
+        triton_unknown_key: "from a client",
+        custom: "for the backend",
+      },
+    });
+    expect(res.outputs[0]?.shape).toEqual([1, 4]);
+    expect(seen).toHaveLength(1);
+    expect(seen[0]).toEqual({
+      sequence_id: { case: "int64Param", value: 42n },
+      sequence_start: { case: "boolParam", value: true },
+      sequence_end: { case: "boolParam", value: false },
+      priority: { case: "int64Param", value: 2n },
+      timeout: { case: "int64Param", value: 5_000_000n },
+      custom: { case: "stringParam", value: "for the backend" },
+    });
+    // A string sequence id passes as Triton's string_param.
+    await bridge.infer({ inputs: [batch(1)], parameters: { sequence_id: "session-7", sequence_start: true } });
+    expect(seen[1]).toEqual({
+      sequence_id: { case: "stringParam", value: "session-7" },
+      sequence_start: { case: "boolParam", value: true },
+    });
+  });
+
+  it("refuses a Triton parameter of the wrong type with INVALID_ARGUMENT naming it, before sending", async () => {
+    const seen: Record<string, { case?: string; value?: unknown }>[] = [];
+    const server = http2.createServer(
+      connectNodeAdapter({
+        routes: serveStage(scaleStage(scaleConfig())),
+        interceptors: [tritonParameterChecks(seen)],
+      }),
+    );
+    const { port, close } = await listenH2(server);
+    cleanup.push(close);
+    const bridge = await createTrtBridge({
+      config: localConfig(),
+      endpoint: `http://127.0.0.1:${port}`,
+      modelName: "scale",
+    });
+    cleanup.push(() => bridge.close());
+    const err = await rejectionOf(
+      bridge.infer({ inputs: [batch(1)], parameters: { sequence_start: "yes" } }),
+      ConnectError,
+    );
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.message).toContain("request parameter 'sequence_start' must be a boolean");
+    expect(seen).toHaveLength(0);
   });
 });
 
