@@ -4,7 +4,14 @@
  */
 
 import type http2 from "node:http2";
-import { type Client, ConnectError, createClient, createRouterTransport, type Transport } from "@connectrpc/connect";
+import {
+  type Client,
+  ConnectError,
+  createClient,
+  createRouterTransport,
+  type Interceptor,
+  type Transport,
+} from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { GRPCInferenceService, type ModelConfig, type ModelStreamInferResponse } from "@trellis/protocol";
 import {
@@ -20,7 +27,17 @@ import {
 } from "@trellis/stage";
 import type { ModelRegistry } from "./registry.js";
 import { HTTP2_SETTINGS, serveStage, widenSessionWindow } from "./serve.js";
-import { describeTransportError, isConnectionLost, neverSent, sentByServer } from "./transport-errors.js";
+import {
+  describeTransportError,
+  isConnectionLost,
+  neverSent,
+  noteRefusedAttempts,
+  REFUSED_STREAM_RESENDS,
+  refusedAttemptCount,
+  refusedBeforeProcessing,
+  sentByServer,
+  watchForRefusal,
+} from "./transport-errors.js";
 import { inferRequestToWire, inferResponseFromWire, metadataFromWire } from "./wire.js";
 
 export type InferenceClient = Client<typeof GRPCInferenceService>;
@@ -34,7 +51,10 @@ export interface GrpcTlsOptions {
   key?: string | Buffer;
 }
 
-/** Connect's session manager, widening each new connection's receive window for large tensors. */
+/**
+ * Connect's session manager, widening each new connection's receive window for large tensors and
+ * watching each stream for a refusal before processing (watchForRefusal).
+ */
 class WideWindowSessionManager extends Http2SessionManager {
   private readonly widened = new WeakSet<http2.Http2Session>();
 
@@ -42,6 +62,7 @@ class WideWindowSessionManager extends Http2SessionManager {
     ...args: Parameters<Http2SessionManager["request"]>
   ): ReturnType<Http2SessionManager["request"]> {
     const stream = await super.request(...args);
+    watchForRefusal(stream);
     const session = stream.session;
     if (session && !this.widened.has(session)) {
       this.widened.add(session);
@@ -50,6 +71,27 @@ class WideWindowSessionManager extends Http2SessionManager {
     return stream;
   }
 }
+
+/**
+ * Sends a unary call again, at once, when the server refused its stream before processing it
+ * (REFUSED_STREAM, or ENHANCE_YOUR_CALM before any answer), up to REFUSED_STREAM_RESENDS times; the
+ * error of the last refusal records how many times it was sent. Streaming calls are not resent:
+ * their request messages have been read.
+ */
+const resendRefused: Interceptor = (next) => async (req) => {
+  if (req.stream) return next(req);
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await next(req);
+    } catch (err) {
+      if (!refusedBeforeProcessing(err) || req.signal.aborted) throw err;
+      if (attempt > REFUSED_STREAM_RESENDS) {
+        noteRefusedAttempts(err, attempt);
+        throw err;
+      }
+    }
+  }
+};
 
 /** A transport that owns its HTTP/2 connection: close() ends it (and any call still on it). */
 export interface ClosableTransport extends Transport {
@@ -92,21 +134,29 @@ export function grpcTransport(
           }
         : {}),
     },
-    { settings: HTTP2_SETTINGS, ...options.tls },
+    // No cap on the session's memory, as in gRPC's own Node client (grpc-js). On a client, node counts
+    // the request bytes still waiting to be sent against it (node's default is 10 MB), and once over
+    // the cap it resets the answers that come in with ENHANCE_YOUR_CALM, though the server ran their
+    // requests: a few concurrent batches of images are enough. What the cap would bound here is the
+    // caller's own tensors, already in memory; what the server sends stays bounded by the windows.
+    { settings: HTTP2_SETTINGS, maxSessionMemory: Number.MAX_SAFE_INTEGER, ...options.tls },
   );
   const transport = createGrpcTransport({
     baseUrl,
     sessionManager,
     // Tensors barely compress; asking for gzip only costs CPU on both ends.
     acceptCompression: [],
-    interceptors: headers
-      ? [
-          (next) => (req) => {
-            for (const [k, v] of Object.entries(headers)) req.header.set(k, v);
-            return next(req);
-          },
-        ]
-      : [],
+    interceptors: [
+      resendRefused,
+      ...(headers
+        ? [
+            ((next) => (req) => {
+              for (const [k, v] of Object.entries(headers)) req.header.set(k, v);
+              return next(req);
+            }) satisfies Interceptor,
+          ]
+        : []),
+    ],
   });
   // Without this an unloaded remote step keeps its idle connection open for Connect's 15-minute idle timeout.
   return Object.assign(transport, { close: () => sessionManager.abort() });
@@ -301,7 +351,15 @@ export async function connectStage(
     }
     const detail = options.redactTransportErrors ? "" : `: ${describeTransportError(err)}`;
     let e: StageError;
-    if (neverSent(err)) {
+    if (refusedBeforeProcessing(err)) {
+      const sent = refusedAttemptCount(err);
+      e = new StageError(
+        Code.Unavailable,
+        name,
+        `${where}: refused by its server before processing (not run; sent ${sent} time${sent === 1 ? "" : "s"})${detail}`,
+        { cause: err },
+      );
+    } else if (neverSent(err)) {
       e = new StageError(Code.Unavailable, name, `${where}: unreachable${detail}`, { cause: err });
     } else if (pingUnanswered(err)) {
       e = new StageError(

@@ -1,9 +1,10 @@
 /**
- * Telling transport failures apart: a request that never left (safe to
- * resend), a connection that dropped under an in-flight request (the remote
- * is gone: UNAVAILABLE, as gRPC's own clients say), and a status the remote
- * actually sent (kept as it is).
+ * Telling transport failures apart: a request that never left or that the
+ * server refused before processing it (safe to resend), a connection that
+ * dropped under an in-flight request (the remote is gone: UNAVAILABLE, as
+ * gRPC's own clients say), and a status the remote actually sent (kept as it is).
  */
+import http2 from "node:http2";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 /** Node error codes raised while connecting, i.e. before any request byte left this process. */
@@ -43,11 +44,67 @@ export function sentByServer(err: ConnectError): boolean {
   return CONNECT_ANSWER.test(metadata.get("content-type") ?? "");
 }
 
-/** True when the request provably never reached the server, so sending it again cannot run it twice. */
+/**
+ * Stream resets that mean the server did not process the stream: REFUSED_STREAM says so (RFC 9113
+ * 8.7), and node:http2 servers reset a new stream with ENHANCE_YOUR_CALM when they cannot take it
+ * (session memory or stream count over their cap). gRPC's clients resend such streams themselves.
+ */
+const REFUSED_CODES = new Set([http2.constants.NGHTTP2_REFUSED_STREAM, http2.constants.NGHTTP2_ENHANCE_YOUR_CALM]);
+
+/** The errors of streams reset with one of REFUSED_CODES before any answer came. */
+const refusedErrors = new WeakSet<object>();
+
+/** How many times each request whose stream was refused was sent (set on the error it failed with). */
+const refusedAttempts = new WeakMap<object, number>();
+
+/** How many times a request refused before processing is sent again (immediately) before failing. */
+export const REFUSED_STREAM_RESENDS = 2;
+
+/**
+ * Watches a client stream so that, if it is reset with REFUSED_STREAM or ENHANCE_YOUR_CALM before
+ * its answer's headers came, its error is known as refused before processing (refusedBeforeProcessing).
+ * Call before the stream is handed on. Sound only while this side refuses no answers itself: node's
+ * client resets an answer with ENHANCE_YOUR_CALM when its session memory is over the cap, after the
+ * server ran the request (grpcTransport lifts that cap).
+ */
+export function watchForRefusal(stream: http2.ClientHttp2Stream): void {
+  let answered = false;
+  stream.once("response", () => {
+    answered = true;
+  });
+  stream.on("error", (err) => {
+    if (!answered && stream.rstCode !== undefined && REFUSED_CODES.has(stream.rstCode)) refusedErrors.add(err);
+  });
+}
+
+/** True when the server refused the request's stream before processing it: it did not run, and may be resent. */
+export function refusedBeforeProcessing(err: unknown): boolean {
+  return causes(err).some((e) => refusedErrors.has(e as object));
+}
+
+/** Records that the request failing with `err` (refused before processing) was sent `attempts` times. */
+export function noteRefusedAttempts(err: unknown, attempts: number): void {
+  if (err instanceof Error) refusedAttempts.set(err, attempts);
+}
+
+/** How many times the request failing with `err` was sent, each refused before processing; 1 if not recorded. */
+export function refusedAttemptCount(err: unknown): number {
+  for (const e of causes(err)) {
+    const n = refusedAttempts.get(e as object);
+    if (n !== undefined) return n;
+  }
+  return 1;
+}
+
+/**
+ * True when the request provably never reached the server, or the server refused it before
+ * processing it (refusedBeforeProcessing), so sending it again cannot run it twice.
+ */
 export function neverSent(err: unknown): boolean {
   return causes(err).some((e) => {
     const code = prop(e, "code");
     return (
+      refusedErrors.has(e as object) ||
       (typeof code === "string" && NOT_CONNECTED.has(code)) ||
       prop(e, "syscall") === "connect" ||
       prop(e, "syscall") === "getaddrinfo" ||
