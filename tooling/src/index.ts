@@ -35,3 +35,15 @@ export {
   synthesizeResNet50,
   writeSyntheticLabels,
 } from "./synth.js";
+
+import type { QuantizeFileOptions, QuantizeReport } from "./quantize-file.js";
+
+export type { QuantizeFileOptions, QuantizeReport };
+/**
+ * `models:quantize` without the command line: calibrate, write the QDQ int8 model to `out`,
+ * return the report (not written). ONNX Runtime and the preprocess stage load on the first call,
+ * so importing this package for `ensureModels` stays light.
+ */
+export async function quantizeFile(options: QuantizeFileOptions): Promise<QuantizeReport> {
+  return (await import("./quantize-file.js")).quantizeFile(options);
+}
