@@ -21,11 +21,17 @@
  * and bare ORT after 10 ms of idle cores; the last column is what the server itself adds
  * beyond preprocess, inference and that floor. The model is the synthetic ResNet-50 (ResNet-50's real
  * cost) unless BENCH_MODEL=mobilenet picks the shared MobileNetV2 int8.
+ * The int8 row (issue 23) serves the seed repository with the model's QDQ int8 version from the
+ * project's quantizer (`quantizeFile`, as `models:quantize --version 2 --reduce-range`, calibrated
+ * on four fixture photos; BENCH_INT8_MODEL=FILE takes a ready one) as resnet50_inference version 2,
+ * and measures it against the fp32 ensemble (a second server with version 1 only), in interleaved
+ * rounds with bare ORT on both models.
  * Run: pnpm bench (after pnpm build). Env: BENCH_SECONDS, BENCH_ROUNDS, BENCH_CONCURRENCY,
- * BENCH_LATENCY_N, BENCH_WARMUP_SECONDS, BENCH_MODEL, BENCH_SETUPS (e.g. "0,3": only those rows).
+ * BENCH_LATENCY_N, BENCH_WARMUP_SECONDS, BENCH_MODEL, BENCH_SETUPS (e.g. "0,3": only those rows),
+ * BENCH_INT8_MODEL.
  */
 import { fork } from "node:child_process";
-import { copyFile, mkdtemp, readFile } from "node:fs/promises";
+import { copyFile, mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
@@ -36,6 +42,7 @@ import { GRPCInferenceService, ModelInferRequestSchema, parseModelConfig } from 
 import { bytesTensor } from "@trellis/stage";
 import {
   closedLoop,
+  fixtureImagesDir,
   grpcJsInferenceClient,
   MOBILENET_PATH,
   makeSeedRepository,
@@ -44,7 +51,7 @@ import {
   removeDir,
   startServerProcess,
 } from "@trellis/testing";
-import { synthesizeResNet50 } from "@trellis/tooling";
+import { quantizeFile, synthesizeResNet50 } from "@trellis/tooling";
 import * as ort from "onnxruntime-node";
 import sharp from "sharp";
 import { fullHdPhotos, PHOTOS } from "./photos.js";
@@ -73,6 +80,8 @@ interface ServerSetup {
   spinStop?: boolean;
   /** Inference's exclusive_cpu parameter (default auto: on with one instance). */
   exclusive?: boolean;
+  /** The int8 row: version 2 = the model quantized, against the fp32 ensemble (its own table). */
+  int8?: boolean;
 }
 
 const ALL_SETUPS: ServerSetup[] = [
@@ -91,11 +100,24 @@ const ALL_SETUPS: ServerSetup[] = [
   { label: "ORT threads spinning on after a run, preprocess seed", mode: "seed", spinning: true, spinStop: false },
   { label: "ORT threads not spinning, preprocess seed", mode: "seed", spinning: false },
   { label: "2 inference instances x 1 thread, preprocess seed", mode: "seed", instances: 2 },
+  {
+    label: "int8: resnet50_inference version 2 = the model quantized (QDQ), models/ as committed",
+    mode: "seed",
+    int8: true,
+  },
 ];
 /** BENCH_SETUPS=0,3 runs only those rows of ALL_SETUPS. */
 const SETUPS = process.env.BENCH_SETUPS
-  ? process.env.BENCH_SETUPS.split(",").map((i) => ALL_SETUPS[Number(i)] as ServerSetup)
+  ? process.env.BENCH_SETUPS.split(",").map((i) => {
+      const setup = ALL_SETUPS[Number(i)];
+      if (!setup) throw new Error(`BENCH_SETUPS: no row ${i} (0-${ALL_SETUPS.length - 1})`);
+      return setup;
+    })
   : ALL_SETUPS;
+/** The int8 row's model: a ready QDQ file, else quantized from the bench's fp32 model at the start. */
+const INT8_MODEL = process.env.BENCH_INT8_MODEL;
+/** Calibration photos for the int8 row's quantization: fixture files at their own size, not the requests. */
+const INT8_CALIBRATION = ["horse.jpg", "chelsea.png", "coffee.png", "astronaut.png"];
 
 const parameter = (key: string, value: string) =>
   `\nparameters {\n  key: "${key}"\n  value: { string_value: "${value}" }\n}\n`;
@@ -341,6 +363,140 @@ async function measureServer(
   }
 }
 
+interface Int8Result {
+  client: string;
+  fp32Rps: number;
+  int8Rps: number;
+  /** int8 rate over fp32's in each round (measured one after the other). */
+  roundRatios: number[];
+  fp32P50: number;
+  int8P50: number;
+}
+
+interface Int8Bare {
+  fp32Rps: number;
+  int8Rps: number;
+  roundRatios: number[];
+  fp32P50: number;
+  int8P50: number;
+}
+
+/** A temp seed repository with `versions` as resnet50_inference's version folders (1, 2, ...); configs as committed. */
+async function seedRepositoryWith(versions: string[]): Promise<string> {
+  const repo = await makeSeedRepository({ prefix: "trellis-server-bench-" });
+  for (const [i, file] of versions.entries()) {
+    const dir = join(repo, "resnet50_inference", String(i + 1));
+    await mkdir(dir, { recursive: true });
+    await copyFile(file, join(dir, "model.onnx"));
+  }
+  return repo;
+}
+
+/**
+ * The int8 row: the seed ensemble served from a repository holding the fp32 model as version 1
+ * and the int8 one as version 2 (the server serves the latest: 2), against the same ensemble from
+ * a repository with version 1 only, each server idle while the other is measured; interleaved
+ * rounds with bare ORT on each model (throughput and p50), so the ratios come from the same spell.
+ */
+async function measureInt8(
+  model: string,
+  int8Model: string,
+  photos: Uint8Array[],
+  baseline: Baseline,
+  bareInt8: (i: number) => Promise<unknown>,
+): Promise<{ clients: Int8Result[]; bare: Int8Bare }> {
+  const fp32Repo = await seedRepositoryWith([model]);
+  const int8Repo = await seedRepositoryWith([model, int8Model]);
+  const fp32Server = await startServerProcess(["--model-repository", fp32Repo]);
+  const int8Server = await startServerProcess(["--model-repository", int8Repo]);
+  const transports = [grpcTransport(fp32Server.grpc), grpcTransport(int8Server.grpc)];
+  const foreign = [fp32Server, int8Server].map((s) => grpcJsInferenceClient(`127.0.0.1:${s.grpcPort}`));
+  try {
+    const meta = (await (await fetch(`${int8Server.http}/v2/models/resnet50_inference`)).json()) as {
+      versions: string[];
+    };
+    if (meta.versions.join() !== "2") throw new Error(`int8 repository serves versions ${meta.versions}, not 2`);
+    const requests = photos.map((p) =>
+      create(ModelInferRequestSchema, {
+        modelName: "resnet50_ensemble",
+        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
+        rawInputContents: [frameBytes([p])],
+      }),
+    );
+    const foreignRequests = photos.map((p) => ({
+      model_name: "resnet50_ensemble",
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
+      raw_input_contents: [Buffer.from(frameBytes([p]))],
+    }));
+    const bareFp32 = subject(baseline.inferOnly);
+    const bareQ = subject(bareInt8);
+    // [client, fp32 subject, int8 subject]
+    const clients: [string, Subject, Subject][] = [
+      [
+        "Connect",
+        ...(transports.map((t) => {
+          const c = createClient(GRPCInferenceService, t);
+          return subject((i) => c.modelInfer(requests[i % requests.length]!));
+        }) as [Subject, Subject]),
+      ],
+      [
+        "grpc-js",
+        ...(foreign.map((c) => subject((i) => c.modelInfer(foreignRequests[i % foreignRequests.length]!))) as [
+          Subject,
+          Subject,
+        ]),
+      ],
+    ];
+    const servers = clients.flatMap(([, f, q]) => [f, q]);
+    for (const s of servers) for (let i = 0; i < 6; i++) await s.call(i);
+    await throughput([bareFp32, bareQ, ...servers], CONCURRENCY, SECONDS);
+    await latency([bareFp32, bareQ, ...servers], LATENCY_N);
+    const ratios = (f: Subject, q: Subject) => q.roundRates.map((r, i) => r / f.roundRates[i]!);
+    return {
+      clients: clients.map(([client, f, q]) => ({
+        client,
+        fp32Rps: rate(f),
+        int8Rps: rate(q),
+        roundRatios: ratios(f, q),
+        fp32P50: median(f.latencies),
+        int8P50: median(q.latencies),
+      })),
+      bare: {
+        fp32Rps: rate(bareFp32),
+        int8Rps: rate(bareQ),
+        roundRatios: ratios(bareFp32, bareQ),
+        fp32P50: median(bareFp32.latencies),
+        int8P50: median(bareQ.latencies),
+      },
+    };
+  } finally {
+    for (const c of foreign) c.close();
+    for (const t of transports) t.close();
+    await Promise.all([fp32Server.stop("SIGTERM"), int8Server.stop("SIGTERM")]);
+    await Promise.all([removeDir(fp32Repo), removeDir(int8Repo)]);
+  }
+}
+
+/** The int8 row's model: BENCH_INT8_MODEL, or `model` quantized into `work` (as models:quantize --reduce-range). */
+async function int8ModelFor(model: string, work: string): Promise<{ path: string; label: string }> {
+  if (INT8_MODEL) return { path: INT8_MODEL, label: `BENCH_INT8_MODEL=${INT8_MODEL}` };
+  if (USE_MOBILENET)
+    throw new Error("the int8 row quantizes the synthetic ResNet-50; with BENCH_MODEL=mobilenet set BENCH_INT8_MODEL");
+  const list = join(work, "calibration.txt");
+  await writeFile(list, INT8_CALIBRATION.map((p) => join(fixtureImagesDir, p)).join("\n"));
+  const path = join(work, "resnet50-int8.onnx");
+  const t0 = performance.now();
+  const report = await quantizeFile({ model, calibration: list, out: path, reduceRange: true });
+  const kernels = Object.entries(report.ortOptimizedOps)
+    .filter(([op]) => /QLinear/.test(op))
+    .map(([op, n]) => `${n} ${op.replace("com.microsoft:", "")}`)
+    .join(", ");
+  return {
+    path,
+    label: `quantized here in ${((performance.now() - t0) / 1000).toFixed(1)} s (percentile 99.99, --reduce-range, ${report.calibrationImages.length} fixture photos; ORT runs ${kernels})`,
+  };
+}
+
 async function main() {
   const photos = await fullHdPhotos();
   const work = await mkdtemp(join(tmpdir(), "trellis-server-bench-model-"));
@@ -391,8 +547,30 @@ async function main() {
     pipeline: { seed: pipelineCall(seed), fast: pipelineCall(fast) },
   };
 
+  const int8Setup = SETUPS.find((s) => s.int8);
+  const int8 = int8Setup ? await int8ModelFor(model, work) : undefined;
+  const int8Session = int8
+    ? await ort.InferenceSession.create(int8.path, { intraOpNumThreads: cpus().length, executionMode: "sequential" })
+    : undefined;
+  const bareInt8 = (i: number) =>
+    int8Session!.run({
+      [int8Session!.inputNames[0] as string]: new ort.Tensor("float32", tensors[i % tensors.length]!, [1, 3, 224, 224]),
+    });
+
   const rows: string[] = [];
+  const int8Rows: string[] = [];
+  let int8Bare: Int8Bare | undefined;
   for (const setup of SETUPS) {
+    if (setup.int8) {
+      const r = await measureInt8(model, int8!.path, photos, baseline, bareInt8);
+      int8Bare = r.bare;
+      for (const c of r.clients) {
+        int8Rows.push(
+          `| ${setup.label} | ${c.client} | ${c.fp32Rps.toFixed(1)} img/s | ${c.int8Rps.toFixed(1)} img/s | ${(c.int8Rps / c.fp32Rps).toFixed(2)}x (rounds ${Math.min(...c.roundRatios).toFixed(2)}-${Math.max(...c.roundRatios).toFixed(2)}) | ${c.fp32P50.toFixed(1)} ms | ${c.int8P50.toFixed(1)} ms |`,
+        );
+      }
+      continue;
+    }
     for (const r of await measureServer(model, photos, setup, baseline)) {
       const verdict = (budget: number) =>
         r.p50 <= budget ? `within by ${(budget - r.p50).toFixed(1)} ms` : `over by ${(r.p50 - budget).toFixed(1)} ms`;
@@ -405,7 +583,7 @@ async function main() {
       );
     }
   }
-  await Promise.all([seed.close(), fast.close(), session.release(), stopping.release()]);
+  await Promise.all([seed.close(), fast.close(), session.release(), stopping.release(), int8Session?.release()]);
   await removeDir(work);
 
   console.log(
@@ -414,6 +592,21 @@ async function main() {
   console.log(
     `reference: bare ORT ${rate(bareRef).toFixed(1)} img/s; hand-rolled sharp + ORT loop (no server) ${rate(loop).toFixed(1)} img/s = ${(rate(loop) / rate(bareRef)).toFixed(2)}x bare; bare ORT p50 ${idle.backToBack.toFixed(1)} ms back to back, ${idle.afterIdle.toFixed(1)} ms after ${IDLE_MS} ms idle; gRPC floor (grpc-js to a bare node:http2 process answering at once, ${FLOOR_IDLE_MS} ms idle between calls) p50 ${floor.toFixed(1)} ms\n`,
   );
+  if (rows.length > 0) printRows(rows);
+  if (int8 && int8Bare) {
+    const b = int8Bare;
+    console.log(
+      `\nint8 (issue 23): ${int8.label}\nbare ORT, same rounds: fp32 ${b.fp32Rps.toFixed(1)} img/s, int8 ${b.int8Rps.toFixed(1)} img/s = ${(b.int8Rps / b.fp32Rps).toFixed(2)}x (rounds ${Math.min(...b.roundRatios).toFixed(2)}-${Math.max(...b.roundRatios).toFixed(2)}); p50 fp32 ${b.fp32P50.toFixed(1)} ms, int8 ${b.int8P50.toFixed(1)} ms\n`,
+    );
+    console.log(
+      "| server configuration (gRPC, loopback, seed ensemble, 1920x1080 JPEG, preprocess seed) | client | fp32 ensemble (version 1 only) | int8 ensemble (version 2 served) | int8 vs fp32, same rounds (target >= 1.8x) | p50 fp32, concurrency 1 | p50 int8, concurrency 1 |",
+    );
+    console.log("| --- | --- | --- | --- | --- | --- | --- |");
+    for (const r of int8Rows) console.log(r);
+  }
+}
+
+function printRows(rows: string[]): void {
   console.log(
     "| server configuration (gRPC, loopback, seed ensemble) | client | throughput | vs bare ORT, same spell (target >= 0.85x) | vs hand-rolled loop | p50, concurrency 1 | budget: each alone (preprocess p50 + bare inference p50) + 2 ms | budget: back to back (p50 of preprocess then bare inference, in-process) + 2 ms | budget: each step through the server (p50 of resnet50_preprocess, then of resnet50_inference, each called alone over gRPC: a client-side pipeline) + 2 ms | the server's own addition: p50 - preprocess - bare inference - gRPC floor |",
   );
