@@ -143,6 +143,45 @@ export async function calibrate(
   }
 }
 
+/** Per tensor (NCHW), each channel's largest |value| over the calibration inputs. */
+export async function channelMaxima(
+  model: ModelProto,
+  tensors: string[],
+  inputs: Float32Array[],
+  progress?: Progress,
+): Promise<Record<string, Float64Array>> {
+  const session = await ort.InferenceSession.create(
+    toBinary(ModelProtoSchema, withExtraOutputs(model, tensors)),
+    sessionOptions(),
+  );
+  const maxima: Record<string, Float64Array> = {};
+  try {
+    for (const [k, x] of inputs.entries()) {
+      const res = await session.run(
+        { [session.inputNames[0]!]: new ort.Tensor("float32", x, [1, 3, 224, 224]) },
+        tensors,
+      );
+      for (const t of tensors) {
+        const { data, dims } = res[t]!;
+        const d = data as Float32Array;
+        const channels = Number(dims[1]);
+        const plane = d.length / channels;
+        maxima[t] ??= new Float64Array(channels);
+        const m = maxima[t];
+        for (let c = 0; c < channels; c++)
+          for (let i = c * plane; i < (c + 1) * plane; i++) {
+            const v = Math.abs(d[i]!);
+            if (v > m[c]!) m[c] = v;
+          }
+      }
+      progress?.(k + 1, inputs.length, "channels");
+    }
+  } finally {
+    await session.release();
+  }
+  return maxima;
+}
+
 /** The range cut at the (100 − pct)-th and pct-th percentiles of a histogram over [min, max]. */
 export function percentileRange(h: Float64Array, min: number, max: number, pct: number): TensorRange {
   const bins = h.length;
@@ -201,6 +240,12 @@ function softmax(logits: Float32Array): Float64Array {
   return e.map((v) => v / s);
 }
 
+function argMax(a: Float32Array): number {
+  let k = 0;
+  for (let i = 1; i < a.length; i++) if (a[i]! > a[k]!) k = i;
+  return k;
+}
+
 function topK(p: Float64Array, k: number): number[] {
   return [...p.keys()].sort((a, b) => p[b]! - p[a]! || a - b).slice(0, k);
 }
@@ -210,16 +255,28 @@ export interface ImageComparison {
   fp32Top1: number;
   /** the fp32 network's probability for its top-1 class */
   fp32Top1Prob: number;
+  /** the fp32 network's lead: its top-1 probability minus its second's */
+  fp32Margin: number;
   int8Top1: number;
   agree: boolean;
+  /** the int8 top-1 with ONNX Runtime's graph optimizations off: each QDQ pair computed exactly in
+   * fp32, i.e. the int8 model without this CPU's integer kernels (their saturation, rounding) */
+  exactInt8Top1: number;
   top5Overlap: number;
   maxAbsDeltaProb: number;
   logitCorrelation: number;
 }
 
+/** The fp32 lead (top-1 − top-2 probability) from which a photo counts as decisive. */
+export const DECISIVE_MARGIN = 0.1;
+
 export interface AccuracyReport {
   images: number;
   top1Agreement: number;
+  /** top-1 agreement of the exactly computed int8 model (see ImageComparison.exactInt8Top1) */
+  exactTop1Agreement: number;
+  /** photos where the fp32 network leads by at least DECISIVE_MARGIN: a near-tie flips on any noise */
+  decisive: { margin: number; images: number; top1Agreement: number; exactTop1Agreement: number };
   meanTop5Overlap: number;
   maxAbsDeltaProb: number;
   meanLogitCorrelation: number;
@@ -260,6 +317,10 @@ export async function compareModels(
 ): Promise<AccuracyReport> {
   const a = await ort.InferenceSession.create(fp32 as Uint8Array, sessionOptions());
   const b = await ort.InferenceSession.create(int8 as Uint8Array, sessionOptions());
+  const exact = await ort.InferenceSession.create(int8 as Uint8Array, {
+    ...sessionOptions(),
+    graphOptimizationLevel: "disabled",
+  });
   const perImage: ImageComparison[] = [];
   try {
     for (const [k, x] of inputs.entries()) {
@@ -268,6 +329,7 @@ export async function compareModels(
       });
       const la = (await a.run(feed(a)))[a.outputNames[0]!]!.data as Float32Array;
       const lb = (await b.run(feed(b)))[b.outputNames[0]!]!.data as Float32Array;
+      const le = (await exact.run(feed(exact)))[exact.outputNames[0]!]!.data as Float32Array;
       const pa = softmax(la);
       const pb = softmax(lb);
       const ta = topK(pa, 5);
@@ -278,8 +340,10 @@ export async function compareModels(
         file: files[k]!,
         fp32Top1: ta[0]!,
         fp32Top1Prob: pa[ta[0]!]!,
+        fp32Margin: pa[ta[0]!]! - pa[ta[1]!]!,
         int8Top1: tb[0]!,
         agree: ta[0] === tb[0],
+        exactInt8Top1: argMax(le),
         top5Overlap: ta.filter((c) => tb.includes(c)).length / 5,
         maxAbsDeltaProb: d,
         logitCorrelation: correlation(la, lb),
@@ -289,11 +353,23 @@ export async function compareModels(
   } finally {
     await a.release();
     await b.release();
+    await exact.release();
   }
   const n = perImage.length;
+  const share = (rows: ImageComparison[], ok: (r: ImageComparison) => boolean) =>
+    rows.length ? rows.filter(ok).length / rows.length : Number.NaN;
+  const exactAgrees = (r: ImageComparison) => r.exactInt8Top1 === r.fp32Top1;
+  const decisive = perImage.filter((r) => r.fp32Margin >= DECISIVE_MARGIN);
   return {
     images: n,
-    top1Agreement: perImage.filter((r) => r.agree).length / n,
+    top1Agreement: share(perImage, (r) => r.agree),
+    exactTop1Agreement: share(perImage, exactAgrees),
+    decisive: {
+      margin: DECISIVE_MARGIN,
+      images: decisive.length,
+      top1Agreement: share(decisive, (r) => r.agree),
+      exactTop1Agreement: share(decisive, exactAgrees),
+    },
     meanTop5Overlap: perImage.reduce((s, r) => s + r.top5Overlap, 0) / n,
     maxAbsDeltaProb: Math.max(...perImage.map((r) => r.maxAbsDeltaProb)),
     meanLogitCorrelation: perImage.reduce((s, r) => s + r.logitCorrelation, 0) / n,

@@ -26,6 +26,10 @@ const program = new Command("models:quantize")
   .option("--percentile <p>", "percentile kept by --method percentile", "99.99")
   .addOption(new Option("--activation-type <t>", "activation type").choices(["uint8", "int8"]).default("uint8"))
   .option("--reduce-range", "7-bit weights (for CPUs without VNNI, where u8×s8 can saturate)", false)
+  .option(
+    "--equalize [headroom]",
+    "rescale the channels of each depthwise Conv's input before calibration (headroom: default 1)",
+  )
   .option("--report <file>", "accuracy report JSON (default: <out>.report.json)")
   .option("--optimized <file>", "keep the graph ONNX Runtime runs (optimizedModelFilePath) there")
   .parse(scriptArgv());
@@ -39,11 +43,14 @@ const o = program.opts<{
   percentile: string;
   activationType: "uint8" | "int8";
   reduceRange: boolean;
+  equalize?: boolean | string;
   report?: string;
   optimized?: string;
 }>();
 const percentile = Number(o.percentile);
 if (!(percentile > 50 && percentile <= 100)) program.error(`--percentile must be in (50, 100], got ${o.percentile}`);
+const headroom = o.equalize === undefined || o.equalize === true ? 1 : Number(o.equalize);
+if (!(headroom >= 1)) program.error(`--equalize: headroom must be a number ≥ 1, got ${o.equalize}`);
 const out = o.version
   ? versionPath(o.model, Number(o.version))
   : (o.out ?? o.model.replace(/(\.onnx)?$/, ".int8.onnx"));
@@ -64,6 +71,7 @@ const report = await quantizeFile({
   percentile,
   activationType: o.activationType,
   reduceRange: o.reduceRange,
+  equalize: o.equalize === undefined ? undefined : { headroom },
   optimizedPath: o.optimized,
   progress: (done, total, what) => {
     const key = what.replace(/ .*/, "");
@@ -89,7 +97,7 @@ const int8Kernels = Object.entries(report.ortOptimizedOps).filter(([k]) =>
 );
 console.log(`wrote ${out}: ${(report.bytes / 1e6).toFixed(2)} MB, sha256 ${report.sha256}`);
 console.log(
-  `  ${report.quantizedWeights.toLocaleString("en")} weights int8 (per channel), ${report.qdqTensors} activations ${report.activationType} (${report.method}${report.percentile ? ` ${report.percentile}` : ""}, ${report.calibrationImages.length} images)`,
+  `  ${report.quantizedWeights.toLocaleString("en")} weights int8 (per channel), ${report.qdqTensors} activations ${report.activationType} (${report.method}${report.percentile ? ` ${report.percentile}` : ""}, ${report.calibrationImages.length} images${report.equalized ? `; ${report.equalized.tensors} depthwise inputs equalized` : ""})`,
 );
 console.log(
   `  ONNX Runtime runs: ${int8Kernels.map(([k, n]) => `${n} ${k}`).join(", ")}; fp32 left: ${
@@ -103,6 +111,13 @@ if (report.accuracy) {
   const a = report.accuracy;
   console.log(
     `  fp32 vs int8 on ${a.images} held-out images: top-1 agreement ${(a.top1Agreement * 100).toFixed(1)}%, top-5 overlap ${(a.meanTop5Overlap * 100).toFixed(1)}%, max |Δprob| ${a.maxAbsDeltaProb.toFixed(4)}, logit correlation ${a.meanLogitCorrelation.toFixed(4)}`,
+  );
+  const pct = (x: number) => (Number.isNaN(x) ? "-" : `${(x * 100).toFixed(1)}%`);
+  console.log(
+    `  on the ${a.decisive.images} where fp32 leads by ≥ ${a.decisive.margin} probability: top-1 agreement ${pct(a.decisive.top1Agreement)}`,
+  );
+  console.log(
+    `  computed exactly (graph optimizations off, no integer kernels): ${pct(a.exactTop1Agreement)}, decisive ${pct(a.decisive.exactTop1Agreement)}`,
   );
   for (const f of a.disagreements) console.log(`  top-1 differs: ${f}`);
 }

@@ -11,6 +11,7 @@ import {
   type AccuracyReport,
   type CalibrationMethod,
   calibrate,
+  channelMaxima,
   compareModels,
   listImages,
   type Progress,
@@ -21,6 +22,8 @@ import { ModelProtoSchema } from "./gen/onnx_pb.js";
 import {
   type ActivationType,
   countOps,
+  depthwiseInputs,
+  equalizeDepthwiseInputs,
   foldBatchNorms,
   planQuantization,
   type QuantParams,
@@ -39,6 +42,8 @@ export interface QuantizeFileOptions {
   percentile?: number;
   activationType?: ActivationType;
   reduceRange?: boolean;
+  /** depthwise-input equalization before calibration, with this headroom (see equalizeDepthwiseInputs) */
+  equalize?: { headroom: number };
   /** where ORT's optimized graph goes (default: <out>.ort-optimized.onnx, deleted after counting) */
   optimizedPath?: string;
   progress?: Progress;
@@ -61,6 +66,8 @@ export interface QuantizeReport {
   percentile?: number;
   activationType: ActivationType;
   reduceRange: boolean;
+  /** depthwise-input tensors rescaled by equalization, and its headroom */
+  equalized?: { tensors: number; headroom: number };
   calibrationImages: string[];
   /** images the seed preprocessing refused (calibration and held-out), left out */
   skippedImages: { file: string; error: string }[];
@@ -86,6 +93,16 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
   const inputs = pre.tensors;
   if (inputs.length === 0) throw new Error(`no usable images in ${o.calibration}`);
   const skipped = [...pre.skipped];
+  let equalized: QuantizeReport["equalized"];
+  if (o.equalize) {
+    const maxima = await channelMaxima(
+      fp32,
+      depthwiseInputs(fp32).map((d) => d.tensor),
+      inputs,
+      (d, t, w) => o.progress?.(d, t, `equalize (${w})`),
+    );
+    equalized = { tensors: equalizeDepthwiseInputs(fp32, maxima, o.equalize), headroom: o.equalize.headroom };
+  }
   const plan = planQuantization(fp32);
   const cal = await calibrate(fp32, plan.tensors, inputs, {
     method,
@@ -98,7 +115,7 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
     activationType,
     reduceRange: o.reduceRange,
     metadata: {
-      "trellis.quantization.calibration": `${method}${percentile !== undefined ? ` ${percentile}` : ""}, ${calibrationImages.length} images`,
+      "trellis.quantization.calibration": `${method}${percentile !== undefined ? ` ${percentile}` : ""}, ${calibrationImages.length} images${equalized ? `, ${equalized.tensors} depthwise inputs equalized (headroom ${equalized.headroom})` : ""}`,
     },
   });
   const bytes = toBinary(ModelProtoSchema, q.model);
@@ -132,6 +149,7 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
     ...(percentile !== undefined ? { percentile } : {}),
     activationType,
     reduceRange: o.reduceRange ?? false,
+    ...(equalized ? { equalized } : {}),
     calibrationImages,
     skippedImages: skipped,
     quantizedWeights: q.weights,

@@ -378,6 +378,97 @@ export function foldBatchNorms(model: ModelProto): number {
   return drop.size;
 }
 
+/** A Conv → Relu/Clip(0, …) → depthwise Conv chain whose middle tensor can be equalized. */
+export interface DepthwiseInput {
+  /** the activation tensor read by the depthwise Conv */
+  tensor: string;
+  producer: NodeProto;
+  consumer: NodeProto;
+}
+
+const isConvWithWeights = (n: NodeProto | undefined, inits: Set<string>): n is NodeProto =>
+  n?.opType === "Conv" && (n.domain ?? "") === "" && !!n.input[1] && inits.has(n.input[1]);
+
+/**
+ * The activations worth equalizing: each output of a Conv through a Relu or a Clip with min 0,
+ * read only by one depthwise Conv (group = channels). Their channels can be rescaled for free:
+ * the producer's rows and the depthwise filters are both quantized per channel.
+ */
+export function depthwiseInputs(model: ModelProto): DepthwiseInput[] {
+  const g = model.graph!;
+  const inits = new Map(g.initializer.map((t) => [t.name!, t]));
+  const names = new Set(inits.keys());
+  const readers = new Map<string, NodeProto[]>();
+  for (const n of g.node) for (const x of n.input) if (x) readers.set(x, [...(readers.get(x) ?? []), n]);
+  const producer = new Map<string, NodeProto>();
+  for (const n of g.node) for (const y of n.output) producer.set(y, n);
+  const graphOutputs = new Set(g.output.map((o) => o.name!));
+  const found: DepthwiseInput[] = [];
+  for (const act of g.node) {
+    if (act.opType !== "Relu" && act.opType !== "Clip") continue;
+    if (act.opType === "Clip") {
+      const min = act.input[1] ? inits.get(act.input[1]) : undefined;
+      if (!min || tensorValues(min)[0] !== 0) continue;
+    }
+    const [x, y] = [act.input[0]!, act.output[0]!];
+    const p = producer.get(x);
+    const readersOfY = readers.get(y) ?? [];
+    const c = readersOfY[0];
+    if (!isConvWithWeights(p, names) || (readers.get(x) ?? []).length !== 1 || graphOutputs.has(x)) continue;
+    if (readersOfY.length !== 1 || graphOutputs.has(y) || !isConvWithWeights(c, names) || c.input[0] !== y) continue;
+    const channels = Number(inits.get(p.input[1]!)!.dims[0]);
+    if (attrInt(c, "group", 1) !== channels || Number(inits.get(c.input[1]!)!.dims[0]) !== channels) continue;
+    found.push({ tensor: y, producer: p, consumer: c });
+  }
+  return found;
+}
+
+/**
+ * Depthwise-input equalization (after Nagel et al., "Data-Free Quantization", 2019, in its
+ * per-channel-weights form): per-tensor activation ranges starve a channel that is small beside
+ * its neighbours, so each channel c of a depthwise Conv's input is scaled up by
+ * f_c = min(maxFactor, R / (headroom × r_c)) (≥ 1), where r_c is the channel's calibrated
+ * absolute maximum and R the tensor's, by scaling the producer's row c and bias by f_c and the
+ * depthwise filter c by 1 / f_c. Weights are quantized per channel, so theirs is unaffected; the
+ * fp32 function is unchanged through a Relu, and through a Clip(0, M) until channel c passes M / f_c
+ * (at least headroom × its calibrated maximum), where int8 would saturate it anyway. Returns the
+ * number of tensors rescaled.
+ */
+export function equalizeDepthwiseInputs(
+  model: ModelProto,
+  channelMax: Record<string, Float64Array>,
+  opts: { headroom?: number; maxFactor?: number } = {},
+): number {
+  const headroom = opts.headroom ?? 1;
+  const maxFactor = opts.maxFactor ?? 32;
+  const g = model.graph!;
+  const replace = (name: string, scale: (v: number, i: number) => number) => {
+    const k = g.initializer.findIndex((t) => t.name === name);
+    const t = g.initializer[k]!;
+    g.initializer[k] = floatTensor(name, t.dims.map(Number), Float32Array.from(tensorValues(t), scale));
+  };
+  let rescaled = 0;
+  for (const { tensor, producer, consumer } of depthwiseInputs(model)) {
+    const r = channelMax[tensor];
+    if (!r) continue;
+    const R = Math.max(...r);
+    if (!(R > 0)) continue;
+    const f = Float64Array.from(r, (rc) => Math.max(1, Math.min(maxFactor, R / (headroom * rc))));
+    if (f.every((v) => v === 1)) continue;
+    const perChannel = (w: string) => {
+      const t = g.initializer.find((i) => i.name === w)!;
+      return tensorValues(t).length / Number(t.dims[0]);
+    };
+    const rowLength = perChannel(producer.input[1]!);
+    replace(producer.input[1]!, (v, i) => v * f[Math.floor(i / rowLength)]!);
+    if (producer.input[2]) replace(producer.input[2], (v, i) => v * f[i]!);
+    const filterLength = perChannel(consumer.input[1]!);
+    replace(consumer.input[1]!, (v, i) => v / f[Math.floor(i / filterLength)]!);
+    rescaled++;
+  }
+  return rescaled;
+}
+
 const WEIGHTED = new Set(["Conv", "Gemm", "MatMul"]);
 /** ops ONNX Runtime runs in int8 when their inputs come from DequantizeLinear and output goes to QuantizeLinear */
 const ACTIVATION_OPS = new Set(["Add", "GlobalAveragePool", "AveragePool", "Concat"]);

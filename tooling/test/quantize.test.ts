@@ -12,7 +12,9 @@ import { floatTensor, floatValueInfo, node } from "../src/onnx.js";
 import {
   activationParams,
   countOps,
+  depthwiseInputs,
   dequantizeModel,
+  equalizeDepthwiseInputs,
   foldBatchNorms,
   planQuantization,
   quantizeModel,
@@ -223,6 +225,86 @@ describe("foldBatchNorms", () => {
     const a = await run(before);
     const b = await run(toBinary(ModelProtoSchema, m));
     for (const [i, v] of b.entries()) expect(v).toBeCloseTo(a[i]!, 5);
+  });
+});
+
+describe("equalizeDepthwiseInputs", () => {
+  /** input [1,2,4,4] → Conv 2→4 (1×1, bias) → act → depthwise Conv 4 (3×3, group 4, pad 1) → output */
+  function depthwiseModel(act: "Relu" | "Clip", consumerGroup = 4): ModelProto {
+    const w1 = Float32Array.from({ length: 8 }, (_, i) => (i % 3) - 0.5 + i / 10);
+    const wd = Float32Array.from({ length: 4 * (4 / consumerGroup) * 9 }, (_, i) => ((i % 5) - 2) / 4);
+    const graph = create(GraphProtoSchema, {
+      name: "dw",
+      node: [
+        node("Conv", "pw", ["input", "w1", "b1"], ["c1"], { kernel_shape: [1, 1] }),
+        act === "Relu" ? node("Relu", "act", ["c1"], ["a1"]) : node("Clip", "act", ["c1", "lo", "hi"], ["a1"]),
+        node("Conv", "dw", ["a1", "wd"], ["output"], {
+          kernel_shape: [3, 3],
+          pads: [1, 1, 1, 1],
+          group: consumerGroup,
+        }),
+      ],
+      initializer: [
+        floatTensor("w1", [4, 2, 1, 1], w1),
+        floatTensor("b1", [4], Float32Array.of(0.5, -0.25, 0.125, 1)),
+        floatTensor("wd", [4, 4 / consumerGroup, 3, 3], wd),
+        floatTensor("lo", [], Float32Array.of(0)),
+        floatTensor("hi", [], Float32Array.of(100)),
+      ],
+      input: [floatValueInfo("input", [1, 2, 4, 4])],
+      output: [floatValueInfo("output", [1, 4, 4, 4])],
+    });
+    return create(ModelProtoSchema, {
+      irVersion: 7n,
+      opsetImport: [create(OperatorSetIdProtoSchema, { domain: "", version: 13n })],
+      graph,
+    });
+  }
+  const values = (m: ModelProto, name: string) => tensorValues(init(m, name));
+
+  it("finds a Conv → Relu/Clip(0, …) → depthwise Conv chain, and not one into a grouped or full Conv", () => {
+    expect(depthwiseInputs(depthwiseModel("Relu")).map((d) => d.tensor)).toEqual(["a1"]);
+    expect(depthwiseInputs(depthwiseModel("Clip")).map((d) => d.tensor)).toEqual(["a1"]);
+    expect(depthwiseInputs(depthwiseModel("Relu", 2))).toEqual([]);
+    expect(depthwiseInputs(depthwiseModel("Relu", 1))).toEqual([]);
+  });
+
+  it("scales channel c by min(32, R / (headroom × r_c)) ≥ 1: producer row and bias up, depthwise filter down", () => {
+    const m = depthwiseModel("Relu");
+    const before = structuredClone({ w1: values(m, "w1"), b1: values(m, "b1"), wd: values(m, "wd") });
+    // R = 4: factors 1, 4, 32 (capped: 4 / 0.01 = 400), 2 with headroom 1
+    expect(equalizeDepthwiseInputs(m, { a1: Float64Array.of(4, 1, 0.01, 2) })).toBe(1);
+    const f = [1, 4, 32, 2];
+    expect(values(m, "w1")).toEqual(before.w1.map((v, i) => f32(v * f[Math.floor(i / 2)]!)));
+    expect(values(m, "b1")).toEqual(before.b1.map((v, i) => f32(v * f[i]!)));
+    expect(values(m, "wd")).toEqual(before.wd.map((v, i) => f32(v / f[Math.floor(i / 9)]!)));
+    // headroom 2: R / (2 r_c) → 1 (floored), 2, 32, 1
+    const h = depthwiseModel("Relu");
+    equalizeDepthwiseInputs(h, { a1: Float64Array.of(4, 1, 0.01, 2) }, { headroom: 2 });
+    expect(values(h, "b1")).toEqual(before.b1.map((v, i) => f32(v * [1, 2, 32, 1][i]!)));
+  });
+
+  it("leaves the fp32 outputs as they were (ONNX Runtime, through a Relu and through a wide Clip)", async () => {
+    const x = new ort.Tensor(
+      "float32",
+      Float32Array.from({ length: 32 }, (_, i) => Math.sin(i) * 2),
+      [1, 2, 4, 4],
+    );
+    const run = async (m: ModelProto) => {
+      const s = await ort.InferenceSession.create(toBinary(ModelProtoSchema, m), {
+        graphOptimizationLevel: "disabled",
+      });
+      const y = (await s.run({ input: x })).output!.data as Float32Array;
+      await s.release();
+      return [...y];
+    };
+    for (const act of ["Relu", "Clip"] as const) {
+      const m = depthwiseModel(act);
+      const a = await run(m);
+      expect(equalizeDepthwiseInputs(m, { a1: Float64Array.of(3, 0.5, 0.1, 1) })).toBe(1);
+      const b = await run(m);
+      for (const [i, v] of b.entries()) expect(v).toBeCloseTo(a[i]!, 4);
+    }
   });
 });
 
