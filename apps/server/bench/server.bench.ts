@@ -276,6 +276,24 @@ interface Baseline {
   pipeline: Record<"seed" | "fast", (i: number) => Promise<unknown>>;
 }
 
+/** One seed-ensemble request per photo, for our Connect client and for grpc-js. */
+function ensembleRequests(photos: Uint8Array[]) {
+  return {
+    requests: photos.map((p) =>
+      create(ModelInferRequestSchema, {
+        modelName: "resnet50_ensemble",
+        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
+        rawInputContents: [frameBytes([p])],
+      }),
+    ),
+    foreignRequests: photos.map((p) => ({
+      model_name: "resnet50_ensemble",
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
+      raw_input_contents: [Buffer.from(frameBytes([p]))],
+    })),
+  };
+}
+
 /**
  * The server under `setup`, driven by our Connect client and by @grpc/grpc-js (a foreign
  * gRPC client, as Triton's are), interleaved with bare ORT (throughput and p50) and the
@@ -309,18 +327,7 @@ async function measureServer(
   const foreign = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
   try {
     const connect = createClient(GRPCInferenceService, transport);
-    const requests = photos.map((p) =>
-      create(ModelInferRequestSchema, {
-        modelName: "resnet50_ensemble",
-        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
-        rawInputContents: [frameBytes([p])],
-      }),
-    );
-    const foreignRequests = photos.map((p) => ({
-      model_name: "resnet50_ensemble",
-      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
-      raw_input_contents: [Buffer.from(frameBytes([p]))],
-    }));
+    const { requests, foreignRequests } = ensembleRequests(photos);
     const bare = subject(baseline.inferOnly);
     const pre = subject(baseline.preprocess[setup.mode]);
     const pipeline = subject(baseline.pipeline[setup.mode]);
@@ -416,18 +423,7 @@ async function measureInt8(
       versions: string[];
     };
     if (meta.versions.join() !== "2") throw new Error(`int8 repository serves versions ${meta.versions}, not 2`);
-    const requests = photos.map((p) =>
-      create(ModelInferRequestSchema, {
-        modelName: "resnet50_ensemble",
-        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
-        rawInputContents: [frameBytes([p])],
-      }),
-    );
-    const foreignRequests = photos.map((p) => ({
-      model_name: "resnet50_ensemble",
-      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
-      raw_input_contents: [Buffer.from(frameBytes([p]))],
-    }));
+    const { requests, foreignRequests } = ensembleRequests(photos);
     const bareFp32 = subject(baseline.inferOnly);
     const bareQ = subject(bareInt8);
     // [client, fp32 subject, int8 subject]

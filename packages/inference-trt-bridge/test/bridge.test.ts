@@ -218,7 +218,8 @@ function tritonParameterChecks(seen: Record<string, { case?: string; value?: unk
 }
 
 describe("request parameters", () => {
-  it("forwards Triton's own and the backend's parameters, and drops the triton_* keys Triton refuses", async () => {
+  /** A bridge to a server that applies Triton's parameter checks and records what arrived. */
+  async function bridgeToParameterChecks() {
     const seen: Record<string, { case?: string; value?: unknown }>[] = [];
     const server = http2.createServer(
       connectNodeAdapter({
@@ -234,6 +235,11 @@ describe("request parameters", () => {
       modelName: "scale",
     });
     cleanup.push(() => bridge.close());
+    return { seen, bridge };
+  }
+
+  it("forwards Triton's own and the backend's parameters, and drops the triton_* keys Triton refuses", async () => {
+    const { seen, bridge } = await bridgeToParameterChecks();
     const res = await bridge.infer({
       inputs: [batch(1)],
       parameters: {
@@ -266,21 +272,7 @@ describe("request parameters", () => {
   });
 
   it("refuses a Triton parameter of the wrong type with INVALID_ARGUMENT naming it, before sending", async () => {
-    const seen: Record<string, { case?: string; value?: unknown }>[] = [];
-    const server = http2.createServer(
-      connectNodeAdapter({
-        routes: serveStage(scaleStage(scaleConfig())),
-        interceptors: [tritonParameterChecks(seen)],
-      }),
-    );
-    const { port, close } = await listenH2(server);
-    cleanup.push(close);
-    const bridge = await createTrtBridge({
-      config: localConfig(),
-      endpoint: `http://127.0.0.1:${port}`,
-      modelName: "scale",
-    });
-    cleanup.push(() => bridge.close());
+    const { seen, bridge } = await bridgeToParameterChecks();
     const err = await rejectionOf(
       bridge.infer({ inputs: [batch(1)], parameters: { sequence_start: "yes" } }),
       ConnectError,
