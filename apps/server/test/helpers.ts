@@ -273,3 +273,16 @@ ensemble_scheduling { step [
     },
   };
 }
+
+/** A BYTES tensor's raw contents (4-byte little-endian length + bytes each) as strings. */
+export function unframe(raw: Uint8Array): string[] {
+  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+  const decoder = new TextDecoder();
+  const out: string[] = [];
+  for (let off = 0; off < raw.byteLength; ) {
+    const n = view.getUint32(off, true);
+    out.push(decoder.decode(raw.subarray(off + 4, off + 4 + n)));
+    off += 4 + n;
+  }
+  return out;
+}

@@ -25,14 +25,13 @@ import {
 } from "@trellis/testing";
 import { type QuantizeReport, quantizeFile, synthesizeResNet50 } from "@trellis/tooling";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { binaryResponse, jsonOf, metricValue, postBinary, scrape } from "./helpers.js";
+import { binaryResponse, jsonOf, metricValue, postBinary, scrape, unframe } from "./helpers.js";
 
 const INFERENCE = "resnet50_inference";
 const ENSEMBLE = "resnet50_ensemble";
 /** Calibration photos; the photos classified below are not among them. */
 const CALIBRATION = ["chelsea.jpg", "horse.jpg"];
 const PHOTOS = ["astronaut.jpg", "rocket.jpg", "camera.png"];
-const decoder = new TextDecoder();
 
 let work: string;
 let fp32Repo: string;
@@ -72,17 +71,6 @@ afterAll(async () => {
 
 const grpcOf = (server: ServerProcess) =>
   createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
-
-function unframe(raw: Uint8Array): string[] {
-  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
-  const out: string[] = [];
-  for (let off = 0; off < raw.byteLength; ) {
-    const n = view.getUint32(off, true);
-    out.push(decoder.decode(raw.subarray(off + 4, off + 4 + n)));
-    off += 4 + n;
-  }
-  return out;
-}
 
 /** The seed ensemble over HTTP (binary in and out): the OUTPUT_RESULTS string. */
 async function httpEnsemble(server: ServerProcess, image: Uint8Array): Promise<string> {

@@ -21,7 +21,7 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { binaryResponse, floats, jsonOf, metricValue, postBinary, postJson, scrape } from "./helpers.js";
+import { binaryResponse, floats, jsonOf, metricValue, postBinary, postJson, scrape, unframe } from "./helpers.js";
 
 /** ONNX Runtime run directly on the seed's reference tensors on this CPU (the int8 model's kernels differ between CPUs). */
 const references = await referenceTop5OnThisCpu();
@@ -29,7 +29,6 @@ const photos = Object.keys(references).sort();
 const photoBytes = new Map<string, Uint8Array>();
 for (const p of photos) photoBytes.set(p, readFixtureImage(p));
 const bytesOf = (p: string) => photoBytes.get(p) as Uint8Array;
-const decoder = new TextDecoder();
 
 let repo: string;
 let server: ServerProcess;
@@ -62,17 +61,6 @@ async function httpEnsemble(images: Uint8Array[], binaryOut: boolean): Promise<s
   const { json, outputs } = await binaryResponse(res);
   expect(json.outputs[0]).toMatchObject({ name: "OUTPUT_RESULTS", datatype: "BYTES", shape: [images.length, 1] });
   return unframe(outputs.get("OUTPUT_RESULTS") as Uint8Array);
-}
-
-function unframe(raw: Uint8Array): string[] {
-  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
-  const out: string[] = [];
-  for (let off = 0; off < raw.byteLength; ) {
-    const n = view.getUint32(off, true);
-    out.push(decoder.decode(raw.subarray(off + 4, off + 4 + n)));
-    off += 4 + n;
-  }
-  return out;
 }
 
 async function grpcEnsemble(images: Uint8Array[]): Promise<string[]> {
