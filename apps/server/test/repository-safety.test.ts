@@ -130,6 +130,8 @@ describe("what Trellis runs differently, in one clear line", () => {
         const logged = server.logs.filter((l) => l.model === "resnet50_inference" && (l.level as number) >= 50);
         expect(logged).toHaveLength(1);
         expect(String(logged[0]?.reason)).toBe(gpu);
+        // onnxruntime was not asked for a provider it lacks, so it printed nothing of its own.
+        expect(server.stderr()).not.toContain("onnxruntime");
       }
     } finally {
       expect(await server.stop()).toBe(0);

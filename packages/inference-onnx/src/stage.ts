@@ -6,7 +6,8 @@
  */
 import { existsSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
-import { basename, join } from "node:path";
+import { createRequire } from "node:module";
+import { basename, dirname, join } from "node:path";
 import type { ModelConfig } from "@trellis/protocol";
 import { createModelRuntime, type ModelBackend } from "@trellis/runtime";
 import {
@@ -147,6 +148,27 @@ function reshaper(config: ModelConfig) {
   };
 }
 
+/** A KIND_GPU instance this machine cannot run, in one line that says what to change. */
+function noGpu(name: string, plan: { deviceId: number; executionProviders: readonly string[] }): StageError {
+  return new StageError(
+    Code.Unavailable,
+    name,
+    `instance_group KIND_GPU (device ${plan.deviceId}): no GPU that onnxruntime's ${plan.executionProviders.join(",")} execution provider can use on this machine; set kind: KIND_CPU (or KIND_AUTO) in config.pbtxt to run on the CPU`,
+  );
+}
+
+/**
+ * Whether onnxruntime-node carries the provider libraries these execution providers need. Its
+ * install script fetches the CUDA provider only where it can (and ONNXRUNTIME_NODE_INSTALL=skip
+ * skips it); asked for a provider it lacks, onnxruntime prints its own error line before failing.
+ * Only CUDA on Linux is known here; anything else is left to onnxruntime to say.
+ */
+function executionProvidersInstalled(providers: readonly string[]): boolean {
+  if (process.platform !== "linux" || !providers.includes("cuda")) return true;
+  const dist = dirname(createRequire(import.meta.url).resolve("onnxruntime-node"));
+  return existsSync(join(dist, "..", "bin", "napi-v6", "linux", process.arch, "libonnxruntime_providers_cuda.so"));
+}
+
 /** One warmup sample's feeds (fresh buffers each call: they are transferred). */
 async function warmupFeeds(config: ModelConfig, index: number, versionDir: string): Promise<WireTensor[]> {
   const w = config.modelWarmup[index]!;
@@ -200,6 +222,8 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
   // Runs hold the CPU gate alone when every instance's threads cover every core.
   const exclusive = plans.every((plan, i) => exclusiveCpu(given, plan, instanceOptions[i]!.intraOpNumThreads));
   const maxSharedWaitMs = exclusiveCpuMaxWaitMs(given);
+  const gpuWithoutProvider = plans.find((p) => p.kind === "GPU" && !executionProvidersInstalled(p.executionProviders));
+  if (gpuWithoutProvider) throw noGpu(name, gpuWithoutProvider);
   const started = await Promise.allSettled(
     plans.map((_, i) => SessionWorker.start(name, { modelPath, sessionOptions: instanceOptions[i]! })),
   );
@@ -210,14 +234,8 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     const plan = plans[failedAt]!;
     const reason = (started[failedAt] as PromiseRejectedResult).reason;
     const message = reason instanceof Error ? reason.message : String(reason);
-    if (plan.kind === "GPU") {
-      // One line an operator can act on, not onnxruntime's own words (a shared library it could not load).
-      throw new StageError(
-        Code.Unavailable,
-        name,
-        `instance_group KIND_GPU (device ${plan.deviceId}): no GPU that onnxruntime's ${plan.executionProviders.join(",")} execution provider can use on this machine; set kind: KIND_CPU (or KIND_AUTO) in config.pbtxt to run on the CPU`,
-      );
-    }
+    // One line an operator can act on, not onnxruntime's own words (a shared library it could not load).
+    if (plan.kind === "GPU") throw noGpu(name, plan);
     throw new StageError(Code.Internal, name, `onnxruntime could not load ${modelPath}: ${message}`);
   }
 

@@ -11,6 +11,8 @@ export interface ServerProcess {
   /** http://, or https:// when the gRPC port serves TLS. */
   grpc: string;
   metrics: string;
+  /** what the process wrote to stderr so far (native libraries write there, bypassing the log) */
+  stderr(): string;
   httpPort: number;
   grpcPort: number;
   /** Every JSON log line so far. */
@@ -112,6 +114,7 @@ export async function startServerProcess(args: string[], options: ServerProcessO
     http: `${host}:${ports.http}`,
     grpc: `${grpcTls ? "https" : "http"}://127.0.0.1:${ports.grpc}`,
     metrics: `${host}:${ports.metrics}`,
+    stderr: () => stderr,
     stop: async (signal = "SIGTERM") => {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
       return exited;
