@@ -1,5 +1,5 @@
 /**
- * The seed ensemble split across three server processes, as the README
+ * The seed ensemble split across three server processes, as GUIDE.md
  * documents it: a preprocess service, an inference service, and an
  * ensemble front reaching them as remote steps through --endpoints.
  */
