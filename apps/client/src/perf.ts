@@ -4,6 +4,9 @@
  * client's throughput and latency percentiles, and the server's own account of
  * the window (ModelStatistics before and after: requests, executions, and where
  * the time went, for the model and every model it ran, an ensemble's steps).
+ * A request counts in the window its answer arrives in, whenever it was sent, as
+ * perf_analyzer counts (InferenceProfiler::ValidLatencyMeasurement): with requests
+ * as long as the window, counting only those sent and answered inside it reads ~0.
  */
 import type { ModelStatistics } from "@trellis/protocol";
 import type { InferRequest } from "@trellis/stage";
@@ -161,7 +164,7 @@ export async function measure(endpoint: Endpoint, options: PerfOptions): Promise
           return;
         }
         const end = performance.now();
-        if (measuring && start >= windowStart && end <= windowEnd) latencies.push(end - start);
+        if (measuring && end >= windowStart && end <= windowEnd) latencies.push(end - start);
       }
     } finally {
       stream?.close();
@@ -233,7 +236,7 @@ export async function measureRate(endpoint: Endpoint, options: RatePerfOptions):
     const call = endpoint.infer(model, requests[k++ % requests.length]!).then(
       () => {
         const end = performance.now();
-        if (start >= windowStart && end <= windowEnd) latencies.push(end - start);
+        if (end >= windowStart && end <= windowEnd) latencies.push(end - start);
       },
       (err: unknown) => {
         failure ??= err;
@@ -286,6 +289,12 @@ function summarize(
   after: ModelStatistics[],
   model: string,
 ): PerfResult {
+  if (latencies.length === 0) {
+    // perf_analyzer refuses such a window too ("no valid requests recorded within time interval").
+    throw new RangeError(
+      `no request was answered within the ${windowMs} ms measurement window: use a larger --measurement-interval (-p)`,
+    );
+  }
   const sorted = [...latencies].sort((a, b) => a - b);
   const us = (ms: number) => Math.round(ms * 1000);
   const avg = sorted.length ? sorted.reduce((a, b) => a + b, 0) / sorted.length : 0;
