@@ -26,6 +26,14 @@ const program = new Command("models:quantize")
   .option("--percentile <p>", "percentile kept by --method percentile", "99.99")
   .addOption(new Option("--activation-type <t>", "activation type").choices(["uint8", "int8"]).default("uint8"))
   .option("--reduce-range", "7-bit weights (for CPUs without VNNI, where u8×s8 can saturate)", false)
+  .addOption(
+    new Option(
+      "--weight-type <t>",
+      "weight storage: int8 (u8×s8 kernels) or uint8 (u8×u8: all 8 bits on CPUs without VNNI, slower)",
+    )
+      .choices(["int8", "uint8"])
+      .default("int8"),
+  )
   .option(
     "--equalize [headroom]",
     "rescale the channels of each depthwise Conv's input before calibration (headroom: default 1)",
@@ -43,6 +51,7 @@ const o = program.opts<{
   percentile: string;
   activationType: "uint8" | "int8";
   reduceRange: boolean;
+  weightType: "int8" | "uint8";
   equalize?: boolean | string;
   report?: string;
   optimized?: string;
@@ -71,6 +80,7 @@ const report = await quantizeFile({
   percentile,
   activationType: o.activationType,
   reduceRange: o.reduceRange,
+  weightType: o.weightType,
   equalize: o.equalize === undefined ? undefined : { headroom },
   optimizedPath: o.optimized,
   progress: (done, total, what) => {
@@ -97,7 +107,7 @@ const int8Kernels = Object.entries(report.ortOptimizedOps).filter(([k]) =>
 );
 console.log(`wrote ${out}: ${(report.bytes / 1e6).toFixed(2)} MB, sha256 ${report.sha256}`);
 console.log(
-  `  ${report.quantizedWeights.toLocaleString("en")} weights int8 (per channel), ${report.qdqTensors} activations ${report.activationType} (${report.method}${report.percentile ? ` ${report.percentile}` : ""}, ${report.calibrationImages.length} images${report.equalized ? `; ${report.equalized.tensors} depthwise inputs equalized` : ""})`,
+  `  ${report.quantizedWeights.toLocaleString("en")} weights ${report.weightType}${report.reduceRange ? " (7-bit)" : ""} (per channel), ${report.qdqTensors} activations ${report.activationType} (${report.method}${report.percentile ? ` ${report.percentile}` : ""}, ${report.calibrationImages.length} images${report.equalized ? `; ${report.equalized.tensors} depthwise inputs equalized` : ""})`,
 );
 console.log(
   `  ONNX Runtime runs: ${int8Kernels.map(([k, n]) => `${n} ${k}`).join(", ")}; fp32 left: ${

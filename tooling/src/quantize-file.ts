@@ -42,6 +42,8 @@ export interface QuantizeFileOptions {
   percentile?: number;
   activationType?: ActivationType;
   reduceRange?: boolean;
+  /** weight storage, see QuantizeOptions.weightType */
+  weightType?: "int8" | "uint8";
   /** depthwise-input equalization before calibration, with this headroom (see equalizeDepthwiseInputs) */
   equalize?: { headroom: number };
   /** where ORT's optimized graph goes (default: <out>.ort-optimized.onnx, deleted after counting) */
@@ -66,6 +68,7 @@ export interface QuantizeReport {
   percentile?: number;
   activationType: ActivationType;
   reduceRange: boolean;
+  weightType: "int8" | "uint8";
   /** depthwise-input tensors rescaled by equalization, and its headroom */
   equalized?: { tensors: number; headroom: number };
   calibrationImages: string[];
@@ -114,6 +117,7 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
     ranges: cal.ranges,
     activationType,
     reduceRange: o.reduceRange,
+    weightType: o.weightType,
     metadata: {
       "trellis.quantization.calibration": `${method}${percentile !== undefined ? ` ${percentile}` : ""}, ${calibrationImages.length} images${equalized ? `, ${equalized.tensors} depthwise inputs equalized (headroom ${equalized.headroom})` : ""}`,
     },
@@ -149,6 +153,7 @@ export async function quantizeFile(o: QuantizeFileOptions): Promise<QuantizeRepo
     ...(percentile !== undefined ? { percentile } : {}),
     activationType,
     reduceRange: o.reduceRange ?? false,
+    weightType: o.weightType ?? "int8",
     ...(equalized ? { equalized } : {}),
     calibrationImages,
     skippedImages: skipped,

@@ -45,7 +45,7 @@ export function roundHalfEven(x: number): number {
   return (Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r) + 0; // + 0: no -0
 }
 
-const clamp = (v: number, lo: number, hi: number) => (v < lo ? lo : v > hi ? hi : v);
+const clamp = (v: number, lo: number, hi: number) => (v < lo ? lo : Math.min(v, hi));
 
 export function qRange(type: ActivationType): [number, number] {
   return type === "uint8" ? [0, 255] : [-128, 127];
@@ -83,9 +83,6 @@ function intTensor(name: string, dims: number[], type: TensorProto_DataType, dat
     rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
   });
 }
-
-const activationDataType = (t: ActivationType) =>
-  t === "uint8" ? TensorProto_DataType.UINT8 : TensorProto_DataType.INT8;
 
 function zeroPointTensor(name: string, type: ActivationType, zp: number): TensorProto {
   return type === "uint8"
@@ -346,7 +343,7 @@ export function foldBatchNorms(model: ModelProto): number {
   for (const bn of g.node) {
     if (bn.opType !== "BatchNormalization" || bn.output.length !== 1) continue;
     const conv = producer.get(bn.input[0]!);
-    if (!conv || conv.opType !== "Conv" || readers.get(bn.input[0]!) !== 1 || graphOutputs.has(bn.input[0]!)) continue;
+    if (conv?.opType !== "Conv" || readers.get(bn.input[0]!) !== 1 || graphOutputs.has(bn.input[0]!)) continue;
     const [, sName, bName, mName, vName] = bn.input;
     const w = inits.get(conv.input[1]!);
     const params = [sName, bName, mName, vName].map((x) => inits.get(x!));
@@ -583,6 +580,12 @@ export interface QuantizeOptions {
   activationType?: ActivationType;
   /** 7-bit weights ([-63, 63]): avoids the int16 saturation of AVX2's VPMADDUBSW on non-VNNI CPUs */
   reduceRange?: boolean;
+  /**
+   * Weight storage: int8 (zero point 0; ONNX Runtime's u8×s8 kernels) or uint8 (the same values
+   * + 128, zero point 128; its u8×u8 kernels, which do not saturate on CPUs without VNNI, so the
+   * weights keep all 8 bits, at some speed).
+   */
+  weightType?: "int8" | "uint8";
   /** extra metadata_props */
   metadata?: Record<string, string>;
 }
@@ -655,15 +658,23 @@ export function quantizeModel(input: ModelProto, opts: QuantizeOptions): Quantiz
       if (a > absMax[c]!) absMax[c] = a;
     }
     const scales = Float32Array.from(absMax, (a) => weightScale(a, wqmax));
-    const q = new Int8Array(v.length);
+    const unsigned = opts.weightType === "uint8";
+    const offset = unsigned ? 128 : 0;
+    const q = unsigned ? new Uint8Array(v.length) : new Int8Array(v.length);
     for (let i = 0; i < v.length; i++) {
       const c = Math.floor(i / inner) % channels;
-      q[i] = clamp(roundHalfEven(v[i]! / scales[c]!), -wqmax, wqmax);
+      q[i] = clamp(roundHalfEven(v[i]! / scales[c]!), -wqmax, wqmax) + offset;
     }
+    const dataType = unsigned ? TensorProto_DataType.UINT8 : TensorProto_DataType.INT8;
     newInits.push(
-      intTensor(`${wName}_quantized`, d, TensorProto_DataType.INT8, q),
+      intTensor(`${wName}_quantized`, d, dataType, q),
       floatTensor(`${wName}_scale`, [channels], scales),
-      intTensor(`${wName}_zero_point`, [channels], TensorProto_DataType.INT8, new Int8Array(channels)),
+      intTensor(
+        `${wName}_zero_point`,
+        [channels],
+        dataType,
+        unsigned ? new Uint8Array(channels).fill(offset) : new Int8Array(channels),
+      ),
     );
     weights += v.length;
     const dq = create(NodeProtoSchema, {
@@ -735,7 +746,7 @@ export function quantizeModel(input: ModelProto, opts: QuantizeOptions): Quantiz
   model.metadataProps = [
     ...model.metadataProps.filter((p) => !(p.key ?? "").startsWith("trellis.quantization")),
     ...Object.entries({
-      "trellis.quantization": `QDQ ${type} activations, int8 per-channel symmetric weights${opts.reduceRange ? " (7-bit)" : ""}`,
+      "trellis.quantization": `QDQ ${type} activations, ${opts.weightType ?? "int8"} per-channel symmetric weights${opts.reduceRange ? " (7-bit)" : ""}`,
       ...opts.metadata,
     }).map(([key, value]) => create(StringStringEntryProtoSchema, { key, value })),
   ];

@@ -177,6 +177,43 @@ describe("quantizeModel on a tiny model", () => {
     }
   });
 
+  it("stores weights as uint8 + 128 with zero point 128 (weightType uint8): fused as QLinearConv, computing what int8 does", async () => {
+    const u8 = quantizeModel(fp32, { ranges: RANGES, weightType: "uint8" }).model;
+    expect(init(u8, "w1_quantized").dataType).toBe(2); // UINT8
+    expect(init(u8, "w1_zero_point").dataType).toBe(2);
+    expect(tensorValues(init(u8, "w1_zero_point"))).toEqual([128, 128, 128, 128]);
+    expect(tensorValues(init(u8, "w1_quantized"))).toEqual(
+      tensorValues(init(model, "w1_quantized")).map((q) => q + 128),
+    );
+    expect(tensorValues(init(u8, "w1_scale"))).toEqual(tensorValues(init(model, "w1_scale")));
+    expect(tensorValues(init(u8, "b1_quantized"))).toEqual(tensorValues(init(model, "b1_quantized")));
+    const dir = await mkdtemp(join(tmpdir(), "quantize-"));
+    try {
+      const optimized = join(dir, "opt.onnx");
+      await writeOptimizedGraph(toBinary(ModelProtoSchema, u8), optimized);
+      const ops = countOps(fromBinary(ModelProtoSchema, new Uint8Array(await readFile(optimized))));
+      expect(ops["com.microsoft:QLinearConv"]).toBe(3);
+      expect(ops.Conv ?? 0).toBe(0);
+      // The same real weights: computed exactly (no graph optimizations), the same outputs as int8's.
+      const x = new ort.Tensor(
+        "float32",
+        new Float32Array(3 * 64).map((_, i) => Math.cos(i) * 1.5),
+        [1, 3, 8, 8],
+      );
+      const exact = async (m: ModelProto) => {
+        const s = await ort.InferenceSession.create(toBinary(ModelProtoSchema, m), {
+          graphOptimizationLevel: "disabled",
+        });
+        const y = [...((await s.run({ input: x })).output!.data as Float32Array)];
+        await s.release();
+        return y;
+      };
+      expect(await exact(u8)).toEqual(await exact(model));
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("needs a range for every planned tensor", () => {
     expect(() => quantizeModel(fp32, { ranges: { input: { min: 0, max: 1 } } })).toThrow("no calibrated range for r1");
   });
