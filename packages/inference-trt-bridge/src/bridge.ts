@@ -4,6 +4,7 @@
  */
 import { type Client, ConnectError, createClient } from "@connectrpc/connect";
 import {
+  connectionRefused,
   connectStage,
   describeTransportError,
   type GrpcTlsOptions,
@@ -80,14 +81,6 @@ const convert = (t: Tensor, from: TensorPlan["local"], to: TensorPlan["local"]):
   return t;
 };
 
-/** True when the connection was refused: nothing listens at the endpoint. */
-const refused = (err: unknown): boolean => {
-  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
-    if ((e as { code?: unknown }).code === "ECONNREFUSED") return true;
-  }
-  return false;
-};
-
 /**
  * What a refused connection most likely means at load: Triton's default --exit-on-error=true
  * makes it exit when a model fails to load (server src/command_line_parser.h, exit_on_error_).
@@ -160,7 +153,7 @@ async function waitReady(
       const ce = ConnectError.from(err);
       // A poll cut short by the end of the wait says less than the failure before it.
       if (!(ce.code === Code.DeadlineExceeded && reason)) {
-        reason = describeTransportError(err) + (refused(err) ? `; ${REFUSED_AT_LOAD}` : "");
+        reason = describeTransportError(err) + (connectionRefused(err) ? `; ${REFUSED_AT_LOAD}` : "");
       }
     }
     const elapsed = Date.now() - start;
@@ -275,7 +268,9 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
             Code.Unavailable,
             remoteName,
             `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describeTransportError(err)}${
-              refused(err) ? "; nothing listens there. Is Triton running? Triton's log says why it stopped" : ""
+              connectionRefused(err)
+                ? "; nothing listens there. Is Triton running? Triton's log says why it stopped"
+                : ""
             }`,
             { cause: err },
           );

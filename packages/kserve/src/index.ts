@@ -82,5 +82,5 @@ export {
   withoutSharedMemory,
 } from "./shared-memory.js";
 export type { TraceControl, TraceSettings } from "./trace-settings.js";
-export { describeTransportError, neverSent } from "./transport-errors.js";
+export { connectionRefused, describeTransportError, neverSent } from "./transport-errors.js";
 export { inferRequestToWire, inferResponseFromWire, inferResponseToWire, metadataFromWire } from "./wire.js";

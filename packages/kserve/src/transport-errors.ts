@@ -96,6 +96,11 @@ export function refusedAttemptCount(err: unknown): number {
   return 1;
 }
 
+/** True when the connection was refused: nothing listens at the address. */
+export function connectionRefused(err: unknown): boolean {
+  return causes(err).some((e) => prop(e, "code") === "ECONNREFUSED");
+}
+
 /**
  * True when the request provably never reached the server, or the server refused it before
  * processing it (refusedBeforeProcessing), so sending it again cannot run it twice.
