@@ -57,11 +57,19 @@ let server: ServerProcess;
 const url = (protocol: "grpc" | "http") =>
   `127.0.0.1:${protocol === "grpc" ? server.grpcPort : new URL(server.http).port}`;
 
+/** A TypeScript model in `repository`: its config.pbtxt and version 1's model.js. */
+async function addTypescriptModel(repository: string, name: string, config: string, code: string): Promise<void> {
+  await mkdir(join(repository, name, "1"), { recursive: true });
+  await writeFile(join(repository, name, "config.pbtxt"), config);
+  await writeFile(join(repository, name, "1", "model.js"), code);
+}
+
 /** A decoupled model (model_transaction_policy { decoupled: true }): for N it answers N, N-1, ..., 1. */
 async function addCountdown(repository: string): Promise<void> {
-  await mkdir(join(repository, "countdown", "1"), { recursive: true });
-  await writeFile(
-    join(repository, "countdown", "config.pbtxt"),
+  // The repository is a temporary folder without node_modules: @trellis/stage by its resolved URL.
+  await addTypescriptModel(
+    repository,
+    "countdown",
     `name: "countdown"
 backend: "typescript"
 max_batch_size: 0
@@ -69,10 +77,6 @@ input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 model_transaction_policy { decoupled: true }
 `,
-  );
-  // The repository is a temporary folder without node_modules: @trellis/stage by its resolved URL.
-  await writeFile(
-    join(repository, "countdown", "1", "model.js"),
     `import { defineStage } from "${import.meta.resolve("@trellis/stage")}";
 export const createStage = ({ config, version }) => defineStage({ config, version, async *computeStream(request) {
   for (let i = Number(request.inputs[0].data[0]); i >= 1; i--) yield [{ name: "OUT", datatype: "INT32", shape: [1], data: Int32Array.of(i) }];
@@ -87,9 +91,9 @@ export const createStage = ({ config, version }) => defineStage({ config, versio
  * gets its flags or order wrong fails.
  */
 async function addCounter(repository: string): Promise<void> {
-  await mkdir(join(repository, "counter", "1"), { recursive: true });
-  await writeFile(
-    join(repository, "counter", "config.pbtxt"),
+  await addTypescriptModel(
+    repository,
+    "counter",
     `name: "counter"
 backend: "typescript"
 max_batch_size: 0
@@ -103,9 +107,6 @@ sequence_batching {
     initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ]
 }
 `,
-  );
-  await writeFile(
-    join(repository, "counter", "1", "model.js"),
     `import { defineStage } from "${import.meta.resolve("@trellis/stage")}";
 export const createStage = ({ config, version }) => defineStage({ config, version, compute(request) {
   const get = (name) => request.inputs.find((t) => t.name === name);
@@ -124,18 +125,15 @@ export const createStage = ({ config, version }) => defineStage({ config, versio
  * sending three on schedule has them all in flight at once.
  */
 async function addBarrier(repository: string): Promise<void> {
-  await mkdir(join(repository, "barrier", "1"), { recursive: true });
-  await writeFile(
-    join(repository, "barrier", "config.pbtxt"),
+  await addTypescriptModel(
+    repository,
+    "barrier",
     `name: "barrier"
 backend: "typescript"
 max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 `,
-  );
-  await writeFile(
-    join(repository, "barrier", "1", "model.js"),
     `import { defineStage } from "${import.meta.resolve("@trellis/stage")}";
 const waiting = [];
 export const createStage = ({ config, version }) => defineStage({ config, version, compute(request) {

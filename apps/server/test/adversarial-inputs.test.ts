@@ -9,10 +9,9 @@
  */
 import { deflateSync } from "node:zlib";
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, ConnectError, type createClient } from "@connectrpc/connect";
 import { frameBytes } from "@trellis/kserve";
-import { GRPCInferenceService, type ModelInferRequestSchema } from "@trellis/protocol";
+import type { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import {
   makeSeedRepository,
   readFixtureImage,
@@ -22,6 +21,7 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { grpcClientOf } from "./helpers.js";
 
 const ENSEMBLE = "resnet50_ensemble";
 const PHOTO = "chelsea.jpg";
@@ -72,7 +72,7 @@ describe("malformed inference requests", () => {
   beforeAll(async () => {
     repo = await makeSeedRepository();
     server = await startServerProcess(["--model-repository", repo]);
-    client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    client = grpcClientOf(server);
   });
   afterAll(async () => {
     expect(await server?.stop()).toBe(0);

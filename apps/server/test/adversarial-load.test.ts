@@ -11,14 +11,13 @@ import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, ConnectError, type createClient } from "@connectrpc/connect";
 import { parseRestriction } from "@trellis/kserve";
-import { GRPCInferenceService } from "@trellis/protocol";
+import type { GRPCInferenceService } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { repositoryApiWarnings } from "../src/cli/cli.js";
-import { ECHO_STAGE, echoConfig, makeRepository, postJson } from "./helpers.js";
+import { ECHO_STAGE, echoConfig, explicitModels, grpcClientOf, makeRepository, postJson } from "./helpers.js";
 
 const stringParam = (value: string) => ({ parameterChoice: { case: "stringParam" as const, value } });
 const bytesParam = (value: Uint8Array) => ({ parameterChoice: { case: "bytesParam" as const, value } });
@@ -77,15 +76,8 @@ describe("hostile model loads", () => {
     repo = await makeRepository({ echo: { config: echoConfig("echo") } });
     // Beside the server's upload folders (tmpdir()/trellis-load-*): one '..' away from a model's folder there.
     victim = await mkdtemp(join(tmpdir(), "trellis-victim-"));
-    server = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--model-control-mode",
-      "explicit",
-      "--load-model",
-      "echo",
-    ]);
-    client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    server = await startServerProcess(explicitModels(repo, "echo"));
+    client = grpcClientOf(server);
   });
   afterAll(async () => {
     expect(await server?.stop()).toBe(0);
@@ -212,13 +204,7 @@ describe("--allow-unsafe-load-overrides", () => {
   it("lets an operator who opted in upload model code", async () => {
     const repo = await makeRepository({});
     const dir = await mkdtemp(join(tmpdir(), "trellis-optin-"));
-    const server = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--model-control-mode",
-      "explicit",
-      "--allow-unsafe-load-overrides",
-    ]);
+    const server = await startServerProcess([...explicitModels(repo), "--allow-unsafe-load-overrides"]);
     try {
       expect(
         server.logs.some((l) => String(l.msg).includes("--allow-unsafe-load-overrides: model load requests")),

@@ -10,12 +10,10 @@
  */
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { Code, type ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService } from "@trellis/protocol";
+import { Code, type ConnectError } from "@connectrpc/connect";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, freePort, makeRepository, postJson } from "./helpers.js";
+import { echoConfig, explicitModels, freePort, grpcClientOf, makeRepository, postJson } from "./helpers.js";
 
 const GOOD = { inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] };
 const f32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
@@ -67,14 +65,7 @@ describe("client mistakes are 400 / INVALID_ARGUMENT, never 500 / INTERNAL", () 
   let server: ServerProcess;
   beforeAll(async () => {
     repo = await makeRepository({ echo: { config: echoConfig("echo") }, other: { config: echoConfig("other") } });
-    server = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--model-control-mode",
-      "explicit",
-      "--load-model",
-      "echo",
-    ]);
+    server = await startServerProcess(explicitModels(repo, "echo"));
   });
   afterAll(async () => {
     expect(await server?.stop()).toBe(0);
@@ -262,7 +253,7 @@ describe("client mistakes are 400 / INVALID_ARGUMENT, never 500 / INTERNAL", () 
   });
 
   it("gRPC: no malformed ModelInfer is answered INTERNAL or UNKNOWN", async () => {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const input = GOOD_GRPC.inputs[0] as (typeof GOOD_GRPC.inputs)[0];
     const bad: [string, Parameters<typeof client.modelInfer>[0]][] = [
       ["a negative dimension", { ...GOOD_GRPC, inputs: [{ ...input, shape: [-1n, 4n] }] }],
@@ -311,7 +302,7 @@ describe("client mistakes are 400 / INVALID_ARGUMENT, never 500 / INTERNAL", () 
   });
 
   it("gRPC: a NUL in a load's model name or file path, and typed parameters of the wrong type, are INVALID_ARGUMENT", async () => {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const refusal = async (call: Promise<unknown>): Promise<ConnectError> => {
       const outcome = await call.then(
         () => undefined,
@@ -418,16 +409,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
     });
     const endpoints = join(repo, "..", `${repo.split("/").at(-1)}-endpoints.json`);
     await writeFile(endpoints, JSON.stringify({ unreachable: `http://127.0.0.1:${deadPort}` }));
-    server = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--model-control-mode",
-      "explicit",
-      "--load-model",
-      "echo",
-      "--endpoints",
-      endpoints,
-    ]);
+    server = await startServerProcess([...explicitModels(repo, "echo"), "--endpoints", endpoints]);
   });
   afterAll(async () => {
     expect(await server?.stop()).toBe(0);
@@ -460,7 +442,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
       expect(message).toMatch(reason);
       expectNoLeak(message, repo);
 
-      const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+      const client = grpcClientOf(server);
       const err = await client.repositoryModelLoad({ modelName: model }).then(
         () => undefined,
         (e: ConnectError) => e,
@@ -503,7 +485,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
         expect(http.json.error).toMatch(/remote model echo/);
         expectNoLeak(http.json.error, remoteRepo);
         expect(http.json.error).not.toContain(String(remote.grpcPort));
-        const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: front.grpc }));
+        const client = grpcClientOf(front);
         const err = await client.modelInfer(GOOD_GRPC).then(
           () => undefined,
           (e: ConnectError) => e,

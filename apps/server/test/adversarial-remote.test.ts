@@ -11,10 +11,18 @@ import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, Health, HealthCheckResponse_ServingStatus } from "@trellis/protocol";
+import { Health, HealthCheckResponse_ServingStatus } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, freePort, makeRepository, postJson, TENFOLD_CONFIG } from "./helpers.js";
+import {
+  echoConfig,
+  explicitModels,
+  freePort,
+  grpcClientOf,
+  makeRepository,
+  postJson,
+  TENFOLD_CONFIG,
+} from "./helpers.js";
 
 /** The step deadline the front under test gets (--endpoints-timeout-secs). */
 const STEP_DEADLINE_S = 2;
@@ -32,13 +40,7 @@ let front: ServerProcess;
 let pinging: ServerProcess;
 const fronts: ServerProcess[] = [];
 
-const explicit = (model?: string) => [
-  "--model-repository",
-  repo,
-  "--model-control-mode",
-  "explicit",
-  ...(model ? ["--load-model", model] : []),
-];
+const explicit = (model?: string) => [...explicitModels(repo), ...(model ? ["--load-model", model] : [])];
 
 const startRemote = (model?: string) => startServerProcess([...explicit(model), "--grpc-port", String(remotePort)]);
 
@@ -85,8 +87,7 @@ afterAll(async () => {
   await removeDir(repo);
 }, 60_000);
 
-const grpc = (server: ServerProcess) =>
-  createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+const grpc = (server: ServerProcess) => grpcClientOf(server);
 
 const inferRequest = {
   modelName: "tenfold",

@@ -4,11 +4,8 @@
  * calls tritonclient makes, on the seed repository with the shared MobileNetV2.
  */
 import { create, fromJson, type JsonObject, toJson } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
 import { frameBytes, tensorFromRaw } from "@trellis/kserve";
 import {
-  GRPCInferenceService,
   type ModelInferRequest,
   ModelInferRequestSchema,
   type ModelInferResponse,
@@ -27,7 +24,7 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, makeRepository } from "./helpers.js";
+import { echoConfig, explicitModels, grpcClientOf, makeRepository } from "./helpers.js";
 
 /** ONNX Runtime run directly on the seed's reference tensors on this CPU (the int8 model's kernels differ between CPUs). */
 const references = await referenceTop5OnThisCpu();
@@ -135,7 +132,7 @@ describe.runIf(pythonGrpcRequired())("a C-core gRPC client (grpcio, as tritoncli
     expect(deflate?.error).toBeUndefined();
     expect(answers(inferResponse(deflate?.response))).toEqual(answers(res));
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     expect(answers(await client.modelInfer(ensembleRequest(images)))).toEqual(answers(res));
   });
 
@@ -198,12 +195,7 @@ describe.runIf(pythonGrpcRequired())("Triton's status codes to a C-core gRPC cli
   beforeAll(async () => {
     repository = await makeRepository({ echo: { config: echoConfig("echo") } });
     explicit = await startServerProcess([
-      "--model-repository",
-      repository,
-      "--model-control-mode",
-      "explicit",
-      "--load-model",
-      "echo",
+      ...explicitModels(repository, "echo"),
       "--grpc-restricted-protocol",
       "model-repository:admin-key=s3cret",
     ]);

@@ -3,12 +3,20 @@
  * server and response_cache { enable: true } in a model's config.
  */
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CHAIN_CONFIG, echoConfig, floats, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
+import {
+  CHAIN_CONFIG,
+  echoConfig,
+  explicitModels,
+  floats,
+  grpcClientOf,
+  makeRepository,
+  metricValue,
+  postJson,
+  scrape,
+} from "./helpers.js";
 
 const CACHED = "response_cache { enable: true }";
 
@@ -61,7 +69,7 @@ describe("with --cache-config local,size=1048576", () => {
     const first = await infer(server, "cached", [1, 2, 3, 4]);
     const again = await infer(server, "cached", [1, 2, 3, 4]);
     expect(again).toEqual(first);
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const viaGrpc = await client.modelInfer(
       create(ModelInferRequestSchema, {
         modelName: "cached",
@@ -115,14 +123,7 @@ describe("with --cache-config local,size=1048576", () => {
 
 describe("without a server cache", () => {
   it("serves a model whose config enables the cache uncached, and says so at load", async () => {
-    const server = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--model-control-mode",
-      "explicit",
-      "--load-model",
-      "cached",
-    ]);
+    const server = await startServerProcess(explicitModels(repo, "cached"));
     try {
       expect(
         server.logs.some(

@@ -7,9 +7,8 @@
  * still sending.
  */
 import { fromJson, toJson } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema, ModelStreamInferResponseSchema } from "@trellis/protocol";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { ModelInferRequestSchema, ModelStreamInferResponseSchema } from "@trellis/protocol";
 import {
   grpcJsInferenceClient,
   pythonGrpcCalls,
@@ -24,6 +23,8 @@ import {
   boolParam as bool,
   COUNTDOWN_CONFIG,
   countdownRequest as countdown,
+  explicitModels,
+  grpcClientOf,
   int64Param as int64,
   makeRepository,
   postJson,
@@ -34,21 +35,14 @@ let repo: string;
 let server: ServerProcess;
 beforeAll(async () => {
   repo = await makeRepository({ countdown: { config: COUNTDOWN_CONFIG } });
-  server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    "countdown",
-  ]);
+  server = await startServerProcess(explicitModels(repo, "countdown"));
 });
 afterAll(async () => {
   expect(await server.stop()).toBe(0);
   await removeDir(repo);
 });
 
-const client = () => createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+const client = () => grpcClientOf(server);
 
 describe("a decoupled model over ModelStreamInfer", () => {
   it("sends each request's responses as the model sends them, and an empty final one when asked", async () => {

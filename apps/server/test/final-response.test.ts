@@ -5,18 +5,11 @@
  * streaming clients wait for), and the model never sees the parameter.
  */
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
 import { frameBytes } from "@trellis/kserve";
-import {
-  GRPCInferenceService,
-  InferParameterSchema,
-  type ModelInferRequest,
-  ModelInferRequestSchema,
-} from "@trellis/protocol";
+import { InferParameterSchema, type ModelInferRequest, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { echoConfig, makeRepository } from "./helpers.js";
+import { echoConfig, grpcClientOf, makeRepository } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -51,7 +44,7 @@ function reflectRequest(id: string, final?: ReturnType<typeof create<typeof Infe
 }
 
 it("flags the answer to a stream request that asks for it, keeps the parameter from the model, and refuses a non-bool", async () => {
-  const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+  const client = grpcClientOf(server);
   const bool = (value: boolean) => create(InferParameterSchema, { parameterChoice: { case: "boolParam", value } });
   async function* requests() {
     yield reflectRequest("asks", bool(true));
@@ -79,7 +72,7 @@ it("flags the answer to a stream request that asks for it, keeps the parameter f
 });
 
 it("keeps the parameter from the model on unary ModelInfer too", async () => {
-  const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+  const client = grpcClientOf(server);
   const res = await client.modelInfer(
     reflectRequest("unary", create(InferParameterSchema, { parameterChoice: { case: "boolParam", value: true } })),
   );

@@ -5,12 +5,11 @@
  * Black-box: one server process, the same request sent to each port.
  */
 import { rmSync, writeFileSync } from "node:fs";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService } from "@trellis/protocol";
+import { Code, ConnectError, type createClient } from "@connectrpc/connect";
+import type { GRPCInferenceService } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, makeRepository } from "./helpers.js";
+import { echoConfig, explicitModels, grpcClientOf, makeRepository } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -21,17 +20,8 @@ const shmFile = `/dev/shm${shmKey}`;
 beforeAll(async () => {
   writeFileSync(shmFile, new Uint8Array(64));
   repo = await makeRepository({ echo: { config: echoConfig("echo") } });
-  server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    "echo",
-    "--allow-client-shm",
-    "true",
-  ]);
-  grpc = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+  server = await startServerProcess([...explicitModels(repo, "echo"), "--allow-client-shm", "true"]);
+  grpc = grpcClientOf(server);
 });
 afterAll(async () => {
   expect(await server?.stop()).toBe(0);

@@ -25,6 +25,7 @@ import {
   CHAIN_CONFIG,
   echoConfig,
   floats,
+  grpcClientOf,
   jsonOf,
   makeRepository,
   metricValue,
@@ -436,7 +437,7 @@ describe("gRPC", () => {
     });
 
   it("serves the whole service to a Connect gRPC client, ensembles included", async () => {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     // "broken" failed to load: not ready, as tritonserver's strict readiness.
     expect((await client.serverReady({})).ready).toBe(false);
     expect((await client.modelReady({ name: "chain" })).ready).toBe(true);
@@ -484,7 +485,7 @@ describe("gRPC", () => {
     await fetch(`${server.http}/v2/nowhere`);
     await until(() => debugLines() === 1);
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const read = await client.logSettings({});
     expect(read.settings.log_verbose_level?.parameterChoice).toEqual({ case: "uint32Param", value: 1 });
     expect(read.settings.log_info?.parameterChoice).toEqual({ case: "boolParam", value: true });
@@ -563,7 +564,7 @@ describe("gRPC", () => {
     );
 
     // gRPC: the same answers.
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     expect((await client.systemSharedMemoryStatus({})).regions).toEqual({});
     const unregister = await client.cudaSharedMemoryUnregister({ name: "input0" }).catch((e: ConnectError) => e);
     expect([(unregister as ConnectError).code, (unregister as ConnectError).rawMessage]).toEqual([
@@ -585,7 +586,7 @@ describe("gRPC", () => {
   });
 
   it("runs the requests of one ModelStreamInfer stream at once, answering each as it completes, as Triton does", async () => {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const held = (model: string, id: string, delayMs: number) => {
       const r = request(model, "INPUT", [[1, 2, 3, 4]]);
       r.id = id;
@@ -656,7 +657,7 @@ describe("host metrics", () => {
 describe("metrics and statistics under concurrent clients", () => {
   it("move by exactly the requests sent, over HTTP JSON, HTTP binary and gRPC at once", async () => {
     const before = await scrape(server);
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const batches = Array.from({ length: 36 }, (_, i) => 1 + (i % 8));
     const rowsOf = (n: number, i: number) => Array.from({ length: n }, (_, r) => [i, r, i + r, 1]);
     const answers = await Promise.all(

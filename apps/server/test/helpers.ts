@@ -9,13 +9,29 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import {
+  GRPCInferenceService,
   InferParameterSchema,
   type ModelInferRequest,
   ModelInferRequestSchema,
   type ModelStreamInferResponse,
 } from "@trellis/protocol";
 import type { ServerProcess } from "@trellis/testing";
+
+/** A Connect client of the server's KServe v2 gRPC service. */
+export const grpcClientOf = (server: Pick<ServerProcess, "grpc">) =>
+  createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+
+/** Server arguments: `repository` in explicit model control, with `models` loaded at start. */
+export const explicitModels = (repository: string, ...models: string[]): string[] => [
+  "--model-repository",
+  repository,
+  "--model-control-mode",
+  "explicit",
+  ...models.flatMap((m) => ["--load-model", m]),
+];
 
 export const ECHO_STAGE = join(import.meta.dirname, "fixtures", "echo-stage.js");
 

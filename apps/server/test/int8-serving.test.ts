@@ -10,10 +10,9 @@ import { copyFile, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, ConnectError } from "@connectrpc/connect";
 import { frameBytes } from "@trellis/kserve";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   fixtureImagesDir,
   LABELS_PATH,
@@ -25,7 +24,7 @@ import {
 } from "@trellis/testing";
 import { type QuantizeReport, quantizeFile, synthesizeResNet50 } from "@trellis/tooling";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { binaryResponse, jsonOf, metricValue, postBinary, scrape, unframe } from "./helpers.js";
+import { binaryResponse, grpcClientOf, jsonOf, metricValue, postBinary, scrape, unframe } from "./helpers.js";
 
 const INFERENCE = "resnet50_inference";
 const ENSEMBLE = "resnet50_ensemble";
@@ -69,9 +68,6 @@ afterAll(async () => {
   await Promise.all([removeDir(fp32Repo), removeDir(int8Repo), removeDir(work)]);
 });
 
-const grpcOf = (server: ServerProcess) =>
-  createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
-
 /** The seed ensemble over HTTP (binary in and out): the OUTPUT_RESULTS string. */
 async function httpEnsemble(server: ServerProcess, image: Uint8Array): Promise<string> {
   const res = await postBinary(
@@ -88,7 +84,7 @@ async function httpEnsemble(server: ServerProcess, image: Uint8Array): Promise<s
 }
 
 async function grpcEnsemble(server: ServerProcess, image: Uint8Array): Promise<string> {
-  const res = await grpcOf(server).modelInfer(
+  const res = await grpcClientOf(server).modelInfer(
     create(ModelInferRequestSchema, {
       modelName: ENSEMBLE,
       inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
@@ -100,7 +96,7 @@ async function grpcEnsemble(server: ServerProcess, image: Uint8Array): Promise<s
 
 /** A photo through the served resnet50_preprocess: the [1,3,224,224] tensor's raw bytes. */
 async function preprocessed(server: ServerProcess, image: Uint8Array): Promise<Uint8Array> {
-  const res = await grpcOf(server).modelInfer(
+  const res = await grpcClientOf(server).modelInfer(
     create(ModelInferRequestSchema, {
       modelName: "resnet50_preprocess",
       inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
@@ -117,7 +113,7 @@ async function logits(
   tensor: Uint8Array,
   modelVersion = "",
 ): Promise<{ version: string; values: Float32Array }> {
-  const res = await grpcOf(server).modelInfer(
+  const res = await grpcClientOf(server).modelInfer(
     create(ModelInferRequestSchema, {
       modelName: INFERENCE,
       modelVersion,
@@ -155,7 +151,7 @@ function correlation(a: Float32Array, b: Float32Array): number {
 
 /** Inference counts per served version of resnet50_inference, from gRPC ModelStatistics. */
 async function countsByVersion(server: ServerProcess): Promise<Record<string, bigint>> {
-  const { modelStats } = await grpcOf(server).modelStatistics({ name: INFERENCE });
+  const { modelStats } = await grpcClientOf(server).modelStatistics({ name: INFERENCE });
   return Object.fromEntries(modelStats.map((s) => [s.version, s.inferenceCount]));
 }
 
@@ -180,7 +176,7 @@ describe("the int8 version in the seed repository", () => {
     expect(await httpStatus(`${int8.http}/v2/models/${INFERENCE}/versions/2/ready`)).toBe(200);
     expect(await httpStatus(`${int8.http}/v2/models/${INFERENCE}/versions/1/ready`)).not.toBe(200);
     expect(await httpStatus(`${int8.http}/v2/models/${ENSEMBLE}/ready`)).toBe(200);
-    const grpc = grpcOf(int8);
+    const grpc = grpcClientOf(int8);
     expect((await grpc.modelReady({ name: INFERENCE, version: "2" })).ready).toBe(true);
     expect((await grpc.modelReady({ name: INFERENCE, version: "1" })).ready).toBe(false);
 

@@ -9,19 +9,16 @@ import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { Code, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import {
-  GRPCInferenceService,
-  Health,
-  HealthCheckResponse_ServingStatus,
-  ModelInferRequestSchema,
-} from "@trellis/protocol";
+import { Health, HealthCheckResponse_ServingStatus, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   addModel,
   CHAIN_CONFIG,
   echoConfig,
+  explicitModels,
   floats,
+  grpcClientOf,
   makeRepository,
   metricValue,
   postJson,
@@ -60,14 +57,7 @@ describe("explicit model control", () => {
       serial: { config: echoConfig("serial", { params: { serial: "1" } }) },
       broken: { config: echoConfig("broken", { params: { module: "./missing.js" } }) },
     });
-    server = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--model-control-mode",
-      "explicit",
-      "--load-model",
-      "chain",
-    ]);
+    server = await startServerProcess(explicitModels(repo, "chain"));
   });
   afterAll(async () => {
     expect(await server?.stop()).toBe(0);
@@ -106,7 +96,7 @@ describe("explicit model control", () => {
     const ok = await postJson(`${server.http}/v2/models/other/infer`, slowRequest(0));
     expect(ok.json.outputs[0].data).toEqual([2, 4, 6, 8]);
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     await client.repositoryModelUnload({ modelName: "other" });
     expect((await index()).find((m) => m.name === "other")).toEqual({
       name: "other",
@@ -206,7 +196,7 @@ describe("explicit model control", () => {
     expect(tenfold.json.outputs[0].data).toEqual([10, 20, 30, 40]);
 
     // Over gRPC: tenfold's last caller gone, echo10 goes with it.
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const flag = (value: boolean) => ({ parameterChoice: { case: "boolParam" as const, value } });
     await client.repositoryModelUnload({ modelName: "tenfold", parameters: { unload_dependents: flag(true) } });
     expect(await states()).toEqual({
@@ -328,7 +318,7 @@ describe("explicit model control: versions and failed warmup", () => {
     const served = (await (await fetch(`${server.http}/v2/models/overridden/config`)).json()) as typeof config;
     expect(served.parameters.scale?.string_value).toBe("5");
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     await client.repositoryModelLoad({
       modelName: "overridden",
       parameters: { config: { parameterChoice: { case: "stringParam", value: scaled("7") } } },
@@ -447,7 +437,7 @@ describe("graceful shutdown", () => {
     const repo = await makeRepository({ echo: { config: echoConfig("echo") } });
     const server = await startServerProcess(["--model-repository", repo, "--exit-timeout-secs", "20"]);
     try {
-      const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+      const client = grpcClientOf(server);
       const viaHttp = [1, 2].map((i) =>
         postJson(`${server.http}/v2/models/echo/infer`, slowRequest(1500, [i, 0, 0, 0])),
       );
@@ -571,7 +561,7 @@ describe("which listeners open (--allow-http / --allow-grpc / --allow-metrics)",
     try {
       const listening = server.logs.filter((l) => l.msg === "listening").map((l) => l.protocol);
       expect(listening).toEqual(["grpc"]);
-      const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+      const client = grpcClientOf(server);
       expect((await client.serverLive({})).live).toBe(true);
     } finally {
       expect(await server.stop()).toBe(0);
@@ -611,8 +601,7 @@ export function createStage({ config, version }) {
   });
   afterAll(() => removeDir(repo));
 
-  const explicit = (extra: string[]) =>
-    startServerProcess(["--model-repository", repo, "--model-control-mode", "explicit", ...extra]);
+  const explicit = (extra: string[]) => startServerProcess([...explicitModels(repo), ...extra]);
   const ready = async (server: ServerProcess) => (await fetch(`${server.http}/v2/health/ready`)).status;
 
   it("is not ready while a model loads, unless --strict-readiness false", async () => {

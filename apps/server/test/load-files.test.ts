@@ -6,9 +6,7 @@
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Code, type ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService } from "@trellis/protocol";
+import { Code, type ConnectError } from "@connectrpc/connect";
 import {
   MOBILENET_PATH,
   readReferenceTensor,
@@ -18,7 +16,7 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { binaryResponse, echoConfig, floats, makeRepository, postBinary, postJson } from "./helpers.js";
+import { binaryResponse, echoConfig, floats, grpcClientOf, makeRepository, postBinary, postJson } from "./helpers.js";
 
 /** The shared MobileNetV2 as Triton's JSON config: what a client sends instead of a config.pbtxt. */
 const MOBILENET_CONFIG = JSON.stringify({
@@ -74,7 +72,7 @@ describe("load with file overrides", () => {
     expect(await top1()).toBe(expectedTop1);
 
     // gRPC: the file as bytes; a reload into version 2, which the latest policy then serves.
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     await client.repositoryModelLoad({
       modelName: "mobilenet",
       parameters: {
@@ -127,7 +125,7 @@ describe("load with file overrides", () => {
     expect(broken.status).toBe(400);
     expect(broken.json.error).toMatch(/^failed to load 'mobilenet': .*onnxruntime could not load/);
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const asString = await client
       .repositoryModelLoad({
         modelName: "mobilenet",

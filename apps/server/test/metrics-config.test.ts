@@ -4,15 +4,15 @@
  * decoupled models.
  */
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, InferParameterSchema, ModelInferRequestSchema } from "@trellis/protocol";
+import { InferParameterSchema, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   CHAIN_CONFIG,
   COUNTDOWN_CONFIG,
   echoConfig,
+  explicitModels,
+  grpcClientOf,
   makeRepository,
   metricValue,
   postJson,
@@ -36,10 +36,7 @@ describe("--metrics-config summary_latencies=true, counter_latencies=false, two 
       chain: { config: CHAIN_CONFIG },
     });
     server = await startServerProcess([
-      "--model-repository",
-      repo,
-      "--model-control-mode",
-      "explicit",
+      ...explicitModels(repo),
       "--load-model",
       "*",
       "--metrics-config",
@@ -135,7 +132,7 @@ model_metrics { metric_control: [ { metric_identifier: { family: "nv_inference_f
     );
 
   it("times each decoupled request to its first response, in Triton's buckets or the model's own", async () => {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const request = (model: string, delay: bigint) =>
       create(ModelInferRequestSchema, {
         modelName: model,

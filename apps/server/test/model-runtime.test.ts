@@ -6,12 +6,11 @@
  * more), and statistics counted once, executions as batches.
  */
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { jsonOf, makeRepository, postJson } from "./helpers.js";
+import { grpcClientOf, jsonOf, makeRepository, postJson } from "./helpers.js";
 
 // The repository is a temporary folder without node_modules: @trellis/stage by its resolved URL.
 const STAGE = import.meta.resolve("@trellis/stage");
@@ -145,7 +144,7 @@ describe("the model runtime around a model.mjs stage", () => {
   it("refuses the three bad requests with Triton's words over HTTP and gRPC, before compute runs", async () => {
     const calls = await callsSoFar("single");
     const failedBefore = (await stats("single")).inference_stats.fail.count;
-    const grpc = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const grpc = grpcClientOf(server);
     for (const b of bad) {
       const http = await postJson(`${server.http}/v2/models/single/infer`, { inputs: [b.input] });
       expect([b.what, http.status]).toEqual([b.what, 400]);

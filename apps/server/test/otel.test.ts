@@ -6,10 +6,9 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { create } from "@bufbuild/protobuf";
-import { Code, type ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, type ConnectError } from "@connectrpc/connect";
 import { frameBytes } from "@trellis/kserve";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   makeSeedRepository,
   readFixtureImage,
@@ -19,7 +18,7 @@ import {
   startupRefusal,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { jsonOf, postBinary, postJson } from "./helpers.js";
+import { explicitModels, grpcClientOf, jsonOf, postBinary, postJson } from "./helpers.js";
 
 interface OtlpSpan {
   traceId: string;
@@ -114,7 +113,7 @@ describe("--trace-config mode=opentelemetry", () => {
     expect(refused.status).toBe(501);
     expect(refused.json.error).toMatch(/^trace settings cannot be changed at run time in trace mode opentelemetry/);
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const request = create(ModelInferRequestSchema, {
       modelName: "resnet50_ensemble",
       id: "with-context",
@@ -196,12 +195,7 @@ it("logs what the collector refuses, and goes on serving", async () => {
   });
   await new Promise<void>((resolve) => refusing.listen(0, "127.0.0.1", resolve));
   const server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    "resnet50_postprocess",
+    ...explicitModels(repo, "resnet50_postprocess"),
     "--trace-config",
     "mode=opentelemetry",
     "--trace-config",
@@ -261,16 +255,9 @@ it("refuses trace mode opentelemetry settings it cannot use, in one line", async
 
 it("refuses trace setting changes over gRPC too in this mode", async () => {
   const repo = await makeSeedRepository();
-  const server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--trace-config",
-    "mode=opentelemetry",
-  ]);
+  const server = await startServerProcess([...explicitModels(repo), "--trace-config", "mode=opentelemetry"]);
   try {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     expect((await client.traceSetting({})).settings.trace_mode?.value).toEqual(["opentelemetry"]);
     const refused = await client
       .traceSetting({ settings: { trace_level: { value: ["TIMESTAMPS"] } } })

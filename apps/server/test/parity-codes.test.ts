@@ -5,12 +5,11 @@
  * and triton-inference-server/core).
  */
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, InferParameterSchema, ModelInferRequestSchema } from "@trellis/protocol";
+import { Code, ConnectError, type createClient } from "@connectrpc/connect";
+import { type GRPCInferenceService, InferParameterSchema, ModelInferRequestSchema } from "@trellis/protocol";
 import { makeSeedRepository, rejectionOf, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { addModel, echoConfig, jsonOf, postJson } from "./helpers.js";
+import { addModel, echoConfig, explicitModels, grpcClientOf, jsonOf, postJson } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -22,22 +21,13 @@ beforeAll(async () => {
   await addModel(repo, "echo", { config: echoConfig("echo") });
   await addModel(repo, "other", { config: echoConfig("other") });
   server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    "echo",
-    "--load-model",
-    "other",
-    "--load-model",
-    "resnet50_postprocess",
+    ...explicitModels(repo, "echo", "other", "resnet50_postprocess"),
     "--http-restricted-api",
     "logging:admin-key=s3cret",
     "--grpc-restricted-protocol",
     "logging:admin-key=s3cret",
   ]);
-  grpc = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+  grpc = grpcClientOf(server);
 });
 afterAll(async () => {
   expect(await server?.stop()).toBe(0);

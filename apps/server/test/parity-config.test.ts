@@ -31,9 +31,7 @@
  * SetDefaultInstanceCount gives onnxruntime and tensorflow models 2.
  */
 import { fromJson, type JsonObject, type JsonValue, toJson } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelConfigSchema } from "@trellis/protocol";
+import { ModelConfigSchema } from "@trellis/protocol";
 import {
   ACCUMULATOR_CONFIG,
   accumulatorModel,
@@ -44,7 +42,7 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { addModel, jsonOf } from "./helpers.js";
+import { addModel, explicitModels, grpcClientOf, jsonOf } from "./helpers.js";
 
 // What protobuf's printer writes for each message with every implicit field shown.
 const input = (name: string, dataType: string, dims: number[]) => ({
@@ -315,14 +313,7 @@ beforeAll(async () => {
     files: { "1/model.onnx": identityModel([{ name: "X", type: "float32", shape: ["N", 4] }]) },
   });
   await addModel(repo, "accumulator", { config: ACCUMULATOR_CONFIG, files: { "1/model.onnx": accumulatorModel() } });
-  server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    "*",
-  ]);
+  server = await startServerProcess([...explicitModels(repo), "--load-model", "*"]);
 });
 afterAll(async () => {
   expect(await server?.stop()).toBe(0);
@@ -350,7 +341,7 @@ describe("get_model_config answers the config as Triton normalizes it", () => {
     });
 
     it(`${model}: gRPC ModelConfig is the same config`, async () => {
-      const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+      const client = grpcClientOf(server);
       const { config } = await client.modelConfig({ name: model, version: "" });
       expect(config).toBeDefined();
       const got = toJson(ModelConfigSchema, config ?? fromJson(ModelConfigSchema, {}), {

@@ -6,10 +6,9 @@
  * A BMP of chelsea must classify as its PNG does, over HTTP and gRPC; a GIF is refused.
  */
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, ConnectError } from "@connectrpc/connect";
 import { frameBytes } from "@trellis/kserve";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   makeSeedRepository,
   readFixtureImage,
@@ -19,7 +18,7 @@ import {
 } from "@trellis/testing";
 import sharp from "sharp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { jsonOf, postBinary } from "./helpers.js";
+import { grpcClientOf, jsonOf, postBinary } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -83,7 +82,7 @@ async function viaHttp(image: Uint8Array): Promise<{ status: number; json: Infer
 }
 
 async function viaGrpc(image: Uint8Array): Promise<string> {
-  const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+  const client = grpcClientOf(server);
   const res = await client.modelInfer(
     create(ModelInferRequestSchema, {
       modelName: "resnet50_ensemble",

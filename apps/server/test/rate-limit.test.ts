@@ -6,12 +6,9 @@
 import { copyFile, mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService } from "@trellis/protocol";
 import { MOBILENET_PATH, removeDir, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { jsonOf, makeRepository } from "./helpers.js";
+import { grpcClientOf, jsonOf, makeRepository } from "./helpers.js";
 
 // Each instance needs one "R"; runs must not wait on the CPU gate, or they never overlap anyway.
 const config = (name: string) => `name: "${name}"
@@ -50,7 +47,7 @@ async function computeSpans(args: string[], file: string): Promise<[number, numb
     const input = meta.inputs[0] as { name: string; datatype: string; shape: number[] };
     const shape = [1, ...input.shape.slice(1)].map(BigInt);
     const values = shape.reduce((a, b) => a * Number(b), 1);
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const calls = [];
     for (let i = 0; i < 6; i++) {
       for (const modelName of ["m1", "m2"]) {

@@ -10,15 +10,16 @@
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   boolParam as bool,
   countdownRequest as countdown,
   countingModels,
+  explicitModels,
+  grpcClientOf,
   int64Param as int64,
   makeRepository,
   metricValue,
@@ -39,14 +40,7 @@ beforeAll(async () => {
   repo = await makeRepository({
     ...countingModels(),
   });
-  const explicit = (model: string) => [
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    model,
-  ];
+  const explicit = (model: string) => [...explicitModels(repo), "--load-model", model];
   remote = await startServerProcess(explicit("countdown"));
   const endpoints = join(repo, "endpoints.json");
   await writeFile(endpoints, JSON.stringify({ countdown: remote.grpc }));
@@ -61,8 +55,7 @@ afterAll(async () => {
   await removeDir(repo);
 });
 
-const client = (server: ServerProcess) =>
-  createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+const client = (server: ServerProcess) => grpcClientOf(server);
 
 const pending = async (server: ServerProcess) =>
   metricValue(await scrape(server), "nv_inference_pending_request_count", "countdown");

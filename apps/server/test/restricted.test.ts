@@ -5,7 +5,7 @@
  */
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
+import { createConnectTransport } from "@connectrpc/connect-node";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import {
   pythonGrpcCalls,
@@ -17,19 +17,14 @@ import {
   startupRefusal,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, jsonOf, makeRepository, postJson } from "./helpers.js";
+import { echoConfig, explicitModels, grpcClientOf, jsonOf, makeRepository, postJson } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
 beforeAll(async () => {
   repo = await makeRepository({ echo: { config: echoConfig("echo") }, other: { config: echoConfig("other") } });
   server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    "echo",
+    ...explicitModels(repo, "echo"),
     "--http-restricted-api",
     "model-repository,logging:admin-key=s3cret",
     "--grpc-restricted-protocol",
@@ -70,7 +65,7 @@ describe("restricted APIs", () => {
   });
 
   it("gRPC: UNAVAILABLE without the header, as Triton, loads and unloads with it; inference stays open", async () => {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const denied = await rejectionOf(client.repositoryModelLoad({ modelName: "other" }), ConnectError);
     expect([denied.code, denied.rawMessage]).toEqual([Code.Unavailable, GRPC_DENIED_MESSAGE]);
     await client.repositoryModelLoad({ modelName: "other" }, { headers: { "admin-key": "s3cret" } });

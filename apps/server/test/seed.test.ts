@@ -4,10 +4,9 @@
  * photos, every protocol, the ensemble and each of its models.
  */
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, ConnectError } from "@connectrpc/connect";
 import { frameBytes } from "@trellis/kserve";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   grpcJsInferenceClient,
   makeSeedRepository,
@@ -21,7 +20,17 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { binaryResponse, floats, jsonOf, metricValue, postBinary, postJson, scrape, unframe } from "./helpers.js";
+import {
+  binaryResponse,
+  floats,
+  grpcClientOf,
+  jsonOf,
+  metricValue,
+  postBinary,
+  postJson,
+  scrape,
+  unframe,
+} from "./helpers.js";
 
 /** ONNX Runtime run directly on the seed's reference tensors on this CPU (the int8 model's kernels differ between CPUs). */
 const references = await referenceTop5OnThisCpu();
@@ -64,7 +73,7 @@ async function httpEnsemble(images: Uint8Array[], binaryOut: boolean): Promise<s
 }
 
 async function grpcEnsemble(images: Uint8Array[]): Promise<string[]> {
-  const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+  const client = grpcClientOf(server);
   const res = await client.modelInfer(
     create(ModelInferRequestSchema, {
       modelName: "resnet50_ensemble",
@@ -134,7 +143,7 @@ describe("the seed ensemble", () => {
     expect(delta("nv_inference_count", "resnet50_inference")).toBe(items);
     expect(delta("nv_inference_count", "resnet50_preprocess")).toBe(items);
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const { modelStats } = await client.modelStatistics({});
     for (const model of ["resnet50_ensemble", "resnet50_preprocess", "resnet50_inference", "resnet50_postprocess"]) {
       const s = modelStats.find((m) => m.name === model);
@@ -177,7 +186,7 @@ describe("each seed model on its own", () => {
     const logits = json.outputs[0].data as number[];
     expect(logits.indexOf(Math.max(...logits))).toBe(references["coffee.jpg"]?.top5_index[0]);
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const res = await client.modelInfer(
       create(ModelInferRequestSchema, {
         modelName: "resnet50_inference",
@@ -207,7 +216,7 @@ describe("each seed model on its own", () => {
   it("rejects a truncated JPEG with 400 naming the problem, and counts it as a failure", async () => {
     const before = await scrape(server);
     const bad = readFixtureImage(TRUNCATED_PHOTO);
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const err = await client
       .modelInfer(
         create(ModelInferRequestSchema, {

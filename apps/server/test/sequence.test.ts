@@ -5,14 +5,8 @@
  * and Triton's refusals for requests outside a sequence.
  */
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import {
-  GRPCInferenceService,
-  InferParameterSchema,
-  type ModelInferRequest,
-  ModelInferRequestSchema,
-} from "@trellis/protocol";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { InferParameterSchema, type ModelInferRequest, ModelInferRequestSchema } from "@trellis/protocol";
 import {
   ACCUMULATOR_CONFIG,
   accumulatorModel,
@@ -22,7 +16,7 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { floats, jsonOf, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
+import { floats, grpcClientOf, jsonOf, makeRepository, metricValue, postJson, scrape } from "./helpers.js";
 
 let repo: string;
 let server: ServerProcess;
@@ -66,7 +60,7 @@ async function httpInfer(value: number, parameters: Record<string, unknown>, sha
 
 describe("sequence batching", () => {
   it("keeps each sequence's state, one over gRPC and one over HTTP, interleaved; control inputs stay the server's", async () => {
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const grpcSum = async (value: number, flags: Flags) => {
       const res = await client.modelInfer(grpcRequest(value, flags));
       const out = res.outputs.findIndex((o) => o.name === "OUTPUT");
@@ -129,7 +123,7 @@ describe("sequence batching", () => {
     expect(control.status).toBe(400);
     expect(control.json.error).toContain("input START is supplied by the sequence batcher");
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const notStarted = await client.modelInfer(grpcRequest(1, { id: 4242n })).catch((e: unknown) => e);
     expect(notStarted).toBeInstanceOf(ConnectError);
     expect((notStarted as ConnectError).code).toBe(Code.InvalidArgument);

@@ -6,9 +6,8 @@
  */
 import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { create } from "@bufbuild/protobuf";
-import { Code, type ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { Code, type ConnectError } from "@connectrpc/connect";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   makeSeedRepository,
   readReferenceTensor,
@@ -18,7 +17,7 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { floats, jsonOf, postJson } from "./helpers.js";
+import { floats, grpcClientOf, jsonOf, postJson } from "./helpers.js";
 
 /** ONNX Runtime run directly on this CPU: the int8 model's kernels differ between CPUs. */
 const references = await referenceTop5OnThisCpu();
@@ -67,7 +66,7 @@ describe("--allow-client-shm true", () => {
       byte_size: INPUT_BYTES,
     });
     expect(registered.status).toBe(200);
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     await client.systemSharedMemoryRegister({ name: "output_data", key: key("out"), byteSize: BigInt(OUTPUT_BYTES) });
     expect(await jsonOf(await fetch(`${server.http}/v2/systemsharedmemory/status`))).toEqual([
       { name: "input_data", key: key("in"), offset: 0, byte_size: INPUT_BYTES },
@@ -169,7 +168,7 @@ describe("--allow-client-shm true", () => {
     });
     expect(outside.status).toBe(400);
     expect(outside.json.error).toMatch(/key '\/\.\.\/\.\.\/etc\/passwd' is not a shared memory object name/);
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const twice = await client
       .systemSharedMemoryRegister({ name: "input_data", key: key("in"), byteSize: 10n })
       .catch((e: ConnectError) => e);

@@ -15,21 +15,14 @@ import {
   startServerProcess,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { jsonOf, postBinary, postJson } from "./helpers.js";
+import { explicitModels, jsonOf, postBinary, postJson } from "./helpers.js";
 
 let repo: string;
 const servers: ServerProcess[] = [];
 
 beforeAll(async () => {
   repo = await makeSeedRepository();
-  const explicit = (model: string) => [
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    model,
-  ];
+  const explicit = (model: string) => [...explicitModels(repo), "--load-model", model];
   const started = await Promise.allSettled([
     startServerProcess(explicit("resnet50_preprocess")),
     startServerProcess(explicit("resnet50_inference")),

@@ -8,12 +8,10 @@ import { spawn } from "node:child_process";
 import net from "node:net";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, ServerReadyRequestSchema } from "@trellis/protocol";
+import { ServerReadyRequestSchema } from "@trellis/protocol";
 import { removeDir, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, freePort, makeRepository, postJson } from "./helpers.js";
+import { echoConfig, freePort, grpcClientOf, makeRepository, postJson } from "./helpers.js";
 
 const SERVER_MAIN = join(import.meta.dirname, "..", "dist", "main.js");
 
@@ -89,7 +87,7 @@ describe("readiness and --exit-on-error, as Triton's", () => {
     try {
       expect((await fetch(`${server.http}/v2/health/live`)).status).toBe(200);
       expect((await fetch(`${server.http}/v2/health/ready`)).status).toBe(400);
-      const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+      const client = grpcClientOf(server);
       expect((await client.serverReady(create(ServerReadyRequestSchema, {}))).ready).toBe(false);
       const infer = await postJson(`${server.http}/v2/models/echo/infer`, {
         inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }],

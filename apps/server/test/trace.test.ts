@@ -8,10 +8,9 @@ import { mkdtemp, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { Code, type ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, type ConnectError } from "@connectrpc/connect";
 import { frameBytes } from "@trellis/kserve";
-import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   grpcJsInferenceClient,
   makeSeedRepository,
@@ -25,7 +24,7 @@ import {
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { tracedTensor } from "../src/observability/tracing.js";
 import { summarizeTraces } from "../tools/summarize.js";
-import { CHAIN_CONFIG, echoConfig, jsonOf, makeRepository, postBinary, postJson } from "./helpers.js";
+import { CHAIN_CONFIG, echoConfig, grpcClientOf, jsonOf, makeRepository, postBinary, postJson } from "./helpers.js";
 
 interface Header {
   id: number;
@@ -111,7 +110,7 @@ describe("the seed ensemble, every request traced", () => {
     );
     expect(bad.status).toBe(400);
     // Through Connect's handler (a stream): traced from the handler in; no frontend timestamps.
-    const connect = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const connect = grpcClientOf(server);
     async function* one() {
       yield create(ModelInferRequestSchema, {
         modelName: "resnet50_ensemble",
@@ -249,7 +248,7 @@ describe("trace settings, global and per model, over HTTP and gRPC", () => {
       trace_rate: "1",
     });
     expect((await settings()).trace_rate).toBe("2");
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const overGrpc = await client.traceSetting({ modelName: "echo" });
     expect(overGrpc.settings.trace_rate?.value).toEqual(["1"]);
     expect(overGrpc.settings.trace_level?.value).toEqual(["TIMESTAMPS"]);
@@ -310,7 +309,7 @@ describe("trace settings, global and per model, over HTTP and gRPC", () => {
     const unknownModel = await update({ trace_rate: "1" }, "no_such_model");
     expect(unknownModel.status).toBe(404);
 
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     const refused = await client
       .traceSetting({ settings: { trace_rate: { value: ["zero"] } } })
       .catch((e: ConnectError) => e);

@@ -21,7 +21,7 @@ import { compressionDeflate, frameBytes } from "@trellis/kserve";
 import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from "@trellis/protocol";
 import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { addModel, echoConfig, freePort, makeRepository, postJson, scrape } from "./helpers.js";
+import { addModel, echoConfig, freePort, grpcClientOf, makeRepository, postJson, scrape } from "./helpers.js";
 
 const SERVER_MAIN = join(import.meta.dirname, "..", "dist", "main.js");
 
@@ -120,7 +120,7 @@ describe("a pasted tritonserver command line", () => {
 
   it("names the server with --id over HTTP and gRPC", async () => {
     expect(((await (await fetch(`${server.http}/v2`)).json()) as { name: string }).name).toBe("FasterTransformer-T5");
-    const client = createClient(GRPCInferenceService, createGrpcTransport({ baseUrl: server.grpc }));
+    const client = grpcClientOf(server);
     expect((await client.serverMetadata({})).name).toBe("FasterTransformer-T5");
   });
 

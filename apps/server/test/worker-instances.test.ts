@@ -10,7 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { makeRepository, postJson } from "./helpers.js";
+import { explicitModels, makeRepository, postJson } from "./helpers.js";
 
 // The repository is a temporary folder without node_modules: @trellis/stage by its resolved URL.
 const STAGE = import.meta.resolve("@trellis/stage");
@@ -70,14 +70,7 @@ beforeAll(async () => {
       files: { "1/model.mjs": `throw new Error("refused at import");\n` },
     },
   });
-  server = await startServerProcess([
-    "--model-repository",
-    repo,
-    "--model-control-mode",
-    "explicit",
-    "--load-model",
-    "blocker",
-  ]);
+  server = await startServerProcess(explicitModels(repo, "blocker"));
 }, 120_000);
 afterAll(async () => {
   expect(await server?.stop()).toBe(0);
