@@ -3,10 +3,12 @@
 #
 #   docker build -t trellis-server .                       # from the official Node image
 #   docker build --build-arg BASE_IMAGE=my/node20 -t trellis-server .
+#   docker run --rm -p 8000-8002:8000-8002 trellis-server    # the bundled MobileNetV2 in the seed's ensemble
 #   docker run --rm -p 8000-8002:8000-8002 -v "$PWD/models:/models:ro" trellis-server
 #
-# The model repository is mounted at /models (or another path given with
-# --model-repository). BASE_IMAGE must be a Debian/Ubuntu (glibc) image with
+# The model repository is /models: by default the image's own (the seed's configs with the bundled
+# MobileNetV2, tooling/bundled, and its ImageNet labels), or one mounted over it (or another path
+# given with --model-repository). BASE_IMAGE must be a Debian/Ubuntu (glibc) image with
 # Node.js 20.19+ as `node` (and npm or pnpm).
 ARG BASE_IMAGE=node:20-bookworm-slim
 
@@ -39,11 +41,20 @@ RUN pnpm --filter @trellis/server deploy --prod --store-dir /pnpm/store ${PNPM_F
  && for bin in /out/node_modules/.pnpm/onnxruntime-node@*/node_modules/onnxruntime-node/bin/napi-v*; do \
       find "$bin" -mindepth 2 -maxdepth 2 -type d ! -path "$bin/linux/$arch" -exec rm -rf {} +; \
     done
+# The default repository: the seed's ensemble with the bundled MobileNetV2 in its inference step
+# (what `pnpm start` serves offline); the model's licence and source beside the app.
+RUN for dir in models/resnet50_*/; do \
+      name=$(basename "$dir") && mkdir -p "/models/$name/1" && cp "$dir/config.pbtxt" "/models/$name/"; \
+    done \
+ && cp tooling/bundled/mobilenetv2-12-int8.onnx /models/resnet50_inference/1/model.onnx \
+ && cp tooling/bundled/imagenet-1k-labels.txt /models/resnet50_postprocess/1/imagenet_classes.txt \
+ && mkdir -p /out/bundled && cp tooling/bundled/README.md tooling/bundled/LICENSE /out/bundled/
 
 FROM ${BASE_IMAGE} AS runtime
 ENV NODE_ENV=production HOME=/tmp
 WORKDIR /app
 COPY --from=build /out /app
+COPY --from=build /models /models
 # Not root. Node is PID 1: the server handles SIGTERM/SIGINT itself, draining
 # in-flight requests for up to --exit-timeout-secs (30 s by default) before it exits.
 USER 65532:65532

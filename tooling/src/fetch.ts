@@ -4,8 +4,7 @@
  * a progress bar, SHA-256 verification and a `.part` file renamed into
  * place only once verified.
  */
-import { createHash } from "node:crypto";
-import { createReadStream, createWriteStream } from "node:fs";
+import { createWriteStream } from "node:fs";
 import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { Readable } from "node:stream";
@@ -21,7 +20,7 @@ import {
   StringStringEntryProtoSchema,
   SYNTHETIC_METADATA_KEY,
 } from "./onnx.js";
-import { exists } from "./paths.js";
+import { exists, sha256File } from "./paths.js";
 
 /**
  * ONNX Model Zoo ResNet-50 v1 (opset 12), MXNet-trained, ImageNet-1k,
@@ -167,12 +166,6 @@ function describeNetworkError(err: unknown): string {
 /** An HTTP failure or a transient network one that outlasted the retries. */
 export class DownloadError extends Error {
   override name = "DownloadError";
-}
-
-async function sha256File(path: string): Promise<string> {
-  const hash = createHash("sha256");
-  await pipeline(createReadStream(path), hash);
-  return hash.digest("hex");
 }
 
 /** Renames a graph input and output everywhere they are referenced. */

@@ -1,4 +1,4 @@
-export { type EnsureModelsResult, ensureModels } from "./ensure.js";
+export { type EnsureModelsOptions, type EnsureModelsResult, ensureModels } from "./ensure.js";
 export {
   type Artifact,
   ChecksumError,
@@ -19,10 +19,17 @@ export {
 } from "./fetch.js";
 export { isSyntheticModel, type OnnxFileMetadata, readOnnxMetadata, SYNTHETIC_METADATA_KEY } from "./onnx.js";
 export {
+  BUNDLED_DIR,
+  BUNDLED_LABELS_FILE,
+  BUNDLED_MODEL_BYTES,
+  BUNDLED_MODEL_FILE,
+  BUNDLED_MODEL_SHA256,
+  BUNDLED_NOTICE,
   DEFAULT_REPOSITORY,
   hasSeedArtifacts,
   INFERENCE_CONFIG,
   INFERENCE_MODEL,
+  isBundledModel,
   isSeedRepository,
   LABELS_FILE,
 } from "./paths.js";

@@ -1,7 +1,7 @@
 /**
  * models:fetch on an unreliable network, against HTTP servers on 127.0.0.1: a connection
  * dropped mid-body is resumed with a Range request, 503s are retried, HTTP_PROXY is used
- * (a tiny forward proxy on loopback) unless NO_PROXY names the host, and the synthetic
+ * (a tiny forward proxy on loopback) unless NO_PROXY names the host, and the offline
  * fallback says why.
  */
 import { createHash, randomBytes } from "node:crypto";
@@ -153,7 +153,7 @@ describe("models:fetch on an unreliable network", () => {
     expect(lines.filter((l) => l.includes("HTTP 503") && l.includes("retrying"))).toHaveLength(2);
   });
 
-  it("gives up after the retries, and the synthetic fallback names the last error", async () => {
+  it("gives up after the retries, and the bundled-model fallback names the last error", async () => {
     let calls = 0;
     const url = await serve((_req, res) => {
       calls++;
@@ -169,9 +169,9 @@ describe("models:fetch on an unreliable network", () => {
       warn: (l) => warnings.push(l),
     });
     expect(calls).toBe(3);
-    expect(result.source).toBe("synthetic");
+    expect(result.source).toBe("bundled");
     expect(warnings[0]).toContain(`GET ${url}/model.bin: HTTP 502 Bad Gateway (3 tries)`);
-    expect(warnings[0]).toContain("SYNTHETIC ResNet-50");
+    expect(warnings[0]).toContain("bundled MobileNetV2");
   });
 
   it("does not retry a 404", async () => {

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -14,12 +14,16 @@ import {
   ChecksumError,
   ensureModels,
   fetchModels,
+  INFERENCE_MODEL,
+  isBundledModel,
   isSyntheticModel,
+  LABELS_FILE,
   OfflineError,
   RESNET50_ZOO_INPUT,
   RESNET50_ZOO_OUTPUT,
   readOnnxMetadata,
   SOURCE_SHA256_KEY,
+  writeSyntheticLabels,
 } from "../src/index.js";
 import { floatTensor, floatValueInfo, node } from "../src/onnx.js";
 
@@ -166,12 +170,70 @@ describe("models:fetch against a local HTTP server", () => {
     expect(again!.downloaded).toBe(false);
   });
 
-  it("ensureModels falls back to the synthetic model when offline", async () => {
+  it("ensureModels falls back to the bundled MobileNetV2 and real labels when offline", async () => {
+    const repository = join(dir, "bundled");
+    const lines: string[] = [];
+    const warnings: string[] = [];
+    const result = await ensureModels({
+      repository,
+      artifacts: [{ ...labelsArtifact(sha(labels)), url: `http://127.0.0.1:${deadPort}/labels.txt` }],
+      log: (l) => lines.push(l),
+      warn: (l) => warnings.push(l),
+    });
+    expect(result.source).toBe("bundled");
+    expect(result.modelPath).toBe(join(repository, INFERENCE_MODEL));
+    // Byte for byte the committed file (its SHA-256 checked), not re-encoded.
+    expect(await isBundledModel(result.modelPath)).toBe(true);
+    expect(await isSyntheticModel(result.modelPath)).toBe(false);
+    const classes = (await readFile(result.labelsPath, "utf8")).trimEnd().split("\n");
+    expect(classes).toHaveLength(1000);
+    expect([classes[0], classes[281], classes[285], classes[967]]).toEqual([
+      "tench",
+      "tabby",
+      "Egyptian cat",
+      "espresso",
+    ]);
+    // One warning, with why: the connection's own error.
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toContain(`ResNet-50 not downloaded: cannot reach 127.0.0.1:${deadPort}`);
+    expect(warnings[0]).toContain("ECONNREFUSED");
+    expect(warnings[0]).toContain("bundled MobileNetV2");
+    expect(lines.join("\n")).not.toContain("WARNING");
+    expect((await ensureModels({ repository, log: () => {} })).source).toBe("present");
+  });
+
+  it("ensureModels never replaces an existing model, and replaces placeholder labels", async () => {
+    const repository = join(dir, "kept");
+    const own = join(repository, INFERENCE_MODEL);
+    const labelsPath = join(repository, LABELS_FILE);
+    const offline = {
+      repository,
+      artifacts: [{ ...labelsArtifact(sha(labels)), url: `http://127.0.0.1:${deadPort}/labels.txt` }],
+      log: () => {},
+      warn: () => {},
+    };
+    // A model of the user's without labels: the labels are added, the model kept.
+    await mkdir(join(repository, "resnet50_inference", "1"), { recursive: true });
+    await writeFile(own, "the user's model");
+    expect((await ensureModels(offline)).source).toBe("bundled");
+    expect(await readFile(own, "utf8")).toBe("the user's model");
+    expect((await readFile(labelsPath, "utf8")).split("\n")[285]).toBe("Egyptian cat");
+    // An older synthetic fallback's placeholder labels, the model gone: both replaced.
+    await rm(own);
+    await rm(labelsPath);
+    expect(await writeSyntheticLabels(labelsPath)).toBe(true);
+    expect((await ensureModels(offline)).source).toBe("bundled");
+    expect(await isBundledModel(own)).toBe(true);
+    expect((await readFile(labelsPath, "utf8")).split("\n")[967]).toBe("espresso");
+  });
+
+  it("ensureModels falls back to the synthetic model when offline without the bundled files", async () => {
     const repository = join(dir, "fallback");
     const lines: string[] = [];
     const warnings: string[] = [];
     const result = await ensureModels({
       repository,
+      bundledDir: join(dir, "no-bundled-files"),
       artifacts: [{ ...labelsArtifact(sha(labels)), url: `http://127.0.0.1:${deadPort}/labels.txt` }],
       log: (l) => lines.push(l),
       warn: (l) => warnings.push(l),

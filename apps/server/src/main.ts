@@ -7,7 +7,7 @@ import { resolve } from "node:path";
 import v8 from "node:v8";
 import { SystemSharedMemory } from "@trellis/kserve";
 import { importInInstanceThreads, ResponseCache } from "@trellis/runtime";
-import { ensureSeedModels } from "./cli/bootstrap.js";
+import { prepareSeedModels } from "./cli/bootstrap.js";
 import { program, readCommandLine, UsageError } from "./cli/cli.js";
 import { createServerLogger, defaultLogStyle } from "./cli/logging.js";
 import { startupFailure } from "./cli/usage.js";
@@ -46,7 +46,7 @@ async function main(): Promise<void> {
   });
   for (const warning of settings.warnings) logger.warn(warning);
 
-  if (flags.fetchModels) await ensureSeedModels(repositories, logger);
+  await prepareSeedModels(repositories, logger, flags.fetchModels);
   const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;
   const cache = settings.responseCache;
   let redisCache: RedisResponseCache | undefined;
@@ -226,6 +226,7 @@ async function main(): Promise<void> {
       grpc: server.grpcPort,
       metrics: server.metricsPort,
       ...(server.sagemakerPort !== undefined ? { sagemaker: server.sagemakerPort } : {}),
+      ui: server.uiUrl,
     },
     "server started",
   );

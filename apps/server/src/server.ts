@@ -136,6 +136,8 @@ export interface RunningServer {
   metricsPort?: number;
   sagemakerPort?: number;
   vertexAiPort?: number;
+  /** The page's address (http://localhost:<port>/ui/ when bound to loopback or all addresses); undefined when it is off. */
+  uiUrl?: string;
   /** Requests being served right now, over either protocol. */
   inflight(): number;
   /**
@@ -150,6 +152,13 @@ export interface RunningServer {
  * request for shutdown to wait on (the session is destroyed after the rest finish).
  */
 const HEALTH_WATCH = "/grpc.health.v1.Health/Watch";
+
+/** Where a browser finds the page: localhost for a loopback or wildcard address, else the address itself. */
+function pageUrl(host: string, port: number): string {
+  const local = ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", ""].includes(host);
+  const name = local ? "localhost" : host.includes(":") ? `[${host}]` : host;
+  return `http://${name}:${port}/ui/`;
+}
 
 function listen(server: http.Server | http2.Http2Server, port: number, host: string): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -348,6 +357,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
 
   return {
     ...ports,
+    uiUrl: ui && ports.httpPort !== undefined ? pageUrl(at.http, ports.httpPort) : undefined,
     inflight: () => active,
     async shutdown(timeoutMs) {
       stopping = true;

@@ -1,18 +1,21 @@
 /**
  * First start of a fresh clone (--fetch-models, which `pnpm start` passes): the project's own
  * `models/` ships configs but no weights. If resnet50_inference has no model file (or
- * postprocess no labels), fetch them; offline, tooling writes the synthetic stand-in, and we
- * say so loudly. Only the project's own `models/` is ever written: a repository given from
- * elsewhere (a Triton user's, a mounted volume) is served as it is, and a model missing its
- * weights there fails to load naming the file.
+ * postprocess no labels), fetch them; offline, tooling installs the bundled MobileNetV2 (a real
+ * ImageNet classifier with the same tensor names and shapes) and its labels, and on every start
+ * a repository serving it says so in one line. Only the project's own `models/` is ever written:
+ * a repository given from elsewhere (a Triton user's, a mounted volume) is served as it is, and
+ * a model missing its weights there fails to load naming the file.
  */
 import { readFile, realpath } from "node:fs/promises";
 import { join } from "node:path";
 import {
+  BUNDLED_NOTICE,
   DEFAULT_REPOSITORY,
   hasSeedArtifacts,
   INFERENCE_CONFIG,
   INFERENCE_MODEL,
+  isBundledModel,
   isSeedRepository,
 } from "@trellis/tooling/paths";
 import type { Logger } from "../server.js";
@@ -60,8 +63,27 @@ export async function ensureSeedModels(repositories: string[], logger: Logger): 
         "!!! OFFLINE: serving a SYNTHETIC ResNet-50 with random weights. Classifications are meaningless. Run `pnpm models:fetch` when online, then restart. !!!";
       logger.warn({ repository, model: result.modelPath }, banner);
       process.stderr.write(`\n${banner}\n\n`);
-    } else {
+    } else if (result.source !== "bundled") {
+      // The bundled model is announced by announceBundledModel, on this start and every later one.
       logger.info({ repository, model: result.modelPath, source: result.source }, "model weights ready");
     }
+  }
+}
+
+/** At start: with --fetch-models, the seed's missing artifacts (ensureSeedModels); then, always, announceBundledModel. */
+export async function prepareSeedModels(repositories: string[], logger: Logger, fetch: boolean): Promise<void> {
+  if (fetch) await ensureSeedModels(repositories, logger);
+  await announceBundledModel(repositories, logger);
+}
+
+/**
+ * One line for each repository whose seed inference model is the bundled MobileNetV2 (the offline
+ * fallback, or the container image's default repository), naming the model, at every start.
+ */
+export async function announceBundledModel(repositories: string[], logger: Logger): Promise<void> {
+  for (const repository of repositories) {
+    if (!(await isSeedRepository(repository))) continue;
+    const file = join(repository, await configuredModelFile(repository));
+    if (await isBundledModel(file)) logger.info({ model: "resnet50_inference", repository }, BUNDLED_NOTICE);
   }
 }

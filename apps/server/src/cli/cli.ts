@@ -477,11 +477,14 @@ export const program = new Command("trellis-server")
   .option("--trace-log-frequency <n>", "deprecated in tritonserver: --trace-config triton,log-frequency=<n>")
   .option(
     "--fetch-models [bool]",
-    "fetch the seed's missing ResNet-50 weights and labels at start (offline: write a synthetic stand-in, with a banner), into this project's own models/ folder only: a repository given elsewhere is never written to (what `pnpm start` passes)",
+    "fetch the seed's missing ResNet-50 weights and labels at start (offline: the bundled MobileNetV2, a real classifier, and a line saying so), into this project's own models/ folder only: a repository given elsewhere is never written to (what `pnpm start` passes)",
     flag,
     false,
   )
-  .option("--no-fetch-models", "do not fetch (or synthesise) missing ResNet-50 weights at start (the default)");
+  .option(
+    "--no-fetch-models",
+    "do not fetch (or fall back to the bundled model for) missing ResNet-50 weights at start (the default)",
+  );
 addCompatFlags(program);
 
 export interface Flags extends TraceFlags {
