@@ -23,6 +23,7 @@ describe("clientMessage", () => {
       clientMessage("remote model r at https://triton.internal:8001/: getaddrinfo ENOTFOUND triton.internal"),
     ).toBe("remote model r: getaddrinfo ENOTFOUND <address>");
     expect(clientMessage("reached [::1]:8001 and localhost:9000")).toBe("reached <address> and <address>");
+    expect(clientMessage("at [fe80::1] and [2001:db8::7]:8001")).toBe("at <address> and <address>");
     expect(clientMessage("boom\n    at f (/x/y.js:1:2)\n    at g (node:internal/x:3:4)")).toBe("boom");
   });
 
@@ -34,6 +35,9 @@ describe("clientMessage", () => {
       "shared memory key '/shm-key' is not registered",
       "key '/../../etc/passwd' is not a shared memory object name",
       "expected OFF, TIMESTAMPS or TENSORS",
+      // Shapes of one number look like bracketed addresses, but an IPv6 address has colons.
+      "unexpected shape for input 'RAW_IMAGE' for model 'resnet50_ensemble'. Expected [-1,1], got [2]",
+      "got [1024] and [ab]",
     ]) {
       expect(clientMessage(text)).toBe(text);
     }

@@ -8,8 +8,12 @@ const URL_PATTERN = /\b[a-zA-Z][a-zA-Z0-9+.-]*:\/\/[^\s'"`<>]*[^\s'"`<>.,:;)\]}]
 const REMOTE_AT_PATTERN = new RegExp(` at ${URL_PATTERN.source}`, "g");
 /** An absolute POSIX path of two or more segments, not the tail of a relative one ("1/model.onnx"). */
 const PATH_PATTERN = /(?<![\w.~/-])\/[^\s/'"`<>:;,()[\]{}]+(?:\/[^\s/'"`<>:;,()[\]{}]*)+/g;
-/** An IPv4 or bracketed IPv6 address, with or without a port, and name lookups' host names. */
-const ADDRESS_PATTERN = /\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\[[0-9a-fA-F:.]+\](?::\d+)?|\blocalhost:\d+\b/g;
+/**
+ * An IPv4 or bracketed IPv6 address, with or without a port, and name lookups' host names. A
+ * bracketed IPv6 address has at least two colons ("[::1]"), which tells it from a shape ("[2]").
+ */
+const ADDRESS_PATTERN =
+  /\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\[(?=[0-9a-fA-F.]*:[0-9a-fA-F.]*:)[0-9a-fA-F:.]+\](?::\d+)?|\blocalhost:\d+\b/g;
 const LOOKUP_PATTERN = /\b(ENOTFOUND|EAI_AGAIN|EAI_FAIL|EAI_NONAME) [^\s:;,)]+/g;
 /** Stack frames ("    at f (/x/y.js:1:2)"). */
 const STACK_PATTERN = /\n\s+at [^\n]*/g;

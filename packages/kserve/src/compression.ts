@@ -10,9 +10,20 @@
  * Every coding inflates in zlib's chunks and stops as soon as the output
  * passes the cap (zlib's maxOutputLength), so a small compressed message that
  * would inflate to gigabytes (a compression bomb) costs at most the cap.
+ * With a DecompressionBudget, the bytes inflated across all requests at once are
+ * bounded too: many bombs in parallel cost at most the budget, not the cap each.
  */
+import { AsyncLocalStorage } from "node:async_hooks";
 import { promisify } from "node:util";
-import { brotliDecompress, deflate, gunzip, inflate, inflateRaw } from "node:zlib";
+import {
+  createBrotliDecompress,
+  createGunzip,
+  createInflate,
+  createInflateRaw,
+  deflate,
+  inflate,
+  inflateRaw,
+} from "node:zlib";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Compression } from "@connectrpc/connect/protocol";
 import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
@@ -20,8 +31,6 @@ import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
 const deflateAsync = promisify(deflate);
 const inflateAsync = promisify(inflate);
 const inflateRawAsync = promisify(inflateRaw);
-const gunzipAsync = promisify(gunzip);
-const brotliDecompressAsync = promisify(brotliDecompress);
 
 /** Whether `bytes` start with a zlib header (RFC 1950: CM 8, header checksum a multiple of 31). */
 export function isZlibWrapped(bytes: Uint8Array): boolean {
@@ -64,17 +73,145 @@ export function namingInputLimit(message: string, flag?: string): string {
   return message;
 }
 
-function decompressor(
-  name: string,
-  inflateUpTo: (bytes: Uint8Array, maxOutputLength: number) => Promise<Buffer>,
-  flag: string | undefined,
-): Compression["decompress"] {
+/** Default DecompressionBudget: four messages at the default 64 MiB cap. */
+export const DEFAULT_DECOMPRESSION_BUDGET_BYTES = 256 * 1024 * 1024;
+
+/**
+ * A server-wide bound on the bytes of decompressed request messages and bodies held at once,
+ * across every request on every port: each request reserves what it inflates, chunk by chunk,
+ * and gives it back when it is answered (or fails). A request whose inflating would pass the
+ * budget is refused at once (RESOURCE_EXHAUSTED, naming `flag`), however small its own message.
+ */
+export class DecompressionBudget {
+  private used = 0;
+
+  constructor(
+    readonly limitBytes: number,
+    readonly flag?: string,
+  ) {}
+
+  /** Bytes reserved right now. */
+  get inUse(): number {
+    return this.used;
+  }
+
+  /** Reserves `bytes` if they fit in what is left. */
+  tryReserve(bytes: number): boolean {
+    if (this.used + bytes > this.limitBytes) return false;
+    this.used += bytes;
+    return true;
+  }
+
+  release(bytes: number): void {
+    this.used = Math.max(0, this.used - bytes);
+  }
+
+  /** The refusal of a request whose inflating would pass the budget. */
+  exhausted(): ConnectError {
+    const hint = this.flag ? `; use ${this.flag} to raise it` : "";
+    return new ConnectError(
+      `decompressed request messages in flight would exceed the server's budget of ${this.limitBytes} bytes: try again later${hint}`,
+      Code.ResourceExhausted,
+    );
+  }
+}
+
+/** Thrown by inflateWithin when the budget has no room left (see DecompressionBudget.exhausted). */
+export class DecompressionBudgetExhausted extends Error {
+  constructor(readonly budget: DecompressionBudget) {
+    super(budget.exhausted().rawMessage);
+  }
+}
+
+/** A request's reservations, released when it is answered (see holdDecompressedUntilClose). */
+type Held = { budget: DecompressionBudget; bytes: number }[];
+const requestHoldings = new AsyncLocalStorage<Held>();
+
+/**
+ * Runs `handle` (one request's handler) so that what it decompresses within a budget stays
+ * reserved until `res` closes: answered, refused or reset. Outside such a call, a reservation
+ * lasts only while inflating.
+ */
+export function holdDecompressedUntilClose<T>(
+  res: { once(event: "close", listener: () => void): unknown },
+  handle: () => T,
+): T {
+  const held: Held = [];
+  res.once("close", () => {
+    for (const h of held.splice(0)) h.budget.release(h.bytes);
+  });
+  return requestHoldings.run(held, handle);
+}
+
+export type Coding = "gzip" | "deflate" | "br";
+
+function inflater(coding: Coding, bytes: Uint8Array) {
+  const chunkSize = 256 * 1024;
+  if (coding === "gzip") return createGunzip({ chunkSize });
+  if (coding === "br") return createBrotliDecompress({ chunkSize });
+  return isZlibWrapped(bytes) ? createInflate({ chunkSize }) : createInflateRaw({ chunkSize });
+}
+
+/**
+ * `bytes` inflated with `coding`, at most `maxBytes` of output (past it: an error with code
+ * ERR_BUFFER_TOO_LARGE, as zlib's maxOutputLength) and, with a `budget`, only while the budget
+ * has room for each chunk (else DecompressionBudgetExhausted). Inflating stops at once either
+ * way; what a failed call reserved is given back at once, what a successful one reserved when
+ * the request closes (see holdDecompressedUntilClose), or at once outside a request.
+ */
+export function inflateWithin(
+  coding: Coding,
+  bytes: Uint8Array,
+  maxBytes: number,
+  budget?: DecompressionBudget,
+): Promise<Buffer> {
+  const held = requestHoldings.getStore();
+  return new Promise((resolve, reject) => {
+    const z = inflater(coding, bytes);
+    const chunks: Buffer[] = [];
+    let total = 0;
+    let settled = false;
+    const fail = (err: Error) => {
+      if (settled) return;
+      settled = true;
+      budget?.release(total);
+      chunks.length = 0;
+      z.destroy();
+      reject(err);
+    };
+    z.on("data", (chunk: Buffer) => {
+      if (settled) return;
+      if (total + chunk.byteLength > maxBytes) {
+        const err = new RangeError(`decompressed output exceeds ${maxBytes} bytes`) as RangeError & { code: string };
+        err.code = "ERR_BUFFER_TOO_LARGE";
+        return fail(err);
+      }
+      if (budget && !budget.tryReserve(chunk.byteLength)) return fail(new DecompressionBudgetExhausted(budget));
+      total += chunk.byteLength;
+      chunks.push(chunk);
+    });
+    z.on("error", fail);
+    z.on("end", () => {
+      if (settled) return;
+      settled = true;
+      if (budget) {
+        if (held) held.push({ budget, bytes: total });
+        else budget.release(total);
+      }
+      resolve(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, total));
+    });
+    z.end(bytes);
+  });
+}
+
+function decompressor(name: Coding, flag: string | undefined, budget?: DecompressionBudget): Compression["decompress"] {
   return async (bytes, readMaxBytes) => {
     if (bytes.byteLength === 0) return new Uint8Array(0);
     try {
-      const inflated = await inflateUpTo(bytes, readMaxBytes);
+      const inflated = await inflateWithin(name, bytes, readMaxBytes, budget);
       return new Uint8Array(inflated.buffer as ArrayBuffer, inflated.byteOffset, inflated.byteLength);
     } catch (err) {
+      if (err instanceof DecompressionBudgetExhausted) throw err.budget.exhausted();
       if ((err as { code?: string }).code === "ERR_BUFFER_TOO_LARGE") {
         throw inputTooLarge(readMaxBytes, undefined, flag, name);
       }
@@ -86,27 +223,20 @@ function decompressor(
 /**
  * The request codings a server accepts: gzip, deflate (gRPC's two, both of which Triton
  * takes) and br, each inflated only up to the handler's readMaxBytes; a message past it is
- * refused RESOURCE_EXHAUSTED naming the limit and `flag`, the setting that raises it.
+ * refused RESOURCE_EXHAUSTED naming the limit and `flag`, the setting that raises it. With a
+ * `budget`, inflating also takes its room from it (see DecompressionBudget).
  */
-export function requestCompression(flag?: string): Compression[] {
+export function requestCompression(flag?: string, budget?: DecompressionBudget): Compression[] {
   return [
-    {
-      name: "gzip",
-      compress: compressionGzip.compress,
-      decompress: decompressor("gzip", (b, max) => gunzipAsync(b, { maxOutputLength: max }), flag),
-    },
+    { name: "gzip", compress: compressionGzip.compress, decompress: decompressor("gzip", flag, budget) },
     {
       name: "deflate",
       async compress(bytes) {
         return new Uint8Array(await deflateAsync(bytes));
       },
-      decompress: decompressor("deflate", inflateDeflate, flag),
+      decompress: decompressor("deflate", flag, budget),
     },
-    {
-      name: "br",
-      compress: compressionBrotli.compress,
-      decompress: decompressor("br", (b, max) => brotliDecompressAsync(b, { maxOutputLength: max }), flag),
-    },
+    { name: "br", compress: compressionBrotli.compress, decompress: decompressor("br", flag, budget) },
   ];
 }
 

@@ -13,6 +13,7 @@ import { clientMessage } from "./client-errors.js";
 import { answerLogSettings, type LogSettings, type LogSettingsControl } from "./log-settings.js";
 import type {
   ModelIndexEntry,
+  ModelLoadLimits,
   ModelLoadOptions,
   ModelRegistry,
   ModelRepositoryControl,
@@ -210,16 +211,46 @@ export async function repositoryIndex(registry: ModelRegistry, readyOnly: boolea
 /** A repository request's parameters as the wire decoded them (JSON values, or protobuf parameters' values). */
 export type RepositoryParameters = Record<string, unknown>;
 
+/** A load of model `name` refused for carrying `files` file overrides, past `limit` (--max-load-files). */
+export function tooManyLoadFiles(name: string, files: number, limit: number): StageError {
+  return new StageError(
+    Code.InvalidArgument,
+    "",
+    `failed to load '${name}': the request carries ${files} file overrides, more than the ${limit} allowed; use --max-load-files to raise the limit`,
+  );
+}
+
+/** A load of model `name` refused for `bytes` of file overrides (or more), past `limit` (--max-load-bytes). */
+export function tooManyLoadBytes(name: string, bytes: number, limit: number): StageError {
+  return new StageError(
+    Code.InvalidArgument,
+    "",
+    `failed to load '${name}': the request's file overrides hold ${bytes} bytes, more than the ${limit} bytes allowed; use --max-load-bytes to raise the limit`,
+  );
+}
+
 /**
  * A load request's parameters, as Triton's: "config" (the model config as JSON text) and
  * "file:<path>" overrides (the file's content: `fileBytes` reads it as the wire carries bytes,
- * undefined when the value is not that). Other parameters are ignored.
+ * undefined when the value is not that). Other parameters are ignored. With `limits` (and the
+ * model's `name` for the refusals), the files are counted before any is read, and their bytes
+ * summed as they are.
  */
 export function loadOptions(
   parameters: RepositoryParameters,
   fileBytes: (value: unknown) => Uint8Array | undefined,
+  limits?: ModelLoadLimits,
+  name = "",
 ): ModelLoadOptions {
+  if (limits) {
+    let count = 0;
+    for (const key in parameters) if (key.startsWith("file:")) count++;
+    if (count > limits.maxFiles) throw tooManyLoadFiles(name, count, limits.maxFiles);
+  }
+  let total = 0;
   const options: ModelLoadOptions = {};
+  // Filled in place: a load may carry thousands of files (the registry bounds how many).
+  const files: Record<string, Uint8Array> = {};
   for (const [key, value] of Object.entries(parameters)) {
     if (key.startsWith("file:")) {
       const path = key.slice("file:".length);
@@ -232,7 +263,10 @@ export function loadOptions(
           `load parameter '${key}' must be the file's content (bytes; base64 in JSON), got ${shownValue(value)}`,
         );
       }
-      options.files = { ...options.files, [path]: bytes };
+      total += bytes.byteLength;
+      if (limits && total > limits.maxBytes) throw tooManyLoadBytes(name, total, limits.maxBytes);
+      files[path] = bytes;
+      options.files = files;
     } else if (key === "config") {
       if (typeof value !== "string") {
         throw new StageError(
@@ -270,7 +304,7 @@ export async function loadModel(
 ): Promise<void> {
   checkModelName(name);
   const repository = repositoryOf(registry);
-  await repository.load(name, loadOptions(parameters, fileBytes));
+  await repository.load(name, loadOptions(parameters, fileBytes, repository.loadLimits, name));
 }
 
 /** Unloads model `name` with the request's parameters (see unloadOptions). */

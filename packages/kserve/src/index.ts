@@ -7,7 +7,16 @@ export {
   tensorToContents,
   tensorToRaw,
 } from "./codec.js";
-export { compressionDeflate, inflateDeflate } from "./compression.js";
+export {
+  type Coding,
+  compressionDeflate,
+  DEFAULT_DECOMPRESSION_BUDGET_BYTES,
+  DecompressionBudget,
+  DecompressionBudgetExhausted,
+  holdDecompressedUntilClose,
+  inflateDeflate,
+  inflateWithin,
+} from "./compression.js";
 export { normalizedModelConfig } from "./config-normalize.js";
 export {
   type ClosableTransport,
@@ -32,6 +41,8 @@ export {
   sharedMemoryRegions,
   statisticsStage,
   TRITON_EXTENSIONS,
+  tooManyLoadBytes,
+  tooManyLoadFiles,
   traceSetting,
   unloadModel,
   unregisterSharedMemory,
@@ -41,6 +52,7 @@ export type { LogSettings, LogSettingsControl } from "./log-settings.js";
 export { createModelCaller } from "./model-caller.js";
 export type {
   ModelIndexEntry,
+  ModelLoadLimits,
   ModelLoadOptions,
   ModelRegistry,
   ModelRepositoryControl,

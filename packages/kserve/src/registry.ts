@@ -33,7 +33,17 @@ export interface ModelUnloadOptions {
   unloadDependents?: boolean;
 }
 
+/** What one load request may upload: checked as its parameters are read, before any file is decoded. */
+export interface ModelLoadLimits {
+  /** Most file overrides (--max-load-files). */
+  maxFiles: number;
+  /** Most bytes of file overrides together (--max-load-bytes). */
+  maxBytes: number;
+}
+
 export interface ModelRepositoryControl {
+  /** Bounds on a load request's files; without them, only the request's own size bounds them. */
+  loadLimits?: ModelLoadLimits;
   index(readyOnly: boolean): ModelIndexEntry[] | Promise<ModelIndexEntry[]>;
   load(name: string, options?: ModelLoadOptions): Promise<void>;
   unload(name: string, options?: ModelUnloadOptions): Promise<void>;

@@ -77,9 +77,27 @@ export function checkModelName(name: string): void {
   if (problem) throw new StageError(Code.InvalidArgument, "", `invalid model name ${shownValue(name)}: ${problem}`);
 }
 
-/** A load request's file override path ("file:<path>"): no control characters. */
+/** Longest file override path, and longest name in it (Linux's PATH_MAX and NAME_MAX). */
+const MAX_OVERRIDE_PATH_BYTES = 4096;
+const MAX_OVERRIDE_NAME_BYTES = 255;
+
+/**
+ * A load request's file override path ("file:<path>"): no control characters, at most 4096
+ * bytes, each name in it at most 255 (what the filesystem would refuse with ENAMETOOLONG).
+ */
 export function checkFileOverridePath(path: string): void {
   if (CONTROL.test(path)) {
     throw new StageError(Code.InvalidArgument, "", `load parameter 'file:${path}' contains a control character`);
+  }
+  const tooLong =
+    Buffer.byteLength(path) > MAX_OVERRIDE_PATH_BYTES ||
+    path.split(/[/\\]/).some((name) => Buffer.byteLength(name) > MAX_OVERRIDE_NAME_BYTES);
+  if (tooLong) {
+    const shown = path.length > 64 ? `${path.slice(0, 64)}...` : path;
+    throw new StageError(
+      Code.InvalidArgument,
+      "",
+      `load parameter 'file:${shown}' is too long: a file override's path may have at most ${MAX_OVERRIDE_PATH_BYTES} bytes, each name in it ${MAX_OVERRIDE_NAME_BYTES}`,
+    );
   }
 }

@@ -46,7 +46,12 @@ import {
 import { answersOf } from "@trellis/stage/backend";
 import { clientError } from "./client-errors.js";
 import { tensorFromContents, tensorToRaw } from "./codec.js";
-import { namingInputLimit, requestCompression } from "./compression.js";
+import {
+  type DecompressionBudget,
+  holdDecompressedUntilClose,
+  namingInputLimit,
+  requestCompression,
+} from "./compression.js";
 import { normalizedModelConfig } from "./config-normalize.js";
 import {
   loadModel,
@@ -635,11 +640,14 @@ export function widenSessionWindow(session: http2.Http2Session): void {
  * gzip on a megabyte response costs more than sending it over loopback or a
  * datacenter link (Triton does not compress by default either).
  */
-export function serverCompression(maxInputFlag?: string): {
+export function serverCompression(
+  maxInputFlag?: string,
+  budget?: DecompressionBudget,
+): {
   acceptCompression: Compression[];
   compressMinBytes: number;
 } {
-  return { acceptCompression: requestCompression(maxInputFlag), compressMinBytes: Number.POSITIVE_INFINITY };
+  return { acceptCompression: requestCompression(maxInputFlag, budget), compressMinBytes: Number.POSITIVE_INFINITY };
 }
 
 /** serverCompression() with refusals that name no setting. */
@@ -666,6 +674,12 @@ export interface GrpcServerOptions extends ServeOptions {
   maxInputBytes?: number;
   /** The setting that raises maxInputBytes (e.g. "--grpc-max-input-size"), named in those refusals. */
   maxInputFlag?: string;
+  /**
+   * Bytes of decompressed messages held at once across all calls (shared with other listeners
+   * when given one); each call's share is given back when it is answered. Without it, only
+   * maxInputBytes bounds each message.
+   */
+  decompressionBudget?: DecompressionBudget;
   /** Serve over TLS (h2) instead of cleartext HTTP/2. */
   tls?: GrpcServerTlsOptions;
   /** Endpoint groups that require a header (tritonserver's --grpc-restricted-protocol). */
@@ -724,6 +738,7 @@ export function createGrpcServer(
   {
     maxInputBytes = DEFAULT_GRPC_MAX_INPUT_BYTES,
     maxInputFlag,
+    decompressionBudget,
     tls,
     restrictions,
     responseCompression = "none",
@@ -736,7 +751,7 @@ export function createGrpcServer(
       routes: serveStage(registry, options),
       readMaxBytes: maxInputBytes,
       interceptors: restrictions ? [restrictionInterceptor(restrictions)] : [],
-      ...serverCompression(maxInputFlag),
+      ...serverCompression(maxInputFlag, decompressionBudget),
       compressMinBytes,
     });
   const connect = adapter(SERVER_COMPRESSION.compressMinBytes);
@@ -760,6 +775,11 @@ export function createGrpcServer(
   );
   const handle = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     if (modelInfer(req, res)) return;
+    // What Connect inflates for this call stays reserved in the budget until it is answered.
+    if (decompressionBudget) holdDecompressedUntilClose(res, () => viaConnect(req, res));
+    else viaConnect(req, res);
+  };
+  const viaConnect = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     // Connect writes its status trailers through addTrailers; grpc-js clients need grpc-message
     // encoded as the gRPC spec does (see encodeGrpcMessage), and its refusals of a message over
     // the cap name the setting that raises it.

@@ -5,7 +5,7 @@
  * tensor bytes. Inputs are read from and outputs written to the region's file
  * (tmpfs: memory copies) at the region's offset plus the tensor's.
  */
-import { closeSync, fstatSync, openSync, readSync, writeSync } from "node:fs";
+import { closeSync, constants, fstatSync, openSync, readSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import type { Parameters } from "@trellis/stage";
 import { Code, StageError } from "@trellis/stage";
@@ -72,6 +72,47 @@ export function withoutSharedMemory(parameters: Parameters | undefined): Paramet
   return Object.keys(rest).length > 0 ? rest : undefined;
 }
 
+/** Longest shared memory object name (NAME_MAX, as shm_open's). */
+const MAX_OBJECT_NAME_BYTES = 255;
+
+/**
+ * Opens the shared memory object `key` names in `dir`, read-write, as glibc's shm_open does
+ * (O_NOFOLLOW): the entry itself only, never what a symbolic link there points to, and only a
+ * regular file (not a folder, a FIFO or a device, which O_NONBLOCK keeps from blocking the open).
+ * A key names an object, never a path: nothing outside `dir` opens.
+ */
+function openObject(dir: string, key: string, fail: (why: string) => StageError): number {
+  const object = key.startsWith("/") ? key.slice(1) : key;
+  if (
+    !object ||
+    object.includes("/") ||
+    object === "." ||
+    object === ".." ||
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what it refuses
+    /[\u0000-\u001f\u007f]/.test(object) ||
+    Buffer.byteLength(object) > MAX_OBJECT_NAME_BYTES
+  ) {
+    throw fail(
+      `key '${JSON.stringify(key).slice(1, -1)}' is not a shared memory object name ("/name", as shm_open takes it)`,
+    );
+  }
+  let fd: number;
+  try {
+    fd = openSync(join(dir, object), constants.O_RDWR | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === "ELOOP") throw fail(`'${key}' is not a shared memory object: it is a symbolic link`);
+    if (code === "EISDIR") throw fail(`'${key}' is not a shared memory object: it is a folder`);
+    if (code === "ENOENT") throw fail(`unable to open shared memory object '${key}': no such object`);
+    throw fail(`unable to open shared memory object '${key}': ${code ?? (err as Error).message}`);
+  }
+  if (!fstatSync(fd).isFile()) {
+    closeSync(fd);
+    throw fail(`'${key}' is not a shared memory object: it is not a regular file`);
+  }
+  return fd;
+}
+
 /** The registered system shared memory regions of one server. */
 export class SystemSharedMemory {
   private readonly regions = new Map<string, SharedMemoryRegion & { fd: number }>();
@@ -85,17 +126,7 @@ export class SystemSharedMemory {
     if (this.regions.has(name)) {
       throw new StageError(Code.AlreadyExists, "", `shared memory region '${name}' already in manager`);
     }
-    // A key names a shared memory object, never a path: nothing outside the shared memory folder opens.
-    const object = key.startsWith("/") ? key.slice(1) : key;
-    if (!object || object.includes("/") || object === "." || object === "..") {
-      throw fail(`key '${key}' is not a shared memory object name ("/name", as shm_open takes it)`);
-    }
-    let fd: number;
-    try {
-      fd = openSync(join(this.dir, object), "r+");
-    } catch (err) {
-      throw fail(`unable to open shared memory object '${key}': ${(err as Error).message}`);
-    }
+    const fd = openObject(this.dir, key, fail);
     const size = fstatSync(fd).size;
     if (offset + byteSize > size) {
       closeSync(fd);
