@@ -8,11 +8,12 @@ import v8 from "node:v8";
 import { SystemSharedMemory } from "@trellis/kserve";
 import { importInInstanceThreads, ResponseCache } from "@trellis/runtime";
 import { prepareSeedModels } from "./cli/bootstrap.js";
-import { program, readCommandLine, UsageError } from "./cli/cli.js";
+import { type Flags, program, readCommandLine, UsageError } from "./cli/cli.js";
 import { createServerLogger, defaultLogStyle } from "./cli/logging.js";
 import { startupFailure } from "./cli/usage.js";
 // The optional integrations (the Redis cache, OpenTelemetry, SageMaker, Vertex AI) are imported
 // where their flags switch them on: a server that does not use one never loads it (nor its packages).
+import type { GrpcConnectionOptions } from "./frontends/grpc-connections.js";
 import type { SageMakerModelHost, SageMakerOptions } from "./frontends/sagemaker.js";
 import type { VertexAiOptions } from "./frontends/vertex-ai.js";
 import type { RedisResponseCache } from "./integrations/redis-cache.js";
@@ -31,6 +32,22 @@ v8.setFlagsFromString("--heap-growing-percent=300");
 // User models may import @trellis/* by name with no node_modules of their own (as Triton lends
 // triton_python_backend_utils): resolved from this install. Before any model loads.
 lendOwnPackages(importInInstanceThreads);
+
+/** Keepalive, age, ping and handshake bounds of gRPC connections, from their flags. */
+function grpcConnectionOptions(flags: Flags): GrpcConnectionOptions {
+  return {
+    keepaliveTimeMs: flags.grpcKeepaliveTime,
+    keepaliveTimeoutMs: flags.grpcKeepaliveTimeout,
+    keepaliveWithoutCalls: flags.grpcKeepalivePermitWithoutCalls,
+    maxAgeMs: flags.grpcMaxConnectionAge,
+    maxAgeGraceMs: flags.grpcMaxConnectionAgeGrace,
+    maxPingsWithoutData: flags.grpcHttp2MaxPingsWithoutData,
+    minRecvPingIntervalMs: flags.grpcHttp2MinRecvPingIntervalWithoutData,
+    maxPingStrikes: flags.grpcHttp2MaxPingStrikes,
+    maxIdleMs: flags.grpcMaxConnectionIdle,
+    handshakeTimeoutMs: flags.grpcHandshakeTimeout,
+  };
+}
 
 async function main(): Promise<void> {
   const settings = await readCommandLine();
@@ -78,6 +95,9 @@ async function main(): Promise<void> {
     responseCache,
     strictReadiness: flags.strictReadiness,
     allowUnsafeLoadOverrides: flags.allowUnsafeLoadOverrides,
+    maxInstancesPerModel: flags.maxInstancesPerModel,
+    maxLoadFiles: flags.maxLoadFiles,
+    maxLoadBytes: flags.maxLoadBytes,
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });
@@ -124,6 +144,7 @@ async function main(): Promise<void> {
     metricsPort: flags.metricsPort,
     httpMaxInputBytes: flags.httpMaxInputSize,
     grpcMaxInputBytes: flags.grpcMaxInputSize,
+    maxInflightDecompressedBytes: flags.maxInflightDecompressedBytes,
     logger,
     logSettings,
     grpcTls: settings.grpcTls,
@@ -141,18 +162,7 @@ async function main(): Promise<void> {
     grpcResponseCompression: flags.grpcInferResponseCompressionLevel,
     ...(sagemaker ? { sagemaker } : {}),
     ...(vertexAi ? { vertexAi } : {}),
-    grpcConnections: {
-      keepaliveTimeMs: flags.grpcKeepaliveTime,
-      keepaliveTimeoutMs: flags.grpcKeepaliveTimeout,
-      keepaliveWithoutCalls: flags.grpcKeepalivePermitWithoutCalls,
-      maxAgeMs: flags.grpcMaxConnectionAge,
-      maxAgeGraceMs: flags.grpcMaxConnectionAgeGrace,
-      maxPingsWithoutData: flags.grpcHttp2MaxPingsWithoutData,
-      minRecvPingIntervalMs: flags.grpcHttp2MinRecvPingIntervalWithoutData,
-      maxPingStrikes: flags.grpcHttp2MaxPingStrikes,
-      maxIdleMs: flags.grpcMaxConnectionIdle,
-      handshakeTimeoutMs: flags.grpcHandshakeTimeout,
-    },
+    grpcConnections: grpcConnectionOptions(flags),
     httpTimeouts: {
       headersMs: flags.httpHeadersTimeout,
       requestMs: flags.httpRequestTimeout,

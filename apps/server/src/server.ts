@@ -11,7 +11,10 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   type ApiRestrictions,
   createGrpcServer,
+  DEFAULT_DECOMPRESSION_BUDGET_BYTES,
+  DecompressionBudget,
   type GrpcServerTlsOptions,
+  holdDecompressedUntilClose,
   type LogSettingsControl,
   type ResponseCompressionLevel,
   restrictionInterceptor,
@@ -57,6 +60,11 @@ export interface ServerOptions {
    * (DEFAULT_GRPC_MAX_INPUT_BYTES: Triton's gRPC cap, 2^31 - 1, let a 1 MB gzip message inflate to gigabytes).
    */
   grpcMaxInputBytes?: number;
+  /**
+   * Bytes of decompressed request messages and bodies held at once, across all requests on every
+   * port (--max-inflight-decompressed-bytes); default DEFAULT_DECOMPRESSION_BUDGET_BYTES.
+   */
+  maxInflightDecompressedBytes?: number;
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
@@ -115,8 +123,18 @@ export const DEFAULT_HTTP_KEEPALIVE_TIMEOUT_MS = 5_000;
  */
 const SHUTDOWN_IDLE_GRACE_MS = 1_000;
 
-/** An HTTP/1.1 server with `timeouts`. */
-function httpServerWith(timeouts: HttpTimeouts, handler: http.RequestListener): http.Server {
+/**
+ * An HTTP/1.1 server with `timeouts`; with a `budget`, what a request decompresses stays
+ * reserved in it until the request is answered.
+ */
+function httpServerWith(
+  timeouts: HttpTimeouts,
+  listener: http.RequestListener,
+  budget?: DecompressionBudget,
+): http.Server {
+  const handler: http.RequestListener = budget
+    ? (req, res) => holdDecompressedUntilClose(res, () => listener(req, res))
+    : listener;
   const headersTimeout = timeouts.headersMs ?? DEFAULT_HTTP_HEADERS_TIMEOUT_MS;
   const requestTimeout = timeouts.requestMs ?? DEFAULT_HTTP_REQUEST_TIMEOUT_MS;
   const shortest = Math.min(...[headersTimeout, requestTimeout].filter((ms) => ms > 0), 300_000);
@@ -160,6 +178,12 @@ function pageUrl(host: string, port: number): string {
   return `http://${name}:${port}/ui/`;
 }
 
+/** The server-wide bound on decompressed requests in flight (--max-inflight-decompressed-bytes). */
+function decompressionBudgetOf(options: ServerOptions): DecompressionBudget {
+  const limit = options.maxInflightDecompressedBytes ?? DEFAULT_DECOMPRESSION_BUDGET_BYTES;
+  return new DecompressionBudget(limit, "--max-inflight-decompressed-bytes");
+}
+
 function listen(server: http.Server | http2.Http2Server, port: number, host: string): Promise<number> {
   return new Promise((resolve, reject) => {
     server.once("error", reject);
@@ -197,11 +221,15 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     onChange?.();
   };
 
+  // One budget for decompressed requests, whichever port they come in on.
+  const decompressionBudget = decompressionBudgetOf(options);
+
   // gRPC: each HTTP/2 stream is one call.
   const { server: grpc, sessions } = createGrpcServer(manager, {
     ...serveOptions,
     maxInputBytes: options.grpcMaxInputBytes,
     maxInputFlag: "--grpc-max-input-size",
+    decompressionBudget,
     tls: options.grpcTls,
     restrictions: options.grpcRestrictions,
     responseCompression: options.grpcResponseCompression,
@@ -225,6 +253,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     extensions,
     logger,
     maxInputBytes: options.httpMaxInputBytes,
+    decompressionBudget,
     logSettings: options.logSettings,
     tracing: options.tracing,
     sharedMemory: options.sharedMemory,
@@ -253,8 +282,9 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       readMaxBytes: options.httpMaxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES,
       // gRPC-Web and Connect calls on the HTTP port come under the HTTP port's restrictions.
       interceptors: options.httpRestrictions ? [restrictionInterceptor(options.httpRestrictions)] : [],
-      ...serverCompression("--http-max-input-size"),
+      ...serverCompression("--http-max-input-size", decompressionBudget),
     }),
+    decompressionBudget,
   );
   // Before the handler (prepended), so the header is set before any answer is written.
   httpServer.prependListener("request", (req, res) => {
@@ -273,7 +303,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       restHandler({ ...restContext, binaryMime: SAGEMAKER_BINARY_MIME }),
       options.sagemaker.options,
     );
-    sagemakerServer = httpServerWith(timeouts, handler);
+    sagemakerServer = httpServerWith(timeouts, handler, decompressionBudget);
   }
   sagemakerServer?.prependListener("request", (_req, res) => {
     active++;
@@ -307,7 +337,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
       ...options.vertexAi.options,
       metrics: () => metrics.scrape(),
     });
-    vertexAiServer = httpServerWith(timeouts, handler);
+    vertexAiServer = httpServerWith(timeouts, handler, decompressionBudget);
   }
   vertexAiServer?.prependListener("request", (_req, res) => {
     active++;

@@ -18,7 +18,7 @@ import { compressionGzip, createConnectTransport, createGrpcTransport } from "@c
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, makeRepository } from "./helpers.js";
+import { echoConfig, makeRepository, rawPost } from "./helpers.js";
 
 const MiB = 1024 * 1024;
 /** The default cap of both ports: Triton's --http-max-input-size default, 64 MiB. */
@@ -265,6 +265,107 @@ describe("gRPC port, default cap", () => {
     } finally {
       session.close();
     }
+  });
+});
+
+/** The server process's resident set now (VmRSS), in bytes. */
+function rss(server: ServerProcess): number {
+  const kb = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${server.proc.pid}/status`, "utf8"))?.[1];
+  if (!kb) throw new Error("no VmRSS in /proc/<pid>/status");
+  return Number(kb) * 1024;
+}
+
+const BUDGET_WORDS = (limit: number) =>
+  `decompressed request messages in flight would exceed the server's budget of ${limit} bytes: try again later; use --max-inflight-decompressed-bytes to raise it`;
+
+describe("gRPC port, bombs in parallel (--max-inflight-decompressed-bytes, default 256 MiB)", () => {
+  let fresh: ServerProcess;
+  beforeAll(async () => {
+    fresh = await startServerProcess(["--model-repository", repo]);
+  });
+  afterAll(() => fresh?.stop());
+
+  it("refuses 32 concurrent 1 MB -> 1 GiB gzip bombs on one connection, growing by at most 512 MB, then answers", async () => {
+    const session = http2.connect(fresh.grpc);
+    try {
+      await expectGoodCall(session);
+      const bomb = encodeEnvelope(compressedFlag, gzipBomb(1024 * MiB));
+      expect(bomb.byteLength).toBeLessThan(1.5 * MiB);
+      const before = rss(fresh);
+      const answers = await Promise.all(
+        Array.from({ length: 32 }, () => rawCall(session, bomb, { "grpc-encoding": "gzip" })),
+      );
+      const growth = peakRss(fresh) - before;
+      const codes = answers.map((a) => a.grpcStatus);
+      expect(codes).toEqual(answers.map(() => String(Code.ResourceExhausted)));
+      // Each bomb stops at the per-message cap or where the budget runs out, whichever comes first.
+      for (const a of answers) {
+        expect([
+          `gzip-decompressed request message of more than ${CAP} bytes ${GRPC_LIMIT(CAP)}`,
+          BUDGET_WORDS(256 * MiB),
+        ]).toContain(a.grpcMessage);
+      }
+      console.log(
+        `32 gzip bombs: peak RSS growth ${(growth / MiB).toFixed(0)} MiB; ${answers.filter((a) => a.grpcMessage?.includes("budget")).length} refused by the budget`,
+      );
+      expect(growth).toBeLessThan(512 * 1000 * 1000);
+      await expectGoodCall(session);
+    } finally {
+      session.close();
+    }
+  });
+});
+
+describe("--max-inflight-decompressed-bytes", () => {
+  const BUDGET = 1024 * 1024;
+  let small: ServerProcess;
+  beforeAll(async () => {
+    small = await startServerProcess(["--model-repository", repo, "--max-inflight-decompressed-bytes", String(BUDGET)]);
+  });
+  afterAll(() => small?.stop());
+
+  /** A ModelInfer of the echo model carrying `pad` bytes of padding in a second raw input, gzipped. */
+  const compressedCall = (pad: number) => {
+    const message = toBinary(
+      ModelInferRequestSchema,
+      create(ModelInferRequestSchema, {
+        modelName: "echo",
+        inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+        rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
+        parameters: { pad: { parameterChoice: { case: "stringParam", value: " ".repeat(pad) } } },
+      }),
+    );
+    return encodeEnvelope(compressedFlag, gzipSync(message));
+  };
+
+  it("refuses a message that would pass the budget RESOURCE_EXHAUSTED naming the flag, and gives back what each call held", async () => {
+    const session = http2.connect(small.grpc);
+    try {
+      const over = await rawCall(session, compressedCall(2 * BUDGET), { "grpc-encoding": "gzip" });
+      expect(over.grpcStatus).toBe(String(Code.ResourceExhausted));
+      expect(over.grpcMessage).toBe(BUDGET_WORDS(BUDGET));
+      // Each of these takes 60% of the budget while it is served: had any call kept its share, the next would be refused.
+      for (let i = 0; i < 5; i++) {
+        const ok = await rawCall(session, compressedCall(0.6 * BUDGET), { "grpc-encoding": "gzip" });
+        expect(ok.grpcStatus, ok.grpcMessage).toBe("0");
+      }
+      await expectGoodCall(session);
+    } finally {
+      session.close();
+    }
+  });
+
+  it("refuses a REST body that would pass the budget 429 naming the flag, then answers", async () => {
+    const json = Buffer.alloc(2 * BUDGET, " ");
+    json.write('{"inputs":[]', 0);
+    json.write("}", json.length - 1);
+    const res = await rawPost(`${small.http}/v2/models/echo/infer`, gzipSync(json), {
+      "content-type": "application/json",
+      "content-encoding": "gzip",
+    });
+    expect(res.status).toBe(429);
+    expect(JSON.parse(res.body.toString()).error).toBe(BUDGET_WORDS(BUDGET));
+    await expectGoodRest(small);
   });
 });
 

@@ -558,7 +558,7 @@ describe("gRPC", () => {
         status: 400,
         json: {
           error:
-            "trace file name is not given: tracing needs a trace file, set when the server starts (--trace-config triton,file=<path>)",
+            "Attempting to set invalid trace setting :trace file name is not given: tracing needs a trace file, set when the server starts (--trace-config triton,file=<path>)",
         },
       },
     );

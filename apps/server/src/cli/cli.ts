@@ -9,6 +9,7 @@ import { resolve } from "node:path";
 import {
   API_CATEGORIES,
   type ApiRestrictions,
+  DEFAULT_DECOMPRESSION_BUDGET_BYTES,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   type GrpcServerTlsOptions,
   type GrpcTlsOptions,
@@ -19,8 +20,9 @@ import {
 import { RateLimiter } from "@trellis/runtime";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "../frontends/http.js";
+import { defaultMaxInstancesPerModel } from "../models/config-bounds.js";
 import { DEFAULT_MAX_QUEUE_SIZE } from "../models/managed.js";
-import type { ControlMode } from "../models/repository.js";
+import { type ControlMode, DEFAULT_MAX_LOAD_BYTES, DEFAULT_MAX_LOAD_FILES } from "../models/repository.js";
 import type { MetricsOptions } from "../observability/metrics.js";
 import type { OtelSettings } from "../observability/otel-settings.js";
 import type { TraceValues } from "../observability/tracing.js";
@@ -215,6 +217,30 @@ export const program = new Command("trellis-server")
     "the queue bound of a model whose config sets no max_queue_size (Triton's dynamic_batching default_queue_policy max_queue_size): a request finding that many pending is refused at once, UNAVAILABLE (HTTP 503); an ensemble admits no more at once than its tightest step's bound; 0: unbounded (Triton's default)",
     count,
     DEFAULT_MAX_QUEUE_SIZE,
+  )
+  .option(
+    "--max-instances-per-model <n>",
+    "most instances one model's config may ask for, summed over its instance_group entries (each a thread or a session): a config asking for more, on disk or in a load request, is refused 400 / INVALID_ARGUMENT naming this flag (default: two per CPU core, at least 4)",
+    positiveCount,
+    defaultMaxInstancesPerModel(),
+  )
+  .option(
+    "--max-load-files <n>",
+    "most file overrides (file:<path>) one model load request may carry; more are refused 400 / INVALID_ARGUMENT naming this flag, before anything is written",
+    positiveCount,
+    DEFAULT_MAX_LOAD_FILES,
+  )
+  .option(
+    "--max-load-bytes <bytes>",
+    "most bytes one model load request's file overrides may hold together (default 1 GiB); more are refused 400 / INVALID_ARGUMENT naming this flag, before anything is written",
+    bytes,
+    DEFAULT_MAX_LOAD_BYTES,
+  )
+  .option(
+    "--max-inflight-decompressed-bytes <bytes>",
+    "most bytes of decompressed request messages and bodies held at once across all requests on every port (each request's share is given back when it is answered); a compressed request that would pass it is refused RESOURCE_EXHAUSTED (HTTP 429) naming this flag (default 256 MiB)",
+    bytes,
+    DEFAULT_DECOMPRESSION_BUDGET_BYTES,
   )
   .option(
     "--backend-config <[backend,]setting=value>",
@@ -495,6 +521,10 @@ export interface Flags extends TraceFlags {
   modelLoadThreadCount: number;
   modelLoadRetryCount: number;
   defaultMaxQueueSize: number;
+  maxInstancesPerModel: number;
+  maxLoadFiles: number;
+  maxLoadBytes: number;
+  maxInflightDecompressedBytes: number;
   rateLimit: "off" | "execution_count";
   rateLimitResource: string[];
   responseCacheByteSize?: string;

@@ -5,15 +5,17 @@
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { promisify } from "node:util";
-import { constants, deflate, gunzip, gzip, type ZlibOptions } from "node:zlib";
+import { constants, deflate, gzip, type ZlibOptions } from "node:zlib";
 import { toJson } from "@bufbuild/protobuf";
 import {
   type ApiCategory,
   type ApiRestrictions,
   clientError,
+  type DecompressionBudget,
+  DecompressionBudgetExhausted,
   forwardedHeaders,
   inferOptionsFromParameters,
-  inflateDeflate,
+  inflateWithin,
   type LogSettingsControl,
   loadModel,
   logSetting,
@@ -72,6 +74,8 @@ export interface RestContext {
   logger: { debug(obj: object, msg?: string): void; warn?(obj: object, msg?: string): void };
   /** Largest request body accepted (default DEFAULT_HTTP_MAX_INPUT_BYTES). */
   maxInputBytes?: number;
+  /** The server-wide bound on decompressed bodies held at once (--max-inflight-decompressed-bytes); past it, 429. */
+  decompressionBudget?: DecompressionBudget;
   /** The logging extension (/v2/logging); without it the route answers 501. */
   logSettings?: LogSettingsControl;
   /** Endpoint groups that require a header (tritonserver's --http-restricted-api); refused with 403. */
@@ -131,8 +135,13 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
 /** The binary extension's JSON header length: Triton's header, or with `mime`, the content type's tail. */
 function binaryHeaderLength(req: IncomingMessage, mime: string | undefined): string | undefined {
   if (!mime) {
-    const length = req.headers[HEADER_LENGTH];
-    return Array.isArray(length) ? length[0] : length;
+    const header = req.headers[HEADER_LENGTH];
+    const length = Array.isArray(header) ? header[0] : header;
+    // A decimal byte count only: not hex ("0x62"), a fraction or padding, which Number() would take.
+    if (length !== undefined && !/^\d+$/.test(length)) {
+      throw new StageError(Code.InvalidArgument, "", `Unable to parse inference header size, got: ${length}`);
+    }
+    return length;
   }
   const contentType = req.headers["content-type"] ?? "";
   if (contentType.startsWith(mime)) {
@@ -212,7 +221,7 @@ export const DEFAULT_HTTP_MAX_INPUT_BYTES = 64 * 1024 * 1024;
  * buffered, and decompressed when it comes with a Content-Encoding (tritonclient.http's
  * request_compression_algorithm sends gzip or deflate); the decompressed body has the same limit.
  */
-async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer> {
+async function readBody(req: IncomingMessage, maxBytes: number, budget?: DecompressionBudget): Promise<Buffer> {
   const tooLarge = (size: string, what = "request body") =>
     new StageError(
       Code.InvalidArgument,
@@ -232,8 +241,10 @@ async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer>
   const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks);
   if (encoding === undefined) return body;
   try {
-    return await decompress(encoding, body, maxBytes);
+    return await inflateWithin(encoding, body, maxBytes, budget);
   } catch (err) {
+    // The server is short of room for decompressed bodies right now, not this body too large.
+    if (err instanceof DecompressionBudgetExhausted) throw new HttpError(429, err.message);
     if ((err as { code?: string }).code === "ERR_BUFFER_TOO_LARGE") {
       throw tooLarge(`more than ${maxBytes}`, `${encoding}-decompressed request body`);
     }
@@ -243,12 +254,6 @@ async function readBody(req: IncomingMessage, maxBytes: number): Promise<Buffer>
       `request body is not valid ${encoding} data: ${(err as Error).message}`,
     );
   }
-}
-
-const gunzipAsync = promisify(gunzip);
-
-function decompress(encoding: "gzip" | "deflate", body: Buffer, maxOutputLength: number): Promise<Buffer> {
-  return encoding === "gzip" ? gunzipAsync(body, { maxOutputLength }) : inflateDeflate(body, maxOutputLength);
 }
 
 /** The request's Content-Encoding: undefined for none or identity; 415 for one we cannot undo. */
@@ -420,7 +425,7 @@ export function restHandler(ctx: RestContext) {
       if (action === "register") {
         if (!region) throw new HttpError(404, "Not Found");
         await registerSharedMemory(ctx.sharedMemory, kind, region, async () => {
-          const body = parseObject(await readBody(req, maxInputBytes), "register request");
+          const body = parseObject(await readBody(req, maxInputBytes, ctx.decompressionBudget), "register request");
           return { key: body.key, offset: body.offset, byteSize: body.byte_size };
         });
         return sendEmpty(res, 200);
@@ -444,7 +449,7 @@ export function restHandler(ctx: RestContext) {
     }
     if (path === "/v2/repository/index") {
       requireMethod(req, "POST");
-      const body = parseObject(await readBody(req, maxInputBytes), "index request");
+      const body = parseObject(await readBody(req, maxInputBytes, ctx.decompressionBudget), "index request");
       if (body.ready !== undefined && typeof body.ready !== "boolean") {
         throw badRequest(`index request: 'ready' must be a boolean, got ${shownValue(body.ready)}`);
       }
@@ -464,7 +469,7 @@ export function restHandler(ctx: RestContext) {
     if (repoMatch) {
       requireMethod(req, "POST");
       const [, name = "", action] = repoMatch;
-      const body = parseObject(await readBody(req, maxInputBytes), `${action} request`);
+      const body = parseObject(await readBody(req, maxInputBytes, ctx.decompressionBudget), `${action} request`);
       const parameters = parametersObject(body, `${action} request`);
       if (action === "load") await loadModel(registry, name, parameters, base64Bytes);
       else await unloadModel(registry, name, parameters);
@@ -507,7 +512,7 @@ export function restHandler(ctx: RestContext) {
   async function settingChanges(req: IncomingMessage, what: string): Promise<Record<string, unknown>> {
     if (req.method === "GET") return {};
     requireMethod(req, "POST");
-    const body = parseJson(await readBody(req, maxInputBytes), what);
+    const body = parseJson(await readBody(req, maxInputBytes, ctx.decompressionBudget), what);
     if (!body || typeof body !== "object" || Array.isArray(body)) {
       throw new StageError(Code.InvalidArgument, "", `${what} must be a JSON object`);
     }
@@ -561,7 +566,7 @@ export function restHandler(ctx: RestContext) {
   ): Promise<void> {
     const stage = registry.resolve(model, version);
     const recvStartNs = nowNs();
-    const body = parseJson(await readBody(req, maxInputBytes), "generate request");
+    const body = parseJson(await readBody(req, maxInputBytes, ctx.decompressionBudget), "generate request");
     const recvEndNs = nowNs();
     const request = generateRequest(body, await stage.metadata(), stage.config.maxBatchSize > 0);
     if (ctx.forwardHeaders) {
@@ -623,7 +628,7 @@ export function restHandler(ctx: RestContext) {
     const recvStartNs = nowNs();
     // Checked before the upload, like Triton; looked up again after it (below).
     if (!resolve()) return;
-    const body = await readBody(req, maxInputBytes);
+    const body = await readBody(req, maxInputBytes, ctx.decompressionBudget);
     const recvEndNs = nowNs();
     const headerLength = binaryHeaderLength(req, ctx.binaryMime);
     let jsonPart: Uint8Array = body;

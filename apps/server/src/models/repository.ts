@@ -17,6 +17,8 @@ import {
   type ModelRepositoryControl,
   type ModelUnloadOptions,
   modelNameProblem,
+  tooManyLoadBytes,
+  tooManyLoadFiles,
 } from "@trellis/kserve";
 import type { LoadStageOptions, RepositoryModel, RepositoryScan, RepositorySource } from "@trellis/model-loader";
 import { type ModelConfig, parseModelConfigJson } from "@trellis/protocol";
@@ -24,6 +26,7 @@ import { CpuGate, type ResponseStore } from "@trellis/runtime";
 import { Code, type RateLimiter, type Stage, StageError, type StageLogger } from "@trellis/stage";
 import { answersOf, delegateStage, modelFilePath } from "@trellis/stage/backend";
 import pLimit, { type LimitFunction } from "p-limit";
+import { configBoundsProblem, defaultMaxInstancesPerModel } from "./config-bounds.js";
 import { DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed.js";
 
 /** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
@@ -70,7 +73,20 @@ export interface RepositoryManagerOptions {
    * (which name code, files and endpoints): --allow-unsafe-load-overrides, default false.
    */
   allowUnsafeLoadOverrides?: boolean;
+  /** Instances one model may run, summed over its instance groups (--max-instances-per-model; default defaultMaxInstancesPerModel()). */
+  maxInstancesPerModel?: number;
+  /** Files one load request may upload (--max-load-files; default DEFAULT_MAX_LOAD_FILES). */
+  maxLoadFiles?: number;
+  /** Bytes one load request may upload, its files together (--max-load-bytes; default DEFAULT_MAX_LOAD_BYTES). */
+  maxLoadBytes?: number;
 }
+
+/** --max-load-files's default: more files than any model folder we know of has. */
+export const DEFAULT_MAX_LOAD_FILES = 1000;
+/** --max-load-bytes's default: 1 GiB. */
+export const DEFAULT_MAX_LOAD_BYTES = 1024 * 1024 * 1024;
+/** How many of a load's files are written at once. */
+const LOAD_WRITE_CONCURRENCY = 16;
 
 /** Files a load request may not upload unless unsafe overrides are allowed: what Node or ORT would run. */
 const CODE_FILE = /\.(?:[cm]?[jt]s|node|wasm|so|dylib|dll)$/i;
@@ -130,9 +146,20 @@ export class RepositoryManager implements ModelRegistry {
   private readonly opts: Required<
     Omit<
       RepositoryManagerOptions,
-      "endpoints" | "responseCache" | "defaultMaxBatchSize" | "loadConcurrency" | "rateLimiter" | "defaultMaxQueueSize"
+      | "endpoints"
+      | "responseCache"
+      | "defaultMaxBatchSize"
+      | "loadConcurrency"
+      | "rateLimiter"
+      | "defaultMaxQueueSize"
+      | "maxInstancesPerModel"
+      | "maxLoadFiles"
+      | "maxLoadBytes"
     >
   > & {
+    maxInstancesPerModel: number;
+    maxLoadFiles: number;
+    maxLoadBytes: number;
     endpoints: Record<string, string>;
     responseCache?: ResponseStore;
     defaultMaxBatchSize?: number;
@@ -168,10 +195,14 @@ export class RepositoryManager implements ModelRegistry {
       ...options,
       endpoints: options.endpoints ?? {},
       defaultMaxQueueSize: options.defaultMaxQueueSize ?? DEFAULT_MAX_QUEUE_SIZE,
+      maxInstancesPerModel: options.maxInstancesPerModel ?? defaultMaxInstancesPerModel(),
+      maxLoadFiles: options.maxLoadFiles ?? DEFAULT_MAX_LOAD_FILES,
+      maxLoadBytes: options.maxLoadBytes ?? DEFAULT_MAX_LOAD_BYTES,
     };
     this.loadSlots = pLimit(options.loadConcurrency ?? 4);
     this.repositories = options.repositories.map((path) => ({ path }));
     this.repository = {
+      loadLimits: { maxFiles: this.opts.maxLoadFiles, maxBytes: this.opts.maxLoadBytes },
       index: (readyOnly) => this.index(readyOnly),
       load: (name, options) => this.requestControl(() => this.load(checkedName(name, "load"), true, options)),
       unload: (name, options) => this.requestControl(() => this.unload(checkedName(name, "unload"), options)),
@@ -459,20 +490,25 @@ export class RepositoryManager implements ModelRegistry {
         `${notPolled(name)}: Load parameter 'config' must be specified for model file override (the model config as JSON)`,
       );
     }
-    const config = configFromJson(name, options.config);
     const files = options.files ?? {};
+    this.checkLoadSize(name, files);
+    const config = configFromJson(name, options.config);
     this.checkOverride(name, config, files);
+    const bounds = this.boundsProblem(config);
+    if (bounds) throw fail(bounds);
     const root = await mkdtemp(join(tmpdir(), "trellis-load-"));
     try {
       const modelDir = join(root, name);
-      for (const [path, bytes] of Object.entries(files)) {
+      const targets = Object.entries(files).map(([path, bytes]) => {
         const target = resolve(modelDir, path);
         if (path.includes("\0") || isAbsolute(path) || !target.startsWith(modelDir + sep)) {
           throw fail(`file override 'file:${path}' must be a path inside the model's folder`);
         }
-        await mkdir(dirname(target), { recursive: true });
-        await writeFile(target, bytes);
-      }
+        return [target, bytes] as const;
+      });
+      await writeFiles(targets, (path) =>
+        fail(`file override 'file:${path.slice(modelDir.length + 1)}' could not be written`),
+      );
       const versions = (await readdir(modelDir, { withFileTypes: true }))
         .filter((d) => d.isDirectory() && /^\d+$/.test(d.name))
         .map((d) => d.name)
@@ -494,6 +530,21 @@ export class RepositoryManager implements ModelRegistry {
     } finally {
       await rm(root, { recursive: true, force: true });
     }
+  }
+
+  /** A load request's files, refused (INVALID_ARGUMENT, naming the flag) past --max-load-files or --max-load-bytes. */
+  private checkLoadSize(name: string, files: Record<string, Uint8Array>): void {
+    // The frontends count them as they read the request (see loadLimits); checked again for other callers.
+    const paths = Object.keys(files);
+    if (paths.length > this.opts.maxLoadFiles) throw tooManyLoadFiles(name, paths.length, this.opts.maxLoadFiles);
+    let bytes = 0;
+    for (const path of paths) bytes += (files[path] as Uint8Array).byteLength;
+    if (bytes > this.opts.maxLoadBytes) throw tooManyLoadBytes(name, bytes, this.opts.maxLoadBytes);
+  }
+
+  /** Why `config` asks more of the server than one model may (see configBoundsProblem). */
+  private boundsProblem(config: ModelConfig): string | undefined {
+    return configBoundsProblem(config, { maxInstancesPerModel: this.opts.maxInstancesPerModel });
   }
 
   /**
@@ -548,6 +599,13 @@ export class RepositoryManager implements ModelRegistry {
    * unloaded because the policy no longer selects them are not failures).
    */
   private async loadEntry(e: ModelEntry, model: RepositoryModel): Promise<string[]> {
+    // Before anything loads: a model already loaded stays as it is; one that is not is a failed load.
+    const bounds = this.boundsProblem(model.config);
+    if (bounds) {
+      if (!isLoaded(e)) e.versions.set("", { version: "", state: "UNAVAILABLE", reason: bounds });
+      this.opts.logger.error({ model: model.name, reason: bounds }, "model failed to load");
+      return [bounds];
+    }
     const wanted = selectVersions(model.config, model.versions);
     if (wanted.length === 0) {
       const reason = `no version is available (version folders: [${model.versions.join(", ")}])`;
@@ -919,6 +977,37 @@ async function contentHash(model: RepositoryModel, version: string): Promise<str
     }
   }
   return hash.digest("base64");
+}
+
+/**
+ * Writes a load's files, LOAD_WRITE_CONCURRENCY at a time (each folder made once): the event loop
+ * keeps answering other requests however many there are. A file that cannot be written fails the
+ * load with `fail`'s words (the filesystem's error, which names the server's paths, goes nowhere).
+ */
+async function writeFiles(
+  targets: (readonly [string, Uint8Array])[],
+  fail: (path: string) => StageError,
+): Promise<void> {
+  const folders = [...new Set(targets.map(([target]) => dirname(target)))].sort();
+  const slots = pLimit(LOAD_WRITE_CONCURRENCY);
+  await Promise.all(
+    folders.map((folder) =>
+      slots(() =>
+        mkdir(folder, { recursive: true }).catch(() => {
+          throw fail(folder);
+        }),
+      ),
+    ),
+  );
+  await Promise.all(
+    targets.map(([target, bytes]) =>
+      slots(() =>
+        writeFile(target, bytes).catch(() => {
+          throw fail(target);
+        }),
+      ),
+    ),
+  );
 }
 
 /** Waits for a stage that loaded but is still warming up. */

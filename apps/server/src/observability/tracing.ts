@@ -69,6 +69,8 @@ const OTEL_SHUTDOWN_WAIT_MS = 2000;
 // Refusals start with Triton's words (server src/http_server.cc HandleTrace, src/tracer.cc); ours follow.
 const noFile =
   "trace file name is not given: tracing needs a trace file, set when the server starts (--trace-config triton,file=<path>)";
+/** A settings update that would trace without a file: TraceManager::UpdateTraceSetting's words, then ours. */
+const noFileUpdate = `Attempting to set invalid trace setting :${noFile}`;
 
 function wholeNumber(setting: string, values: string[], min: number): number {
   if (values.length !== 1) throw invalid(`Unable to parse '${setting}': expected one value, got ${values.length}`);
@@ -396,7 +398,7 @@ export class Tracer implements TraceControl {
       for (const f of clearedFields) delete overrides[f];
       next = { ...this.global, ...overrides };
     }
-    if (next.level.length > 0 && !next.file) throw invalid(noFile);
+    if (next.level.length > 0 && !next.file) throw invalid(noFileUpdate);
 
     const countChanged = "count" in set || clearedFields.includes("count");
     if (model === undefined) {
