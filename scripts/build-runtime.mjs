@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 /**
  * `node scripts/build-runtime.mjs <package>`: builds a workspace package and the workspace packages
- * it needs at run time (its "dependencies", recursively; not its devDependencies), with turbo, so
- * cached builds are reused. `pnpm client` builds the client this way: without the server its tests
+ * it needs at run time (its "dependencies", and what those need to build; not the package's own
+ * devDependencies), with turbo, so cached builds are reused. `pnpm client` builds the client this way: without the server its tests
  * start, which `turbo build --filter=<package>...` would also build.
  */
 import { spawnSync } from "node:child_process";
@@ -38,13 +38,16 @@ if (!packages.has(wanted)) {
   console.error(`build-runtime: ${wanted} is not a workspace package`);
   process.exit(2);
 }
-const closure = new Set();
+// The package's runtime dependencies, and all that those need to build (their devDependencies too:
+// their task hashes then match a full build's, so what `pnpm start` or `pnpm build` built is reused).
+const closure = new Set([wanted]);
 const visit = (name) => {
   if (closure.has(name) || !packages.has(name)) return;
   closure.add(name);
-  for (const dep of Object.keys(packages.get(name).dependencies ?? {})) visit(dep);
+  const { dependencies = {}, devDependencies = {} } = packages.get(name);
+  for (const dep of [...Object.keys(dependencies), ...Object.keys(devDependencies)]) visit(dep);
 };
-visit(wanted);
+for (const dep of Object.keys(packages.get(wanted).dependencies ?? {})) visit(dep);
 // --only: these packages' tasks and no others; generate and build, in the graph's order among them.
 const filters = [...closure].sort().map((name) => `--filter=${name}`);
 const turbo = join(root, "node_modules", ".bin", "turbo");
