@@ -33,6 +33,7 @@ import {
   checkInferRequest,
   configMaxQueueSize,
   decoupledRefusal,
+  queueFullRefusal,
   type RequestSpec,
   requestRefusal,
   tritonMessages,
@@ -438,10 +439,10 @@ function buildEnsemble(
       // Shed at the entry, before step 0 does any work: Triton's full-queue answer, UNAVAILABLE.
       const { bound, step: tightest } = entryBound();
       if (bound > 0 && inflight >= bound) {
-        throw new StageError(
-          Code.Unavailable,
+        throw queueFullRefusal(
           name,
-          `Exceeds maximum queue size: ${inflight} requests in flight, the queue bound of ${stepLabel(tightest!.index, tightest!.model)} (${bound})`,
+          `${inflight} requests in flight`,
+          `the queue bound of ${stepLabel(tightest!.index, tightest!.model)} (${bound})`,
         );
       }
       inflight++;

@@ -14,9 +14,8 @@ export {
 } from "./options.js";
 export type { ModelTensorInfo } from "./protocol.js";
 export {
-  createOnnxStage,
-  createStage,
-  type OnnxStage,
+  createOnnxModel,
+  type OnnxModel,
   type OnnxStageOptions,
   SYNTHETIC_MARKER_FILE,
   SYNTHETIC_METADATA_KEY,

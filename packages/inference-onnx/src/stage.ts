@@ -1,15 +1,15 @@
 /**
- * The onnxruntime stage: Triton's onnxruntime backend as a Trellis Stage.
- * One session per instance, each in its own worker thread; requests are
- * validated against the config, then batched (or run alone) by the stage
- * runtime's dynamic batcher.
+ * The onnxruntime backend: Triton's onnxruntime backend for the Trellis model
+ * runtime. One session per instance, each in its own worker thread; it only
+ * computes the batches the runtime forms (the repository loader serves it:
+ * checks, batching, instances and statistics are the runtime's).
  */
 import { existsSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { basename, dirname, join } from "node:path";
 import type { ModelConfig } from "@trellis/protocol";
-import { createModelRuntime, type ModelBackend } from "@trellis/runtime";
+import type { BatchingStrategy, ModelBackend } from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
@@ -19,10 +19,7 @@ import {
   formatShape,
   metadataFromConfig,
   nowNs,
-  type RateLimiter,
-  type Stage,
   StageError,
-  type StageFactoryOptions,
   type StageLogger,
   type StageMetadata,
   type Tensor,
@@ -56,19 +53,23 @@ export interface OnnxStageOptions {
   strictModelConfig?: boolean;
   /** max_batch_size auto-complete gives a batchable model whose config has none (Triton: 4). */
   defaultMaxBatchSize?: number;
-  /** The server's rate limiter: each instance's runs are admitted through it (its group's rate_limiter). */
-  rateLimiter?: RateLimiter;
   /** The server's CPU gate: with exclusive_cpu, each run holds it alone; absent: runs are not gated. */
   cpuGate?: CpuGate;
 }
 
-export interface OnnxStage extends Stage {
+/** A loaded ONNX model: what the model runtime serves it with. */
+export interface OnnxModel {
+  /** The config served: as given, or completed from the model (strictModelConfig false). */
+  readonly config: ModelConfig;
+  readonly version: string;
   /** The model carries Trellis's synthetic marker: its weights are random and its predictions meaningless. */
   readonly synthetic: boolean;
   /** The ONNX file loaded. */
   readonly modelPath: string;
-  /** Requests in the dynamic batcher's queue (executing ones not counted). */
-  pendingRequests(): number;
+  /** Its sessions as the runtime's backend: one instance a worker, computing merged batches. */
+  readonly backend: ModelBackend;
+  /** How the runtime's dynamic batcher forms its batches (parameter batching_strategy). */
+  readonly strategy: BatchingStrategy;
 }
 
 /** ONNX metadata_props key (or version-folder file) that marks a synthetic model (`pnpm models:synth`). */
@@ -208,7 +209,8 @@ async function warmupFeeds(config: ModelConfig, index: number, versionDir: strin
   return feeds;
 }
 
-export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxStage> {
+/** Loads the ONNX model of `options` (sessions started, config checked, warmed up) for the model runtime. */
+export async function createOnnxModel(options: OnnxStageOptions): Promise<OnnxModel> {
   const version = options.version ?? "1";
   const versionDir = options.versionDir ?? join(options.modelDir, version);
   const given = options.config;
@@ -327,16 +329,6 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     );
   }
 
-  // sequence_batching's control and state tensors are added by the runtime's sequence batcher.
-  const runtime = await createModelRuntime({
-    config,
-    version,
-    backend,
-    modelDir: options.modelDir,
-    strategy: batchingStrategy(config),
-    ...(options.rateLimiter ? { rateLimiter: options.rateLimiter } : {}),
-    ...(log ? { logger: log } : {}),
-  });
   log?.info(
     {
       model: name,
@@ -349,24 +341,6 @@ export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxSt
     },
     "onnxruntime model loaded",
   );
-  return {
-    name,
-    version,
-    config,
-    synthetic,
-    modelPath,
-    isReady: () => runtime.isReady(),
-    metadata: () => metadata,
-    infer: (request, opts) => runtime.infer(request, opts),
-    pendingRequests: () => runtime.pendingRequests?.() ?? 0,
-    statistics: () => runtime.statistics(),
-    close: () => runtime.close(),
-  };
-}
-
-/** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/inference-onnx). */
-export function createStage(
-  options: StageFactoryOptions & { strictModelConfig?: boolean; defaultMaxBatchSize?: number },
-): Promise<OnnxStage> {
-  return createOnnxStage(options);
+  // sequence_batching's control and state tensors are added by the runtime's sequence batcher.
+  return { config, version, synthetic, modelPath, backend, strategy: batchingStrategy(config) };
 }

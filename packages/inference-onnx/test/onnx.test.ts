@@ -21,15 +21,13 @@ import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   autoCompleteConfig,
-  createOnnxStage,
-  createStage,
   exclusiveCpu,
-  type OnnxStage,
   planInstances,
   readOnnxMetadataProps,
   SYNTHETIC_METADATA_KEY,
   sessionOptions,
 } from "../dist/index.js";
+import { createOnnxStage, type OnnxStage } from "./serve-onnx.js";
 
 const IMAGE = 3 * 224 * 224;
 const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-test-"));
@@ -532,7 +530,7 @@ describe("hand-built ONNX models", () => {
       warn: (_obj, msg) => warnings.push(String(msg)),
       error: () => {},
     };
-    const stage = await createStage({
+    const stage = await createOnnxStage({
       config: parseModelConfig(`name: "toy_synth"`),
       modelDir: dir,
       version: "1",

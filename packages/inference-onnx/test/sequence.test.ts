@@ -10,7 +10,7 @@ import { parseModelConfig } from "@trellis/protocol";
 import { type InferResponse, type Parameters, StageError, tensor } from "@trellis/stage";
 import { ACCUMULATOR_CONFIG, accumulatorModel, rejectionOf } from "@trellis/testing";
 import { afterAll, describe, expect, it } from "vitest";
-import { createOnnxStage, type OnnxStage } from "../dist/index.js";
+import { createOnnxStage, type OnnxStage } from "./serve-onnx.js";
 
 const repo = mkdtempSync(join(tmpdir(), "trellis-onnx-sequence-"));
 const stages: OnnxStage[] = [];

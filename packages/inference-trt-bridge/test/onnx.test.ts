@@ -4,7 +4,7 @@
 import { readFile } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
-import { createOnnxStage, type OnnxStage } from "@trellis/inference-onnx";
+import { createOnnxModel, type OnnxModel } from "@trellis/inference-onnx";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
 import { Code, type Stage, tensor } from "@trellis/stage";
 import {
@@ -28,7 +28,7 @@ async function standInConfigText(): Promise<string> {
 }
 
 let server: Child;
-let direct: OnnxStage;
+let direct: OnnxModel;
 let bridge: Stage;
 let env: Record<string, string>;
 let batch: ReturnType<typeof tensor<"FP32">>;
@@ -38,7 +38,7 @@ beforeAll(async () => {
   const text = await standInConfigText();
   env = { ONNX_CONFIG: text };
   server = await spawnServer("onnx", 0, [MOBILENET_PATH], env);
-  direct = await createOnnxStage({
+  direct = await createOnnxModel({
     config: parseModelConfig(text),
     modelDir: sharedDir,
     versionDir: dirname(MOBILENET_PATH),
@@ -60,7 +60,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await server?.kill();
-  await direct?.close();
+  await direct?.backend.close();
   await bridge?.close();
 });
 
@@ -72,7 +72,10 @@ const argmaxes = (logits: Float32Array, n: number) =>
 
 describe("bridge to a real ONNX model over gRPC", () => {
   it("gives exactly the direct stage's logits for a batch of real photos", async () => {
-    const want = await direct.infer({ inputs: [batch] });
+    // The ONNX backend's own answer for the batch (one run on its instance 0).
+    const request = { inputs: [batch] };
+    const context = { batchSize: IMAGES.length, requests: [request], instance: 0, ownsInputs: false };
+    const want = await direct.backend.execute!(request, context);
     const got = await bridge.infer({ inputs: [batch] });
     expect(got.modelName).toBe("resnet50_inference_trt");
     const w = want.outputs[0];

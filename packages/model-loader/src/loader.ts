@@ -1,14 +1,25 @@
 /**
  * loadStage: one repository model to a Stage, by backend. This is the
- * loader both the ensemble's steps and the server use.
+ * loader both the ensemble's steps and the server use, and the one place a
+ * model computed in this process (a TypeScript stage, an ONNX model) gets its
+ * model runtime (checks, batching, instances, statistics).
  */
 import { stat } from "node:fs/promises";
 import { basename, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { createEnsemble, type ResolveStep } from "@trellis/ensemble-runner";
+import type { OnnxModel, OnnxStageOptions } from "@trellis/inference-onnx";
 import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
 import type { ModelConfig } from "@trellis/protocol";
-import { createModelRuntime, instanceCount, stageBackend, startWorkerInstances } from "@trellis/runtime";
+import {
+  type BatchingStrategy,
+  createModelRuntime,
+  definitionBackend,
+  instanceCount,
+  type ModelBackend,
+  stageBackend,
+  startWorkerInstances,
+} from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
@@ -18,12 +29,13 @@ import {
   type ModelCaller,
   type RateLimiter,
   type Stage,
+  type StageDefinition,
   StageError,
   type StageFactory,
   type StageFactoryOptions,
   type StageLogger,
 } from "@trellis/stage";
-import { delegateStage } from "@trellis/stage/backend";
+import { delegateStage, isStageDefinition } from "@trellis/stage/backend";
 import { type RepositoryModel, type RepositorySource, scanRepository } from "./repository.js";
 
 export interface LoadStageOptions {
@@ -276,27 +288,28 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   const backend = config.backend;
   if (onnx) {
     const mod = await importModule(ONNX_PACKAGE, model.name);
-    const onnxOptions = {
+    const onnxOptions: OnnxStageOptions = {
       ...factoryOptions,
       strictModelConfig: options.strictModelConfig ?? true,
       ...(options.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: options.defaultMaxBatchSize } : {}),
     };
-    return factoryOf(mod, ONNX_PACKAGE, model.name)(onnxOptions);
+    const loaded = await (mod.createOnnxModel as (o: OnnxStageOptions) => Promise<OnnxModel>)(onnxOptions);
+    return serveModel(loaded, model, options);
   }
   if (backend === "typescript") {
-    const stage =
+    const made =
       configParameter(config, "worker_threads")?.toLowerCase() === "true"
         ? await workerInstances(model, versionDir, factoryOptions)
         : await (await typescriptFactory(model, versionDir))(factoryOptions);
-    if (isDecoupled(config) && !stage.inferStream) {
-      await stage.close();
+    if (isDecoupled(config) && !(isStageDefinition(made) ? made.computeStream : made.inferStream)) {
+      await made.close?.();
       throw new StageError(
         Code.InvalidArgument,
         model.name,
         "model_transaction_policy { decoupled: true }, but the stage has no inferStream to send its responses (defineStage: give computeStream)",
       );
     }
-    return serveTypescript(stage, model, options);
+    return serveTypescript(made, model, options);
   }
   if (backend === "python") {
     const replacement = trellisReplacement(config);
@@ -317,21 +330,39 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
 }
 
 /**
- * A TypeScript stage (a package, a user's model.js, a pool of worker instances) served by the
- * model runtime: request checks, statistics, dynamic and sequence batching, instance_group's
- * count (N executions at once; with neither instance_group nor dynamic_batching the stage takes
- * requests as they come, bounding its own work) and the rate limiter, as for any backend.
+ * A TypeScript stage (a package's or a user's StageDefinition, a Stage a module made itself, a
+ * pool of worker instances) served by the model runtime. With neither instance_group nor
+ * dynamic_batching the stage takes requests as they come, bounding its own work; dynamic_batching
+ * without instance_group runs one instance (Triton's default), so batches form.
  */
-function serveTypescript(stage: Stage, model: RepositoryModel, options: LoadStageOptions): Promise<Stage> {
+function serveTypescript(
+  made: Stage | StageDefinition,
+  model: RepositoryModel,
+  options: LoadStageOptions,
+): Promise<Stage> {
   const { config } = model;
-  // dynamic_batching without instance_group runs one instance (Triton's default), so batches form.
   const counted = config.instanceGroup.length > 0 || config.schedulingChoice.case === "dynamicBatching";
   const instances = counted ? instanceCount(config) : Number.POSITIVE_INFINITY;
+  const backend = isStageDefinition(made) ? definitionBackend(made, instances) : stageBackend(made, instances);
+  return serveModel({ config: made.config, version: made.version ?? options.version, backend }, model, options);
+}
+
+/**
+ * The model runtime of a model computed in this process: request checks, statistics, dynamic
+ * and sequence batching, instance_group's count and the rate limiter, as for any backend. Every
+ * such model gets its runtime here.
+ */
+function serveModel(
+  served: { config: ModelConfig; version: string; backend: ModelBackend; strategy?: BatchingStrategy },
+  model: RepositoryModel,
+  options: LoadStageOptions,
+): Promise<Stage> {
   return createModelRuntime({
-    config: stage.config,
-    version: stage.version,
-    backend: stageBackend(stage, instances),
+    config: served.config,
+    version: served.version,
+    backend: served.backend,
     modelDir: model.modelDir,
+    ...(served.strategy ? { strategy: served.strategy } : {}),
     ...(options.rateLimiter ? { rateLimiter: options.rateLimiter } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
   });

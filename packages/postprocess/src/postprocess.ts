@@ -16,15 +16,18 @@ import {
   metadataFromConfig,
   nowNs,
   type ParameterValue,
+  type RequestOutcome,
   type Stage,
+  type StageDefinition,
   StageError,
   type StageFactoryOptions,
   type StageLogger,
   type StageMetadata,
   StatisticsRecorder,
+  type Tensor,
   traceExecution,
 } from "@trellis/stage";
-import { checkInferRequest, modelFilePath, RUNTIME_HOOKS, type RuntimeHooks } from "@trellis/stage/backend";
+import { checkInferRequest, modelFilePath } from "@trellis/stage/backend";
 import { cFixed6, pyJsonFloatList, pyJsonStringList } from "./format.js";
 import { loadLabels } from "./labels.js";
 import { softmaxRowF32, topK } from "./softmax.js";
@@ -186,43 +189,53 @@ export class PostprocessStage implements Stage {
   }
 
   infer(request: InferRequest, options: InferOptions = {}): Promise<InferResponse> {
-    return this.answer(request, options, true);
+    return this.answer(request, options);
   }
 
-  /** For the model runtime, which records the statistics and trace itself. */
-  readonly [RUNTIME_HOOKS]: RuntimeHooks = { infer: (request, options) => this.answer(request, options ?? {}, false) };
+  /**
+   * What this stage computes, for the model runtime (Triton's `execute(requests)`): each request
+   * of a batch answered on its own, so a row with a non-finite logit fails only its request.
+   */
+  definition(): StageDefinition {
+    return {
+      config: this.config,
+      version: this.version,
+      metadata: () => this.meta,
+      execute: (requests, options) => requests.map((request) => this.outcome(request, options ?? {})),
+      isReady: () => this.isReady(),
+      close: () => this.close(),
+    };
+  }
 
-  private async answer(request: InferRequest, options: InferOptions, record: boolean): Promise<InferResponse> {
+  private outcome(request: InferRequest, options: InferOptions): RequestOutcome {
+    try {
+      return this.outputs(request, options);
+    } catch (err) {
+      return err instanceof Error ? err : new StageError(Code.Internal, this.name, String(err));
+    }
+  }
+
+  /** One request's output tensor (it throws a StageError naming what was wrong). */
+  private outputs(request: InferRequest, options: InferOptions): Tensor[] {
+    if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloaded");
+    if (options.signal?.aborted) throw new StageError(Code.Canceled, this.name, "request cancelled");
+    const { logits, n, classify } = this.validate(request);
+    const strings = this.run(logits, n, classify);
+    const width = classify > 0 ? classify : 1;
+    const shape = this.batching ? [n, width] : [width];
+    return [bytesTensor(this.outputName, shape, strings)];
+  }
+
+  private async answer(request: InferRequest, options: InferOptions): Promise<InferResponse> {
     const start = nowNs();
     try {
-      if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloaded");
-      if (options.signal?.aborted) throw new StageError(Code.Canceled, this.name, "request cancelled");
-      const { logits, n, classify } = this.validate(request);
-      const inferStart = nowNs();
-      const strings = this.run(logits, n, classify);
-      const outputStart = nowNs();
-      const width = classify > 0 ? classify : 1;
-      const shape = this.batching ? [n, width] : [width];
-      const response: InferResponse = {
-        id: request.id,
-        modelName: this.name,
-        modelVersion: this.version,
-        outputs: [bytesTensor(this.outputName, shape, strings)],
-      };
-      const end = nowNs();
-      const times = {
-        computeInputNs: inferStart - start,
-        computeInferNs: outputStart - inferStart,
-        computeOutputNs: end - outputStart,
-      };
-      if (record) {
-        this.stats.executed(n, times);
-        this.stats.requestSucceeded(end - start, n, 0, times);
-        traceExecution(options.trace, start, start, end, times);
-      }
-      return response;
+      const outputs = this.outputs(request, options);
+      const n = this.batching ? (outputs[0]?.shape[0] ?? 1) : 1;
+      const { endNs, times } = this.stats.ranAlone(start, n);
+      traceExecution(options.trace, start, start, endNs, times);
+      return { id: request.id, modelName: this.name, modelVersion: this.version, outputs };
     } catch (err) {
-      if (record) this.stats.requestFailed(nowNs() - start);
+      this.stats.requestFailed(nowNs() - start);
       throw err;
     }
   }
@@ -260,13 +273,14 @@ export async function createPostprocess(options: PostprocessOptions): Promise<Po
   return s;
 }
 
-/** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/postprocess). */
-export function createStage(options: StageFactoryOptions): Promise<Stage> {
-  return createPostprocess({
+/** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/postprocess): what it computes. */
+export async function createStage(options: StageFactoryOptions): Promise<StageDefinition> {
+  const stage = await createPostprocess({
     config: options.config,
     version: options.version,
     modelDir: options.modelDir,
     versionDir: options.versionDir,
     logger: options.logger,
   });
+  return stage.definition();
 }

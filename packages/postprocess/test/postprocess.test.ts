@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
-import { bytesToStrings, Code, type InferRequest, type StageError, tensor } from "@trellis/stage";
+import { bytesToStrings, Code, defineStage, type InferRequest, type StageError, tensor } from "@trellis/stage";
 import { type CpuTop5, LABELS_PATH, modelsDir, referenceTop5OnThisCpu, STABLE_TOP1 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPostprocess, createStage, type PostprocessStage } from "../src/index.js";
@@ -238,7 +238,7 @@ describe("postprocess errors and options", () => {
       output [ { name: "TOP" data_type: TYPE_STRING dims: [ 1 ] label_filename: "animals.txt" } ]
       parameters { key: "top_k" value: { string_value: "3" } }
     `);
-    const stage = await createStage({ config, modelDir: dir, version: "2", versionDir: join(dir, "2") });
+    const stage = defineStage(await createStage({ config, modelDir: dir, version: "2", versionDir: join(dir, "2") }));
     const res = await stage.infer({
       inputs: [tensor("SCORES", "FP32", [2, 4], new Float32Array([0, 2, 1, -1, 5, 5, 5, 5]))],
     });

@@ -10,4 +10,4 @@ export {
   parametersFromConfig,
   resolveParameters,
 } from "./options.js";
-export { createPreprocess, createStage, type PreprocessOptions } from "./stage.js";
+export { createPreprocess, createStage, type PreprocessOptions, preprocessDefinition } from "./stage.js";

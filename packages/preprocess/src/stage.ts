@@ -1,36 +1,29 @@
 /**
  * The preprocess stage: RAW_IMAGE (BYTES [N,1], encoded images) ->
- * PREPROCESSED_IMAGE (FP32 [N,3,224,224] by default). Each request's images
- * are decoded in parallel on libuv's thread pool (sharp is async); a stage-wide
- * limit caps how many are in flight across requests.
+ * PREPROCESSED_IMAGE (FP32 [N,3,224,224] by default). The images of a batch's
+ * requests are decoded in parallel on libuv's thread pool (sharp is async); a
+ * stage-wide limit caps how many are in flight across requests. Each request is
+ * answered on its own: a bad image fails only the request that sent it.
  */
 import { DataType as ConfigDataType, type ModelConfig, parseModelConfig } from "@trellis/protocol";
 import {
   Code,
   type CpuGate,
   datatypeFromConfig,
+  defineStage,
   formatShape,
   type InferOptions,
   type InferRequest,
-  type InferResponse,
-  metadataFromConfig,
-  nowNs,
+  type RequestOutcome,
   type Stage,
+  type StageDefinition,
   StageError,
   type StageFactoryOptions,
   type StageLogger,
-  StatisticsRecorder,
   type Tensor,
   tensor,
-  traceExecution,
 } from "@trellis/stage";
-import {
-  checkInferRequest,
-  invalidArgument,
-  type RequestSpec,
-  RUNTIME_HOOKS,
-  type RuntimeHooks,
-} from "@trellis/stage/backend";
+import { checkInferRequest, invalidArgument, type RequestSpec } from "@trellis/stage/backend";
 import { decodeCrop, ElementError, unwrap } from "./image.js";
 import { lookupTables, rowWriter } from "./normalize.js";
 import { type PreprocessParameters, parametersFromConfig, resolveParameters } from "./options.js";
@@ -117,8 +110,11 @@ function checkConfig(config: ModelConfig, p: PreprocessParameters): void {
   }
 }
 
-/** Builds the preprocess stage. Explicit options win over the config's parameters. */
-export function createPreprocess(options: PreprocessOptions = {}): Stage {
+/**
+ * What the preprocess model computes (served by the model runtime from a repository). Explicit
+ * options win over the config's parameters.
+ */
+export function preprocessDefinition(options: PreprocessOptions = {}): StageDefinition {
   const { config: givenConfig, name: givenName, version = "1", logger, ...explicit } = options;
   const name = givenConfig?.name || givenName || "preprocess";
   const params = resolveParameters(name, givenConfig ? parametersFromConfig(givenConfig, name) : {}, explicit);
@@ -127,13 +123,10 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
   const inputName = config.input[0]!.name;
   const outputName = config.output[0]!.name;
   const batching = config.maxBatchSize > 0;
-  const maxBatch = config.maxBatchSize;
-  const stats = new StatisticsRecorder(name, version);
   const limiter = new Limiter(params.concurrency);
   const gate = options.cpuGate;
   const tables = lookupTables(params);
   const perImage = 3 * params.cropSize * params.cropSize;
-  const metadata = metadataFromConfig(config, [version]);
   let closed = false;
   /** Requests none of whose images has started decoding (the limiter is full). */
   let waiting = 0;
@@ -141,7 +134,7 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
   /** What a request is checked against: Triton's checks and words, and [N] taken for [N,1]. */
   const requestSpec: RequestSpec = {
     model: name,
-    maxBatchSize: maxBatch,
+    maxBatchSize: config.maxBatchSize,
     inputs: [
       {
         name: inputName,
@@ -155,23 +148,14 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
     emptyBatch: true,
   };
 
-  /** The request's elements, checked against the config's input. */
-  function elementsOf(request: InferRequest): Uint8Array[] {
-    checkInferRequest(request, requestSpec);
-    return request.inputs[0]!.data as Uint8Array[];
-  }
-
-  /** `record`: false when the model runtime serves the stage (it records the statistics and trace). */
-  async function infer(request: InferRequest, opts: InferOptions = {}, record = true): Promise<InferResponse> {
-    const start = nowNs();
+  /** One request's output tensor, or the error naming its bad elements (the others of its batch go on). */
+  async function preprocessOne(request: InferRequest, signal: AbortSignal | undefined): Promise<RequestOutcome> {
     try {
-      if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
-      const items = elementsOf(request);
-      const inputDone = nowNs();
+      checkInferRequest(request, requestSpec);
+      const items = request.inputs[0]!.data as Uint8Array[];
       const n = items.length;
       const out = params.outputDatatype === "FP16" ? new Uint16Array(n * perImage) : new Float32Array(n * perImage);
       const failures: { index: number; reason: string }[] = [];
-      const signal = opts.signal;
       let started = n === 0;
       if (!started) waiting++;
       const markStarted = () => {
@@ -179,13 +163,11 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
         started = true;
         waiting--;
       };
-      // Decodes share the CPU gate: an inference run that uses every core waits for them, and they for it.
-      const releaseCpu = gate ? (gate.tryAcquireShared() ?? (await gate.acquireShared())) : () => {};
       await Promise.all(
         items.map((element, index) =>
           limiter.run(async () => {
             markStarted();
-            // One bad element fails the request: skip work that can no longer be used.
+            // One bad element fails its request: skip that request's work that can no longer be used.
             if (failures.length > 0 || signal?.aborted) return;
             try {
               const { bytes, format } = unwrap(element, params.encoding, params.maxBytes, params.mode);
@@ -198,63 +180,62 @@ export function createPreprocess(options: PreprocessOptions = {}): Stage {
             }
           }),
         ),
-      ).finally(releaseCpu);
-      if (signal?.aborted) throw new StageError(Code.Canceled, name, "request cancelled");
+      ).finally(markStarted);
+      if (signal?.aborted) return new StageError(Code.Canceled, name, "request cancelled");
       if (failures.length > 0) {
         failures.sort((a, b) => a.index - b.index);
         const list = failures.map((f) => `element ${f.index}: ${f.reason}`).join("; ");
-        throw invalidArgument(name, `input ${inputName} ${list}`);
+        return invalidArgument(name, `input ${inputName} ${list}`);
       }
-      const inferDone = nowNs();
       const shape = batching ? [n, ...outputShape(params)] : outputShape(params);
-      const output: Tensor = tensor(outputName, params.outputDatatype, shape, out);
-      const response: InferResponse = { modelName: name, modelVersion: version, outputs: [output] };
-      if (request.id !== undefined) response.id = request.id;
-      const end = nowNs();
-      const times = {
-        computeInputNs: inputDone - start,
-        computeInferNs: inferDone - inputDone,
-        computeOutputNs: end - inferDone,
-      };
-      if (record) {
-        stats.executed(n, times);
-        stats.requestSucceeded(end - start, n, 0, times);
-        traceExecution(opts.trace, start, start, end, times);
-      }
-      return response;
+      return [tensor(outputName, params.outputDatatype, shape, out) as Tensor];
     } catch (err) {
-      if (record) stats.requestFailed(nowNs() - start);
-      if (!(err instanceof StageError)) {
-        logger?.error({ err, model: name }, "preprocess failed");
-        throw new StageError(Code.Internal, name, err instanceof Error ? err.message : String(err), { cause: err });
-      }
-      throw err;
+      if (err instanceof StageError) return err;
+      logger?.error({ err, model: name }, "preprocess failed");
+      return new StageError(Code.Internal, name, err instanceof Error ? err.message : String(err), { cause: err });
     }
   }
 
-  const hooks: RuntimeHooks = { infer: (request, opts) => infer(request, opts, false), requestSpec };
-  const stage: Stage & { [RUNTIME_HOOKS]: RuntimeHooks } = {
-    name,
-    version,
+  return {
     config,
+    version,
+    requestSpec,
+    async execute(requests: readonly InferRequest[], opts: InferOptions = {}): Promise<RequestOutcome[]> {
+      if (closed) return requests.map(() => new StageError(Code.Unavailable, name, "stage is closed"));
+      // Decodes share the CPU gate: an inference run that uses every core waits for them, and they for it.
+      let releaseCpu = gate?.tryAcquireShared() ?? (gate ? undefined : () => {});
+      if (!releaseCpu && gate) {
+        // Waiting for the gate: pending, as requests waiting for a decode slot are.
+        waiting += requests.length;
+        try {
+          releaseCpu = await gate.acquireShared();
+        } finally {
+          waiting -= requests.length;
+        }
+      }
+      try {
+        return await Promise.all(requests.map((request) => preprocessOne(request, opts.signal)));
+      } finally {
+        releaseCpu?.();
+      }
+    },
     isReady: () => !closed,
-    metadata: () => metadata,
-    infer: (request, opts) => infer(request, opts),
-    // The model runtime checks requests with the same leniency and records statistics itself.
-    [RUNTIME_HOOKS]: hooks,
-    statistics: () => stats.snapshot(),
     pendingRequests: () => waiting,
-    close: async () => {
+    close: () => {
       closed = true;
     },
   };
-  return stage;
+}
+
+/** The preprocess stage in process (one request per execution; no queue of its own). */
+export function createPreprocess(options: PreprocessOptions = {}): Stage {
+  return defineStage(preprocessDefinition(options));
 }
 
 /** The repository loader's entry point: parameters come from config.pbtxt. */
-export function createStage(options: StageFactoryOptions): Stage {
+export function createStage(options: StageFactoryOptions): StageDefinition {
   const stageOptions: PreprocessOptions = { config: options.config, version: options.version };
   if (options.logger) stageOptions.logger = options.logger;
   if (options.cpuGate) stageOptions.cpuGate = options.cpuGate;
-  return createPreprocess(stageOptions);
+  return preprocessDefinition(stageOptions);
 }

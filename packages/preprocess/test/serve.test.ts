@@ -2,7 +2,7 @@ import { join } from "node:path";
 import { connectStage, grpcTransport, type ListeningServer, listenStage } from "@trellis/kserve";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
 import { CpuGate } from "@trellis/runtime";
-import { Code, type Stage, StageError } from "@trellis/stage";
+import { Code, defineStage, type Stage, StageError } from "@trellis/stage";
 import { float16BitsToFloat32 } from "@trellis/stage/backend";
 import { modelsDir, readFixtureImage, readReferenceTensor } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -16,12 +16,14 @@ describe("served over KServe v2 gRPC", () => {
 
   beforeAll(async () => {
     const dir = join(modelsDir, "resnet50_preprocess");
-    local = await createStage({
-      config: await loadModelConfig(join(dir, "config.pbtxt")),
-      modelDir: dir,
-      version: "1",
-      versionDir: join(dir, "1"),
-    });
+    local = defineStage(
+      createStage({
+        config: await loadModelConfig(join(dir, "config.pbtxt")),
+        modelDir: dir,
+        version: "1",
+        versionDir: join(dir, "1"),
+      }),
+    );
     server = await listenStage(local, { host: "127.0.0.1", port: 0 });
     remote = await connectStage(grpcTransport(server.url), "resnet50_preprocess");
   });

@@ -1,15 +1,18 @@
 /**
  * A dynamic batcher in the manner of Triton's: per-request infer() calls are
- * queued by priority level, merged along dim 0 into batches that respect
- * max_batch_size / preferred_batch_size / max_queue_delay_microseconds, run
- * by a per-batch executor on up to `instances` slots at once, and the
- * outputs are split back to each request. Any stage can wrap its executor
- * with it; without a dynamic_batching config every request runs alone
- * through the same path (queueing, cancellation, statistics).
+ * queued by priority level, gathered into batches that respect
+ * max_batch_size / preferred_batch_size / max_queue_delay_microseconds, and
+ * run on up to `instances` slots at once. Each request of a batch gets its own
+ * outcome: an executor either answers each request (Triton's
+ * `execute(requests)`), or computes the requests merged along dim 0, its
+ * outputs then split back by rows. A merged execution that fails is run again
+ * one request at a time, so only the request that caused it fails (a failed
+ * batch of k costs k more executions). Without a dynamic_batching config every
+ * request runs alone through the same path (queueing, cancellation, statistics).
  */
 import { ConnectError } from "@connectrpc/connect";
 import { type ModelDynamicBatching, type ModelQueuePolicy, ModelQueuePolicy_TimeoutAction } from "@trellis/protocol";
-import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
+import type { InferOptions, InferRequest, InferResponse, RequestOutcome } from "@trellis/stage";
 import {
   Code,
   type ExecutionTimes,
@@ -23,7 +26,14 @@ import {
   type TensorData,
   traceExecution,
 } from "@trellis/stage";
-import { allocate, deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
+import {
+  allocate,
+  deadlineTimer,
+  queueFullRefusal,
+  requestRefusal,
+  toConnectError,
+  tritonMessages,
+} from "@trellis/stage/backend";
 
 export interface BatchContext {
   /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
@@ -45,7 +55,17 @@ export interface BatchResult {
   times?: Partial<ExecutionTimes>;
 }
 
+/** Each request's answer to one execution, in `context.requests` order (Triton's `execute(requests)`). */
+export interface RequestsResult {
+  responses: RequestOutcome[];
+  /** What the executor measured itself; anything missing counts as compute_infer. */
+  times?: Partial<ExecutionTimes>;
+}
+
+/** Computes a batch merged along dim 0: one result for all its requests (a throw fails the execution). */
 export type BatchExecutor = (batch: InferRequest, context: BatchContext) => Promise<BatchResult>;
+/** Computes a batch's requests as they are and answers each: its outputs, or an error of its own. */
+export type RequestsExecutor = (requests: readonly InferRequest[], context: BatchContext) => Promise<RequestsResult>;
 
 export type BatchingStrategy = "delay" | "eager";
 
@@ -60,7 +80,9 @@ export interface DynamicBatcherOptions {
   dynamicBatching?: ModelDynamicBatching;
   /** Executions allowed in flight at once (instance_group count); default 1. */
   instances?: number;
-  execute: BatchExecutor;
+  /** How a batch is computed: merged (`execute`), or request by request (`executeRequests`); give one. */
+  execute?: BatchExecutor;
+  executeRequests?: RequestsExecutor;
   /**
    * "eager" (default): an idle instance takes whatever is queued at once, so
    * batches form while every instance is busy: no added latency at low load,
@@ -157,7 +179,9 @@ const removeFrom = (list: Pending[], p: Pending) => {
 };
 
 export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {
-  const { name, maxBatchSize, dynamicBatching: db, execute, validate, recorder } = options;
+  const { name, maxBatchSize, dynamicBatching: db, validate, recorder } = options;
+  const executeRequests = options.executeRequests ?? (options.execute && mergedExecutor(name, options.execute));
+  if (!executeRequests) throw new StageError(Code.Internal, name, "a batcher needs execute or executeRequests");
   const version = options.version ?? recorder.version;
   const batching = db !== undefined && maxBatchSize > 0;
   const preferred = new Set((db?.preferredBatchSize ?? []).filter((n) => n > 0 && n <= maxBatchSize));
@@ -309,51 +333,38 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
   async function runBatch(batch: Pending[], instance: number): Promise<void> {
     const t0 = nowNs();
     const total = batch.reduce((n, p) => n + p.size, 0);
-    let merged: InferRequest;
-    let result: BatchResult;
-    let t1: number;
-    let t2: number;
+    const context: BatchContext = {
+      batchSize: total,
+      requests: batch.map((p) => p.request),
+      instance,
+      ownsInputs: batch.length > 1,
+      ...(batch.length === 1 ? { options: batch[0]!.options } : {}),
+    };
+    let result: RequestsResult;
     try {
-      merged = batch.length === 1 ? batch[0]!.request : mergeRequests(batch.map((p) => p.request));
-      t1 = nowNs();
-      result = await execute(merged, {
-        batchSize: total,
-        requests: batch.map((p) => p.request),
-        instance,
-        ownsInputs: batch.length > 1,
-        ...(batch.length === 1 ? { options: batch[0]!.options } : {}),
-      });
-      t2 = nowNs();
+      result = await (executeRequests as RequestsExecutor)(context.requests, context);
+      if (result.responses.length !== batch.length) {
+        throw new StageError(
+          Code.Internal,
+          name,
+          `an execution of ${batch.length} requests gave ${result.responses.length} answers`,
+        );
+      }
     } catch (err) {
       // Only the requests in this execution fail; the queue carries on.
       const e = toConnectError(err, name);
       for (const p of batch) fail(p, e);
       return;
     }
-    const responses: (InferResponse | ConnectError)[] = [];
-    let offset = 0;
-    for (const p of batch) {
-      try {
-        const outputs =
-          batch.length === 1 ? result.outputs : result.outputs.map((t) => sliceRows(t, offset, p.size, total));
-        responses.push({
-          id: p.request.id,
-          modelName: name,
-          modelVersion: version,
-          outputs: pickOutputs(p.request, outputs),
-        });
-      } catch (err) {
-        responses.push(toConnectError(err, name));
-      }
-      offset += p.size;
-    }
-    const t3 = nowNs();
+    const t1 = nowNs();
+    const responses = batch.map((p, i) => answerOf(p, result.responses[i]!, batch.length > 1));
+    const t2 = nowNs();
     const reported = result.times ?? {};
     const times: ExecutionTimes = {
-      computeInputNs: t1 - t0 + (reported.computeInputNs ?? 0),
+      computeInputNs: reported.computeInputNs ?? 0,
       computeInferNs:
-        reported.computeInferNs ?? t2 - t1 - (reported.computeInputNs ?? 0) - (reported.computeOutputNs ?? 0),
-      computeOutputNs: t3 - t2 + (reported.computeOutputNs ?? 0),
+        reported.computeInferNs ?? t1 - t0 - (reported.computeInputNs ?? 0) - (reported.computeOutputNs ?? 0),
+      computeOutputNs: t2 - t1 + (reported.computeOutputNs ?? 0),
     };
     recorder.executed(total, times);
     batch.forEach((p, i) => {
@@ -361,24 +372,34 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
       if (r instanceof ConnectError) {
         fail(p, r);
       } else {
-        recorder.requestSucceeded(t3 - p.startNs, p.size, p.queueNs, times);
-        traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t3, times);
+        recorder.requestSucceeded(t2 - p.startNs, p.size, p.queueNs, times);
+        traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t2, times);
         p.resolve(r);
       }
     });
   }
 
-  function sliceRows(t: Tensor, offset: number, rows: number, total: number): Tensor {
-    if (t.shape[0] !== total) {
-      throw new StageError(
-        Code.Internal,
-        name,
-        `output ${t.name}: batch of ${total} produced dim 0 = ${t.shape[0]} (shape ${formatShape(t.shape)})`,
-      );
+  /**
+   * A request's response from its outcome: the outputs it asked for and, answered within a batch
+   * of several, only its own rows (dim 0 = its size), never another request's.
+   */
+  function answerOf(p: Pending, outcome: RequestOutcome, shared: boolean): InferResponse | ConnectError {
+    if (outcome instanceof Error) return toConnectError(outcome, name);
+    try {
+      if (shared && maxBatchSize > 0) {
+        const wrong = outcome.find((t) => t.shape[0] !== p.size);
+        if (wrong) {
+          throw new StageError(
+            Code.Internal,
+            name,
+            `output ${wrong.name}: a request of ${p.size} produced dim 0 = ${wrong.shape[0]} (shape ${formatShape(wrong.shape)})`,
+          );
+        }
+      }
+      return { id: p.request.id, modelName: name, modelVersion: version, outputs: pickOutputs(p.request, outcome) };
+    } catch (err) {
+      return toConnectError(err, name);
     }
-    const per = elementCount(t.shape.slice(1));
-    const data = sliceData(t.data, offset * per, (offset + rows) * per);
-    return { name: t.name, datatype: t.datatype, shape: [rows, ...t.shape.slice(1)], data } as Tensor;
   }
 
   function pickOutputs(request: InferRequest, outputs: Tensor[]): Tensor[] {
@@ -405,11 +426,10 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
       level = levels[p >= 1 && p <= levels.length ? p - 1 : defaultIndex]!;
       const { maxQueueSize } = level.policy;
       if (maxQueueSize > 0 && level.queue.length + level.delayed.length >= maxQueueSize) {
-        // Triton's answer to a full queue: UNAVAILABLE (HTTP 503), worth retrying later.
-        throw new StageError(
-          Code.Unavailable,
+        throw queueFullRefusal(
           name,
-          `Exceeds maximum queue size: ${maxQueueSize} requests already queued at priority level ${level.number}`,
+          `${maxQueueSize} requests already queued`,
+          `the max_queue_size of priority level ${level.number}`,
         );
       }
       const override = opts.timeoutMicroseconds ?? 0;
@@ -502,7 +522,7 @@ function sliceData(data: TensorData, start: number, end: number): TensorData {
 }
 
 /** Concatenates the requests' inputs along dim 0 (they share a batch key, so shapes agree past dim 0). */
-function mergeRequests(requests: InferRequest[]): InferRequest {
+function mergeRequests(requests: readonly InferRequest[]): InferRequest {
   const first = requests[0]!;
   const inputs = first.inputs.map((t): Tensor => {
     const parts = requests.map((r) => r.inputs.find((x) => x.name === t.name)!);
@@ -528,4 +548,71 @@ function mergeRequests(requests: InferRequest[]): InferRequest {
     outputs: wantsAll ? undefined : [...names].map((n) => ({ name: n })),
     parameters: first.parameters,
   };
+}
+
+/**
+ * A merged executor answering request by request: the requests are concatenated along dim 0,
+ * computed at once, and the outputs split back by rows. When a merged execution of several
+ * requests fails, each request is run again alone on the same instance, so the one that caused
+ * it fails with its own error and the others are answered: a failed batch of k costs k more runs.
+ */
+export function mergedExecutor(name: string, execute: BatchExecutor): RequestsExecutor {
+  const alone = async (request: InferRequest, context: BatchContext, size: number): Promise<RequestOutcome> => {
+    try {
+      const result = await execute(request, {
+        batchSize: size,
+        requests: [request],
+        instance: context.instance,
+        ownsInputs: false,
+        ...(context.options ? { options: context.options } : {}),
+      });
+      return result.outputs;
+    } catch (err) {
+      return toConnectError(err, name);
+    }
+  };
+  return async (requests, context) => {
+    if (requests.length === 1) {
+      const result = await execute(requests[0]!, context);
+      return { responses: [result.outputs], ...(result.times ? { times: result.times } : {}) };
+    }
+    const sizes = requests.map((r) => r.inputs[0]?.shape[0] ?? 1);
+    let result: BatchResult;
+    const t0 = nowNs();
+    const merged = mergeRequests(requests);
+    const t1 = nowNs();
+    try {
+      result = await execute(merged, context);
+    } catch {
+      // Isolation: one request at a time, each answered with its own outcome.
+      const responses: RequestOutcome[] = [];
+      for (let i = 0; i < requests.length; i++) responses.push(await alone(requests[i]!, context, sizes[i]!));
+      return { responses };
+    }
+    const responses: RequestOutcome[] = [];
+    let offset = 0;
+    for (const size of sizes) {
+      try {
+        responses.push(result.outputs.map((t) => sliceRows(name, t, offset, size, context.batchSize)));
+      } catch (err) {
+        responses.push(toConnectError(err, name));
+      }
+      offset += size;
+    }
+    const reported = result.times ?? {};
+    return { responses, times: { ...reported, computeInputNs: t1 - t0 + (reported.computeInputNs ?? 0) } };
+  };
+}
+
+function sliceRows(name: string, t: Tensor, offset: number, rows: number, total: number): Tensor {
+  if (t.shape[0] !== total) {
+    throw new StageError(
+      Code.Internal,
+      name,
+      `output ${t.name}: batch of ${total} produced dim 0 = ${t.shape[0]} (shape ${formatShape(t.shape)})`,
+    );
+  }
+  const per = elementCount(t.shape.slice(1));
+  const data = sliceData(t.data, offset * per, (offset + rows) * per);
+  return { name: t.name, datatype: t.datatype, shape: [rows, ...t.shape.slice(1)], data } as Tensor;
 }

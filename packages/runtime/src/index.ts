@@ -3,11 +3,13 @@ export {
   type BatchingStrategy,
   type BatchResult,
   createDynamicBatcher,
+  type RequestsResult,
 } from "./batcher.js";
 export { CpuGate } from "./cpu-gate.js";
 export {
   configRequestSpec,
   createModelRuntime,
+  definitionBackend,
   instanceCount,
   type ModelBackend,
   type ModelRuntime,

@@ -9,7 +9,16 @@ import { fileURLToPath } from "node:url";
 import { parentPort, workerData } from "node:worker_threads";
 import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import { ModelConfigSchema } from "@trellis/protocol";
-import { Code, type InferOptions, type Stage, StageError, type StageFactory, type StageLogger } from "@trellis/stage";
+import {
+  Code,
+  defineStage,
+  type InferOptions,
+  type Stage,
+  StageError,
+  type StageFactory,
+  type StageLogger,
+} from "@trellis/stage";
+import { isStageDefinition } from "@trellis/stage/backend";
 import {
   errorToWire,
   type FromInstance,
@@ -73,13 +82,15 @@ async function loadStage(): Promise<Stage | undefined> {
   }
   try {
     const config = fromBinary(ModelConfigSchema, load.config);
-    return await factory({
+    const made = await factory({
       config,
       modelDir: load.modelDir,
       version: load.version,
       versionDir: load.versionDir,
       logger,
     });
+    // A definition runs here one call at a time; the main thread's runtime batches and counts.
+    return isStageDefinition(made) ? defineStage(made) : made;
   } catch (err) {
     post({ type: "load-error", error: errorToWire(err, model) });
     return undefined;

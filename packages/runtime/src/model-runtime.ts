@@ -26,6 +26,7 @@ import {
   nowNs,
   type RateLimiter,
   type Stage,
+  type StageDefinition,
   StageError,
   type StageLogger,
   type StageMetadata,
@@ -35,12 +36,20 @@ import {
 import {
   checkInferRequest,
   decoupledRefusal,
+  definitionOf,
+  pickOutputs,
   type RateLimiterSlot,
   type RequestSpec,
-  runtimeHooksOf,
   toConnectError,
 } from "@trellis/stage/backend";
-import { type BatchContext, type BatchingStrategy, type BatchResult, createDynamicBatcher } from "./batcher.js";
+import {
+  type BatchContext,
+  type BatchingStrategy,
+  type BatchResult,
+  createDynamicBatcher,
+  mergedExecutor,
+  type RequestsResult,
+} from "./batcher.js";
 import { rateLimiterResources } from "./rate-limiter.js";
 import { createSequenceBatcher, type SequenceBatcher, sequenceTensors } from "./sequence-batcher.js";
 
@@ -53,8 +62,15 @@ export interface ModelBackend {
    * stage that bounds its own work), so requests never queue in the runtime.
    */
   instances: number;
-  /** Computes one batch (one request, or several merged along dim 0) on instance `ctx.instance`. */
-  execute(batch: InferRequest, ctx: BatchContext): Promise<BatchResult>;
+  /**
+   * Computes one batch on instance `ctx.instance`, in one of two ways (give one). `execute`: the
+   * requests merged along dim 0, one result for all (a throw fails the execution; the runtime
+   * then runs each request alone, so only the one that caused it fails). `executeRequests`
+   * (Triton's `execute(requests)`): the requests as they are, answering each with its outputs
+   * or an error of its own.
+   */
+  execute?(batch: InferRequest, ctx: BatchContext): Promise<BatchResult>;
+  executeRequests?(requests: readonly InferRequest[], ctx: BatchContext): Promise<RequestsResult>;
   /** A decoupled model's responses to one request (no batching): checked and counted by the runtime. */
   executeStream?(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
   /** Admission of one execution on `instance` after the rate limiter's (e.g. the CPU gate); gives its release. */
@@ -185,6 +201,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     throw err;
   }
 
+  const run = requestsExecutor(backend, name);
   const backendAdmit = backend.admit?.bind(backend);
   const admit =
     slots.length > 0
@@ -202,7 +219,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
       checkInferRequest(request, spec);
     },
     ...(admit ? { admit } : {}),
-    execute: (batch, ctx) => backend.execute(batch, ctx),
+    executeRequests: run,
   });
 
   let closed = false;
@@ -210,16 +227,18 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
 
   /** A request of batch 0 that the spec takes (emptyBatch): answered by the backend at once, not queued. */
   async function emptyBatch(request: InferRequest, opts: InferOptions | undefined, start: number) {
-    const result = await backend.execute(request, {
+    const result = await run([request], {
       batchSize: 0,
       requests: [request],
       instance: 0,
       ownsInputs: false,
       ...(opts ? { options: opts } : {}),
     });
+    const outcome = result.responses[0];
+    if (!outcome || outcome instanceof Error) throw toConnectError(outcome ?? "no answer", name);
     const { endNs, times } = recorder.ranAlone(start, 0);
     traceExecution(opts?.trace, start, start, endNs, times);
-    return { id: request.id, modelName: name, modelVersion: version, outputs: result.outputs } as InferResponse;
+    return { id: request.id, modelName: name, modelVersion: version, outputs: outcome } as InferResponse;
   }
 
   async function infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
@@ -304,29 +323,75 @@ function admitBoth(
   return both(limited, second);
 }
 
+/** How the runtime runs a backend's batch: request by request, or merged and split back (isolating failures). */
+function requestsExecutor(backend: ModelBackend, name: string) {
+  if (backend.executeRequests) return backend.executeRequests.bind(backend);
+  // A decoupled backend computes only streams: its batches are never formed (infer refuses).
+  if (!backend.execute) return async () => ({ responses: [decoupledRefusal(name)] });
+  return mergedExecutor(name, backend.execute.bind(backend));
+}
+
 /**
- * Any Stage as a backend (a TypeScript stage, a user's model.js, a pool of worker instances):
- * each batch is one `infer` call; a decoupled stage's `inferStream` is passed through. A stage
- * made by defineStage (or another carrying runtime hooks) is called without its own statistics,
- * so the runtime's are the only ones recorded.
+ * Any Stage as a backend (a pool of worker instances, a stage a module made itself): each
+ * batch is one `infer` call of the requests merged; a decoupled stage's `inferStream` is
+ * passed through. A stage made by defineStage is served by its definition (definitionBackend),
+ * so its requests are recorded once, by the runtime.
  */
 export function stageBackend(stage: Stage, instances: number): ModelBackend {
-  const hooks = runtimeHooksOf(stage);
-  const run = hooks ? hooks.infer.bind(hooks) : stage.infer.bind(stage);
-  const stream = hooks?.inferStream?.bind(hooks) ?? stage.inferStream?.bind(stage);
-  const backend: ModelBackend = {
-    instances,
-    async execute(batch, ctx) {
-      const response = await run(batch, ctx.options);
-      return { outputs: response.outputs };
-    },
-    isReady: () => stage.isReady(),
-    metadata: () => stage.metadata(),
-    close: () => stage.close(),
-  };
-  if (stream) backend.executeStream = stream;
-  if (hooks?.requestSpec) backend.requestSpec = hooks.requestSpec;
+  const definition = definitionOf(stage);
+  const backend: ModelBackend = definition
+    ? definitionBackend(definition, instances)
+    : {
+        instances,
+        async execute(batch, ctx) {
+          const response = await stage.infer(batch, ctx.options);
+          return { outputs: response.outputs };
+        },
+        close: () => stage.close(),
+      };
+  // What the stage answers itself (a stage spread with its own pendingRequests, say) wins over its definition's.
+  backend.isReady = () => stage.isReady();
+  backend.metadata = () => stage.metadata();
+  backend.close = () => stage.close();
+  if (!definition && stage.inferStream) backend.executeStream = stage.inferStream.bind(stage);
   const pending = stage.pendingRequests?.bind(stage);
   if (pending) backend.pendingRequests = pending;
+  return backend;
+}
+
+/**
+ * What a stage module defines (StageDefinition) as a backend: `execute` answers each request
+ * of a batch, `compute` computes the batch merged, `computeStream` sends a decoupled model's
+ * responses. Errors are named after the model by the runtime.
+ */
+export function definitionBackend(definition: StageDefinition, instances: number): ModelBackend {
+  const { config } = definition;
+  const name = config.name;
+  const version = definition.version ?? "1";
+  const backend: ModelBackend = {
+    instances,
+    isReady: () => definition.isReady?.() ?? true,
+    metadata: () => definition.metadata?.() ?? metadataFromConfig(config, [version]),
+    close: async () => {
+      await definition.close?.();
+    },
+  };
+  const { execute, compute, computeStream } = definition;
+  if (execute) {
+    backend.executeRequests = async (requests, ctx) => ({
+      responses: await execute.call(definition, requests, ctx.options),
+    });
+  } else if (compute) {
+    backend.execute = async (batch, ctx) => ({ outputs: await compute.call(definition, batch, ctx.options) });
+  }
+  if (computeStream) {
+    backend.executeStream = async function* (request, options) {
+      for await (const outputs of computeStream.call(definition, request, options)) {
+        yield { id: request.id, modelName: name, modelVersion: version, outputs: pickOutputs(name, request, outputs) };
+      }
+    };
+  }
+  if (definition.requestSpec) backend.requestSpec = definition.requestSpec;
+  if (definition.pendingRequests) backend.pendingRequests = definition.pendingRequests.bind(definition);
   return backend;
 }

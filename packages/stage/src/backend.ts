@@ -1,5 +1,12 @@
 export { configMaxQueueSize, datatypeToConfig } from "./config.js";
-export { RUNTIME_HOOKS, type RuntimeHooks, runtimeHooksOf } from "./define.js";
+export {
+  checkDefinition,
+  computeOne,
+  type DefinedStage,
+  definitionOf,
+  isStageDefinition,
+  pickOutputs,
+} from "./define.js";
 export { delegateStage, type StageOverrides } from "./delegate.js";
 export { internal, invalidArgument, notFound, resourceExhausted, toConnectError, unavailable } from "./errors.js";
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
@@ -28,6 +35,7 @@ export { deadlineTimer, MAX_TIMER_MS } from "./timer.js";
 export type { TensorActivity, TraceActivity } from "./trace.js";
 export {
   checkInferRequest,
+  queueFullRefusal,
   type RequestInputSpec,
   type RequestSpec,
   requestPrefix,

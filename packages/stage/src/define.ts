@@ -1,36 +1,30 @@
 /**
- * A Stage from a config and one function: what a user's own `model.js`, a
- * test fixture or a benchmark's no-op step needs, without writing out the
- * contract's bookkeeping (metadata, statistics, readiness, error naming).
+ * What a model computes, and a Stage made from it in process. A stage package (preprocess,
+ * postprocess, a user's `model.js`) exports its StageDefinition; the repository loader serves it
+ * through the model runtime (@trellis/runtime: checks, batching, instances, statistics), and
+ * `defineStage` makes a plain in-process Stage of it (one request per execution) for a pipeline
+ * of one's own, a test fixture or a benchmark's no-op step.
  */
 import { ConnectError } from "@connectrpc/connect";
 import type { ModelConfig } from "@trellis/protocol";
 import { isDecoupled, metadataFromConfig } from "./config.js";
 import { Code, StageError, toConnectError } from "./errors.js";
-import { decoupledRefusal, type InferOptions, type InferRequest, type InferResponse, type Stage } from "./stage.js";
+import {
+  decoupledRefusal,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  type Stage,
+  type StageFactoryOptions,
+  type StageMetadata,
+} from "./stage.js";
 import { nowNs, StatisticsRecorder } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
 import { traceExecution } from "./trace.js";
 import type { RequestSpec } from "./triton-messages.js";
 
-/**
- * Where a stage keeps what the model runtime (@trellis/runtime) uses when it wraps it: its
- * infer and inferStream without the stage's own statistics and tracing (the runtime records
- * them once), and the request checks it wants instead of the config's (a looser spec).
- */
-export const RUNTIME_HOOKS: unique symbol = Symbol.for("trellis.runtime-hooks") as never;
-
-export interface RuntimeHooks {
-  infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
-  inferStream?(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
-  /** Checks to run instead of the config's (e.g. [N] taken for [N,1]). */
-  requestSpec?: RequestSpec;
-}
-
-/** The runtime hooks `stage` carries, if any. */
-export function runtimeHooksOf(stage: Stage): RuntimeHooks | undefined {
-  return (stage as Stage & { [RUNTIME_HOOKS]?: RuntimeHooks })[RUNTIME_HOOKS];
-}
+/** A backend's answer to one request of a batch: its output tensors, or an error that fails that request alone. */
+export type RequestOutcome = Tensor[] | Error;
 
 export interface StageDefinition {
   /** The model's configuration: its name names the stage, its inputs and outputs make the metadata. */
@@ -38,11 +32,19 @@ export interface StageDefinition {
   /** Version served (default "1"). */
   version?: string;
   /**
-   * Computes one request's output tensors. A thrown StageError goes out as
-   * it is, another ConnectError keeps its code under this stage's name, and
-   * anything else is reported as INTERNAL, naming this stage.
+   * Computes one execution's output tensors: one request, or (served with dynamic_batching) the
+   * requests of a batch merged along dim 0. A thrown StageError goes out as it is, another
+   * ConnectError keeps its code under this stage's name, anything else is INTERNAL naming this
+   * stage. A merged batch that throws is run again one request at a time by the runtime, so only
+   * the request that caused it fails.
    */
   compute?(request: InferRequest, options?: InferOptions): Tensor[] | Promise<Tensor[]>;
+  /**
+   * Triton's `execute(requests)`: computes the requests of one batch, unmerged, and answers each
+   * in order with its own outputs or its own error, so one bad request fails alone. Give it
+   * instead of `compute` when the work is per request anyway (a decode, a row-wise softmax).
+   */
+  execute?(requests: readonly InferRequest[], options?: InferOptions): RequestOutcome[] | Promise<RequestOutcome[]>;
   /**
    * A decoupled model's responses (config model_transaction_policy { decoupled: true }, which
    * needs this instead of `compute`): each yield is one response's output tensors, sent as it
@@ -50,6 +52,12 @@ export interface StageDefinition {
    * when the client goes away.
    */
   computeStream?(request: InferRequest, options?: InferOptions): AsyncIterable<Tensor[]>;
+  /** Checks to run instead of the config's (e.g. [N] taken for [N,1]). */
+  requestSpec?: RequestSpec;
+  /** Metadata, when it differs from what the config says. */
+  metadata?(): StageMetadata | Promise<StageMetadata>;
+  /** Requests waiting inside the stage itself (e.g. for a decode slot). */
+  pendingRequests?(): number;
   /** Readiness (default: ready until closed). */
   isReady?(): boolean | Promise<boolean>;
   /** Releases what `compute` holds; close() calls it once. */
@@ -57,106 +65,156 @@ export interface StageDefinition {
 }
 
 /**
- * The Stage for `definition`. Each request is one execution: statistics count
- * it with its batch size (the first input's first dimension when the config
- * batches) and its time as compute time; requested outputs are picked from
- * what `compute` returns (or, for a decoupled model, from each response
- * `computeStream` yields: the request's time runs to its last). Served by the model runtime
- * (@trellis/runtime, as the repository loader serves every TypeScript stage), `compute` gets
- * the runtime's merged batches and the runtime's statistics are the ones reported.
+ * What a stage module exports as `createStage` (or its default export): the definition of what
+ * the model computes (served by the model runtime), or a Stage of its own making.
  */
-export function defineStage(definition: StageDefinition): Stage {
-  const { config, version = "1" } = definition;
-  const name = config.name;
-  const decoupled = isDecoupled(config);
-  const { compute, computeStream } = definition;
-  if (decoupled ? !computeStream : !compute) {
+export type StageFactory = (options: StageFactoryOptions) => Stage | StageDefinition | Promise<Stage | StageDefinition>;
+
+/** A Stage made by defineStage: it shows the definition it was made from, for a runtime to serve instead. */
+export interface DefinedStage extends Stage {
+  readonly definition: StageDefinition;
+}
+
+/** What `made` computes, when it is a definition or a Stage made from one (defineStage); else undefined. */
+export function definitionOf(made: Stage | StageDefinition): StageDefinition | undefined {
+  if (isStageDefinition(made)) return made;
+  return (made as Partial<DefinedStage>).definition;
+}
+
+/** Whether a factory gave a definition (what a model computes) rather than a ready Stage. */
+export function isStageDefinition(made: Stage | StageDefinition): made is StageDefinition {
+  return typeof (made as Partial<Stage>).infer !== "function";
+}
+
+/** The name a definition's errors carry. */
+const named = (name: string, err: unknown): ConnectError => {
+  if (err instanceof StageError) return err;
+  if (err instanceof ConnectError) return new StageError(err.code, name, err.rawMessage, { cause: err });
+  return toConnectError(err, name);
+};
+
+/** One request's outputs from a definition: `compute`'s, or its own outcome of `execute`. */
+export async function computeOne(
+  definition: StageDefinition,
+  request: InferRequest,
+  options?: InferOptions,
+): Promise<Tensor[]> {
+  if (definition.execute) {
+    const [outcome] = await definition.execute([request], options);
+    if (outcome === undefined) throw new StageError(Code.Internal, definition.config.name, "execute gave no answer");
+    if (outcome instanceof Error) throw named(definition.config.name, outcome);
+    return outcome;
+  }
+  if (!definition.compute) throw decoupledRefusal(definition.config.name);
+  return definition.compute(request, options);
+}
+
+/** Refuses a definition that cannot serve its config (no compute, or computeStream missing for a decoupled one). */
+export function checkDefinition(definition: StageDefinition): void {
+  const name = definition.config.name;
+  const decoupled = isDecoupled(definition.config);
+  const coupled = definition.compute ?? definition.execute;
+  if (decoupled ? !definition.computeStream : !coupled) {
     throw new StageError(
       Code.InvalidArgument,
       name,
       decoupled
         ? "the config is decoupled (model_transaction_policy { decoupled: true }): define computeStream, yielding each response's tensors"
-        : "define compute, returning the output tensors (computeStream is for decoupled models: model_transaction_policy { decoupled: true })",
+        : "define compute (or execute), returning the output tensors (computeStream is for decoupled models: model_transaction_policy { decoupled: true })",
     );
   }
+}
+
+/** The outputs a request asked for, from what was computed (all when it names none). */
+export function pickOutputs(name: string, request: InferRequest, outputs: Tensor[]): Tensor[] {
+  if (!request.outputs?.length) return outputs;
+  return request.outputs.map(({ name: wanted }) => {
+    const found = outputs.find((t) => t.name === wanted);
+    if (!found) {
+      const produced = outputs.map((t) => t.name).join(", ");
+      throw new StageError(Code.InvalidArgument, name, `unknown output ${wanted} (outputs: ${produced})`);
+    }
+    return found;
+  });
+}
+
+/**
+ * An in-process Stage for `definition`. Each request is one execution: statistics count it with
+ * its batch size (the first input's first dimension when the config batches) and its time as
+ * compute time; requested outputs are picked from what it computes (or, for a decoupled model,
+ * from each response `computeStream` yields: the request's time runs to its last). No batching,
+ * queue or instances: served from a repository, the model runtime does those (it serves the
+ * stage's `definition`, so each request is recorded once).
+ */
+export function defineStage(definition: StageDefinition): DefinedStage {
+  const { config, version = "1" } = definition;
+  const name = config.name;
+  const decoupled = isDecoupled(config);
+  checkDefinition(definition);
   const recorder = new StatisticsRecorder(name, version);
   const metadata = metadataFromConfig(config, [version]);
   let closed: Promise<void> | undefined;
 
-  const pick = (request: InferRequest, outputs: Tensor[]): Tensor[] => {
-    if (!request.outputs?.length) return outputs;
-    return request.outputs.map(({ name: wanted }) => {
-      const found = outputs.find((t) => t.name === wanted);
-      if (!found) {
-        const produced = outputs.map((t) => t.name).join(", ");
-        throw new StageError(Code.InvalidArgument, name, `unknown output ${wanted} (outputs: ${produced})`);
-      }
-      return found;
-    });
-  };
   const open = () => {
     if (closed) throw new StageError(Code.Unavailable, name, "stage is closed");
   };
-  const succeeded = (request: InferRequest, options: InferOptions | undefined, start: number, record: boolean) => {
-    if (!record) return;
+  const succeeded = (request: InferRequest, options: InferOptions | undefined, start: number) => {
     const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
     const { endNs, times } = recorder.ranAlone(start, batch);
     traceExecution(options?.trace, start, start, endNs, times);
   };
-  const failed = (err: unknown, start: number, record: boolean): ConnectError => {
-    if (record) recorder.requestFailed(nowNs() - start);
-    if (err instanceof StageError) return err;
-    if (err instanceof ConnectError) return new StageError(err.code, name, err.rawMessage, { cause: err });
-    return toConnectError(err, name);
+  const failed = (err: unknown, start: number): ConnectError => {
+    recorder.requestFailed(nowNs() - start);
+    return named(name, err);
   };
 
-  const infer = async (request: InferRequest, options: InferOptions | undefined, record: boolean) => {
-    if (decoupled || !compute) throw decoupledRefusal(name);
+  const infer = async (request: InferRequest, options?: InferOptions): Promise<InferResponse> => {
+    if (decoupled) throw decoupledRefusal(name);
     const start = nowNs();
     try {
       open();
-      const outputs = pick(request, await compute(request, options));
-      succeeded(request, options, start, record);
+      const outputs = pickOutputs(name, request, await computeOne(definition, request, options));
+      succeeded(request, options, start);
       return { id: request.id, modelName: name, modelVersion: version, outputs };
     } catch (err) {
-      throw failed(err, start, record);
+      throw failed(err, start);
     }
   };
   // One execution per request, however many responses it sends; it succeeds once the last is sent.
-  async function* stream(request: InferRequest, options: InferOptions | undefined, record: boolean) {
+  async function* stream(request: InferRequest, options?: InferOptions) {
     const start = nowNs();
     try {
       open();
       let first = true;
-      for await (const outputs of (computeStream as NonNullable<typeof computeStream>)(request, options)) {
-        if (first && record) recorder.firstResponse(nowNs() - start);
+      for await (const outputs of (definition.computeStream as NonNullable<StageDefinition["computeStream"]>)(
+        request,
+        options,
+      )) {
+        if (first) recorder.firstResponse(nowNs() - start);
         first = false;
-        yield { id: request.id, modelName: name, modelVersion: version, outputs: pick(request, outputs) };
+        yield { id: request.id, modelName: name, modelVersion: version, outputs: pickOutputs(name, request, outputs) };
       }
-      succeeded(request, options, start, record);
+      succeeded(request, options, start);
     } catch (err) {
-      throw failed(err, start, record);
+      throw failed(err, start);
     }
   }
 
-  const hooks: RuntimeHooks = { infer: (request, options) => infer(request, options, false) };
-  const stage: Stage & { [RUNTIME_HOOKS]: RuntimeHooks } = {
+  const stage: DefinedStage = {
     name,
     version,
     config,
+    definition,
     isReady: () => (closed ? false : (definition.isReady?.() ?? true)),
-    metadata: () => metadata,
-    infer: (request, options) => infer(request, options, true),
-    [RUNTIME_HOOKS]: hooks,
+    metadata: () => definition.metadata?.() ?? metadata,
+    infer,
     statistics: () => recorder.snapshot(),
     close() {
       closed ??= Promise.resolve(definition.close?.());
       return closed;
     },
   };
-  if (decoupled && computeStream) {
-    stage.inferStream = (request, options) => stream(request, options, true);
-    hooks.inferStream = (request, options) => stream(request, options, false);
-  }
+  if (definition.pendingRequests) stage.pendingRequests = definition.pendingRequests.bind(definition);
+  if (decoupled) stage.inferStream = stream;
   return stage;
 }

@@ -1,5 +1,5 @@
 export { configInteger, configParameter, datatypeFromConfig, isDecoupled, metadataFromConfig } from "./config.js";
-export { defineStage, type StageDefinition } from "./define.js";
+export { defineStage, type RequestOutcome, type StageDefinition, type StageFactory } from "./define.js";
 export { Code, codeName, StageError } from "./errors.js";
 export type { CpuGate, RateLimiter } from "./instances.js";
 export type {
@@ -12,7 +12,6 @@ export type {
   ParameterValue,
   RequestedOutput,
   Stage,
-  StageFactory,
   StageFactoryOptions,
   StageLogger,
   StageMetadata,

@@ -146,8 +146,6 @@ export interface StageLogger {
   error(obj: object | string, msg?: string): void;
 }
 
-export type StageFactory = (options: StageFactoryOptions) => Stage | Promise<Stage>;
-
 export interface ModelCallOptions extends InferOptions {
   /** The version to run; default: the latest ready one. */
   version?: string;

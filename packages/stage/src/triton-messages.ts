@@ -185,3 +185,13 @@ export function checkInferRequest(request: InferRequest, spec: RequestSpec): num
   }
   return batching ? (batch ?? 1) : 1;
 }
+
+/**
+ * Triton's answer to a request its model's full queue cannot take: UNAVAILABLE (HTTP 503), worth
+ * retrying later, "Exceeds maximum queue size" first, then how many wait and which bound is full.
+ * The one place this refusal is made, whichever bound refused (max_queue_size of a priority
+ * level, the server's --default-max-queue-size, an ensemble's tightest step).
+ */
+export function queueFullRefusal(model: string, waiting: string, bound: string): StageError {
+  return new StageError(Code.Unavailable, model, `Exceeds maximum queue size: ${waiting}, ${bound}`);
+}

@@ -29,7 +29,7 @@ import {
   type StageMetadata,
   type Tensor,
 } from "@trellis/stage";
-import { configMaxQueueSize, decoupledRefusal } from "@trellis/stage/backend";
+import { configMaxQueueSize, decoupledRefusal, queueFullRefusal } from "@trellis/stage/backend";
 
 /**
  * The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size):
@@ -116,12 +116,8 @@ export class ManagedStage implements Stage {
       if (pending >= this.bound) {
         this.refused.count++;
         this.refused.ns += nowNs() - started;
-        const why = this.boundIsDefault ? "the server's default bound" : "max_queue_size";
-        throw new StageError(
-          Code.Unavailable,
-          this.name,
-          `Exceeds maximum queue size: ${pending} requests already pending (${why} ${this.bound})`,
-        );
+        const why = this.boundIsDefault ? "the server's default bound (--default-max-queue-size)" : "max_queue_size";
+        throw queueFullRefusal(this.name, `${pending} requests already pending`, `${why} ${this.bound}`);
       }
     }
     this.admitted++;

@@ -13,10 +13,17 @@ import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
+import { createModelRuntime } from "@trellis/runtime";
 import { type Stage, tensor } from "@trellis/stage";
 import { closedLoop, percentile } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
-import { createOnnxStage } from "../index.js";
+import { createOnnxModel, type OnnxStageOptions } from "../index.js";
+
+/** The model served by the model runtime, as the repository loader serves it. */
+async function createOnnxStage(options: OnnxStageOptions) {
+  const model = await createOnnxModel(options);
+  return createModelRuntime({ config: model.config, backend: model.backend, strategy: model.strategy });
+}
 
 const root = join(import.meta.dirname, "..", "..", "..", "..");
 const resnet = join(root, "models", "resnet50_inference", "1", "model.onnx");

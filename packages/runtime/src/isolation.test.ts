@@ -1,0 +1,179 @@
+/**
+ * One request's failure stays its own: a merged batch that fails is run again request by
+ * request, and an executor that answers each request (Triton's execute(requests)) fails only
+ * the one it gives an error.
+ */
+import { create } from "@bufbuild/protobuf";
+import { ModelDynamicBatchingSchema } from "@trellis/protocol";
+import {
+  Code,
+  type InferRequest,
+  type RequestOutcome,
+  StageError,
+  StatisticsRecorder,
+  type Tensor,
+  tensor,
+} from "@trellis/stage";
+import { rejectionOf } from "@trellis/testing";
+import { describe, expect, it } from "vitest";
+import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "./batcher.js";
+
+/** A request of `rows` rows of x [rows, 2]; a negative seed makes every value negative. */
+function req(rows: number, seed: number, id = `r${seed}`): InferRequest {
+  const data = Float32Array.from({ length: rows * 2 }, (_, i) => seed * 100 + Math.sign(seed || 1) * (i + 1));
+  return { id, inputs: [tensor("x", "FP32", [rows, 2], data)] };
+}
+
+const doubled = (t: Tensor) => Array.from(t.data as Float32Array, (v) => v * 2);
+
+/**
+ * A batcher whose first execution waits for `release`, so the requests sent meanwhile are all
+ * queued and form one batch when it ends (instances 1, the delay strategy off).
+ */
+function held(execute: { merged?: (x: Tensor) => Tensor[]; perRequest?: RequestsExecutor }) {
+  const calls: { rows: number[] }[] = [];
+  let release!: () => void;
+  const first = new Promise<void>((r) => {
+    release = r;
+  });
+  const wait = async () => {
+    if (calls.length === 1) await first;
+  };
+  const recorder = new StatisticsRecorder("m", "1");
+  const batcher = createDynamicBatcher({
+    name: "m",
+    maxBatchSize: 32,
+    dynamicBatching: create(ModelDynamicBatchingSchema, {}),
+    instances: 1,
+    recorder,
+    ...(execute.merged
+      ? {
+          execute: async (batch: InferRequest, ctx: BatchContext) => {
+            calls.push({ rows: ctx.requests.map((r) => r.inputs[0]!.shape[0]!) });
+            await wait();
+            return { outputs: execute.merged!(batch.inputs[0]!) };
+          },
+        }
+      : {
+          executeRequests: async (requests: readonly InferRequest[], ctx: BatchContext) => {
+            calls.push({ rows: requests.map((r) => r.inputs[0]!.shape[0]!) });
+            await wait();
+            return execute.perRequest!(requests, ctx);
+          },
+        }),
+  });
+  return { batcher, calls, release, recorder };
+}
+
+/** y = 2x, refusing any negative value (a whole batch fails for one request's values). */
+function twice(x: Tensor): Tensor[] {
+  const values = x.data as Float32Array;
+  const negative = values.find((v) => v < 0);
+  if (negative !== undefined) {
+    throw new StageError(Code.InvalidArgument, "m", `x holds a negative value (${negative})`);
+  }
+  return [
+    tensor(
+      "y",
+      "FP32",
+      [...x.shape],
+      Float32Array.from(values, (v) => v * 2),
+    ),
+  ];
+}
+
+describe("a merged batch that fails", () => {
+  it("is run again request by request: only the culprit fails, the others get their own rows", async () => {
+    const { batcher, calls, release, recorder } = held({ merged: twice });
+    const first = batcher.infer(req(1, 1));
+    const goods = [req(1, 2), req(3, 3), req(2, 4), req(1, 5)];
+    const bad = req(2, -6);
+    const answers = [goods[0]!, goods[1]!, bad, goods[2]!, goods[3]!].map((r) =>
+      batcher.infer(r).then(
+        (res) => res,
+        (err: unknown) => err,
+      ),
+    );
+    release();
+    await first;
+    const settled = await Promise.all(answers);
+    // The batch of five merged (9 rows), failed, then each alone.
+    expect(calls.map((c) => c.rows)).toEqual([[1], [1, 3, 2, 2, 1], [1], [3], [2], [2], [1]]);
+    const err = settled[2] as StageError;
+    expect(err).toBeInstanceOf(StageError);
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toMatch(/negative value \(-/);
+    const goodAnswers = settled.filter((_, i) => i !== 2) as Awaited<ReturnType<typeof batcher.infer>>[];
+    for (const [i, res] of goodAnswers.entries()) {
+      expect(res.id).toBe(goods[i]!.id);
+      expect(res.outputs[0]!.shape).toEqual(goods[i]!.inputs[0]!.shape);
+      expect(Array.from(res.outputs[0]!.data as Float32Array)).toEqual(doubled(goods[i]!.inputs[0]!));
+    }
+    const stats = recorder.snapshot();
+    expect(stats.inferenceStats?.success?.count).toBe(5n);
+    expect(stats.inferenceStats?.fail?.count).toBe(1n);
+  });
+
+  it("fails a lone request with its own error, without running it again", async () => {
+    const { batcher, calls, release } = held({ merged: twice });
+    release();
+    const err = await rejectionOf(batcher.infer(req(2, -1)), StageError);
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(calls).toHaveLength(1);
+  });
+});
+
+describe("an executor that answers each request", () => {
+  it("fails only the request it answers with an error, and computes the rest of the batch", async () => {
+    const perRequest: RequestsExecutor = async (requests) => ({
+      responses: requests.map((r): RequestOutcome => {
+        try {
+          return twice(r.inputs[0]!);
+        } catch (err) {
+          return err as Error;
+        }
+      }),
+    });
+    const { batcher, calls, release } = held({ perRequest });
+    const first = batcher.infer(req(1, 1));
+    const good = [req(2, 2), req(1, 3)];
+    const answers = [batcher.infer(good[0]!), batcher.infer(req(1, -4)), batcher.infer(good[1]!)];
+    const refused = rejectionOf(answers[1]!, StageError);
+    release();
+    await first;
+    expect((await refused).rawMessage).toMatch(/negative value/);
+    for (const [i, r] of [await answers[0]!, await answers[2]!].entries()) {
+      expect(Array.from(r.outputs[0]!.data as Float32Array)).toEqual(doubled(good[i]!.inputs[0]!));
+    }
+    // One execution for the batch of three: nothing ran twice.
+    expect(calls.map((c) => c.rows)).toEqual([[1], [2, 1, 1]]);
+  });
+
+  it("refuses an answer of another request's rows: dim 0 must be the request's own", async () => {
+    // A faulty executor that answers every request with the whole batch's rows.
+    const perRequest: RequestsExecutor = async (requests) => {
+      const rows = requests.reduce((n, r) => n + r.inputs[0]!.shape[0]!, 0);
+      const all = tensor("y", "FP32", [rows, 2], new Float32Array(rows * 2));
+      return { responses: requests.map(() => [all]) };
+    };
+    const { batcher, release } = held({ perRequest });
+    const first = batcher.infer(req(1, 1));
+    const a = rejectionOf(batcher.infer(req(1, 2)), StageError);
+    const b = rejectionOf(batcher.infer(req(2, 3)), StageError);
+    release();
+    await first;
+    expect((await a).code).toBe(Code.Internal);
+    expect((await a).rawMessage).toMatch(/a request of 1 produced dim 0 = 3/);
+    expect((await b).rawMessage).toMatch(/a request of 2 produced dim 0 = 3/);
+  });
+
+  it("fails the whole batch when it gives the wrong number of answers", async () => {
+    const perRequest: RequestsExecutor = async (requests) => ({ responses: requests.slice(1).map(() => []) });
+    const { batcher, release } = held({ perRequest });
+    const first = batcher.infer(req(1, 1)).catch((e: unknown) => e);
+    const a = rejectionOf(batcher.infer(req(1, 2)), StageError);
+    release();
+    await first;
+    expect((await a).rawMessage).toMatch(/an execution of 1 requests gave 0 answers/);
+  });
+});
