@@ -27,6 +27,7 @@ export {
   remoteError,
 } from "./connect.js";
 export {
+  checkLoadFilesInJson,
   loadModel,
   logSetting,
   modelReady,

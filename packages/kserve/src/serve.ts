@@ -68,6 +68,7 @@ import {
   unloadModel,
   unregisterSharedMemory,
 } from "./control.js";
+import { guardRepositoryLoad, type LoadGuardOptions } from "./grpc-load-guard.js";
 import {
   type GrpcCallTimes,
   grpcModelInferHandler,
@@ -773,11 +774,23 @@ export function createGrpcServer(
     responseCompression,
     maxInputFlag,
   );
+  const loadLimits = registry.repository?.loadLimits;
+  const loadGuard: LoadGuardOptions | undefined = loadLimits && {
+    limits: loadLimits,
+    maxBytes: maxInputBytes,
+    budget: decompressionBudget,
+    refuse: restrictions
+      ? (headers) => restrictionError(restrictions, "model-repository", (h) => headers[h] as string | undefined, "grpc")
+      : undefined,
+  };
+  // What Connect inflates for a call stays reserved in the budget until the call is answered.
+  const connectCall = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) =>
+    decompressionBudget ? holdDecompressedUntilClose(res, () => viaConnect(req, res)) : viaConnect(req, res);
   const handle = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     if (modelInfer(req, res)) return;
-    // What Connect inflates for this call stays reserved in the budget until it is answered.
-    if (decompressionBudget) holdDecompressedUntilClose(res, () => viaConnect(req, res));
-    else viaConnect(req, res);
+    // A model load's parameters are counted before Connect decodes them (see grpc-load-guard.ts).
+    if (loadGuard && guardRepositoryLoad(req, res, loadGuard, () => connectCall(req, res))) return;
+    connectCall(req, res);
   };
   const viaConnect = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     // Connect writes its status trailers through addTrailers; grpc-js clients need grpc-message

@@ -10,6 +10,7 @@ import { toJson } from "@bufbuild/protobuf";
 import {
   type ApiCategory,
   type ApiRestrictions,
+  checkLoadFilesInJson,
   clientError,
   type DecompressionBudget,
   DecompressionBudgetExhausted,
@@ -469,7 +470,9 @@ export function restHandler(ctx: RestContext) {
     if (repoMatch) {
       requireMethod(req, "POST");
       const [, name = "", action] = repoMatch;
-      const body = parseObject(await readBody(req, maxInputBytes, ctx.decompressionBudget), `${action} request`);
+      const raw = await readBody(req, maxInputBytes, ctx.decompressionBudget);
+      if (action === "load") checkLoadFilesInJson(name, raw, registry.repository?.loadLimits);
+      const body = parseObject(raw, `${action} request`);
       const parameters = parametersObject(body, `${action} request`);
       if (action === "load") await loadModel(registry, name, parameters, base64Bytes);
       else await unloadModel(registry, name, parameters);
