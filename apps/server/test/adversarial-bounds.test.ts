@@ -47,7 +47,12 @@ let server: ServerProcess;
 let client: ReturnType<typeof grpcClientOf>;
 beforeAll(async () => {
   const greedy = echoConfig("greedy", { extra: "instance_group [ { count: 1000000 kind: KIND_CPU } ]" });
-  repo = await makeRepository({ echo: { config: echoConfig("echo") }, greedy: { config: greedy } });
+  const threads = echoConfig("threads", { params: { intra_op_thread_count: "100000" } });
+  repo = await makeRepository({
+    echo: { config: echoConfig("echo") },
+    greedy: { config: greedy },
+    threads: { config: threads },
+  });
   echoParameters = { module: { string_value: join(import.meta.dirname, "fixtures", "echo-stage.js") } };
   server = await startServerProcess([
     ...explicitModels(repo, "echo"),
@@ -163,6 +168,10 @@ describe("item 1: a config may not size the server beyond its bounds", () => {
   });
 
   it("refuses a repository config past the bounds the same way, naming the flag in the index", async () => {
+    // Parameters are the operator's (a load may not change them), but a thread count past reason is refused too.
+    const threads = await postJson(`${server.http}/v2/repository/models/threads/load`, {});
+    expect(threads.status, JSON.stringify(threads.json)).toBe(400);
+    expect(threads.json.error).toContain("parameters.intra_op_thread_count 100000 is more than the");
     const res = await postJson(`${server.http}/v2/repository/models/greedy/load`, {});
     expect(res.status, JSON.stringify(res.json)).toBe(400);
     expect(res.json.error).toContain("--max-instances-per-model");

@@ -28,6 +28,8 @@ export const MAX_SEQUENCE_SLOTS = 65_536;
 export const MAX_WARMUP_COUNT = 1_000;
 /** Bytes of one tensor a config makes the server allocate (a warmup input, an initial state). */
 export const MAX_CONFIG_TENSOR_BYTES = 256 * 1024 * 1024;
+/** Threads one ONNX Runtime session may ask for (intra_op_thread_count, inter_op_thread_count): four per core, at least 16. */
+export const maxThreadsPerSession = (): number => Math.max(16, 4 * availableParallelism());
 
 const BYTES_PER_ELEMENT: Partial<Record<DataType, number>> = {
   [DataType.TYPE_BOOL]: 1,
@@ -114,6 +116,14 @@ function sizeProblems(config: ModelConfig): string[] {
           );
         }
       }
+    }
+  }
+  for (const key of ["intra_op_thread_count", "inter_op_thread_count"]) {
+    const threads = Number(config.parameters[key]?.stringValue ?? 0);
+    if (threads > maxThreadsPerSession()) {
+      problems.push(
+        `parameters.${key} ${threads} is more than the ${maxThreadsPerSession()} threads a session may have`,
+      );
     }
   }
   for (const w of config.modelWarmup) {
