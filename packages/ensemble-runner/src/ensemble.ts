@@ -33,7 +33,6 @@ import {
   checkInferRequest,
   configMaxQueueSize,
   decoupledRefusal,
-  queueFullRefusal,
   type RequestSpec,
   requestRefusal,
   tritonMessages,
@@ -81,10 +80,27 @@ export interface StepStatistics {
   statistics: ModelStatistics;
 }
 
+/** What one request spent in the ensemble's steps: their queues and their computing (Triton sums its steps'). */
+export interface EnsembleTimes {
+  queueNs: number;
+  computeInputNs: number;
+  computeInferNs: number;
+  computeOutputNs: number;
+}
+
 export interface EnsembleStage extends Stage {
   statistics(): ModelStatistics;
-  /** The most requests it admits at once (0: unbounded): its tightest step's queue bound. */
+  /** The most requests to admit at once (0: unbounded): its tightest step's queue bound. */
   maxQueueSize(): number;
+  /** That bound, and the step that sets it, for a refusal's words (the model runtime admits by it). */
+  queueBound(): { bound: number; what: string };
+  /**
+   * One request's answer for a model runtime serving the ensemble: not recorded here (the
+   * runtime records it), with the time its steps spent queued and computing.
+   */
+  execute(request: InferRequest, options?: InferOptions): Promise<{ outputs: Tensor[]; times: EnsembleTimes }>;
+  /** A decoupled ensemble's responses for a model runtime serving it (not recorded here). */
+  executeStream(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
   /** Requests admitted and not yet answered. */
   readonly inflight: number;
   stepStatistics(): StepStatistics[];
@@ -118,6 +134,23 @@ function stepError(ensemble: string, step: StepPlan, err: unknown): EnsembleStep
 const renamed = (t: Tensor, name: string): Tensor =>
   // Zero-copy: the step sees the producer's very data (and shape), under its own name.
   t.name === name ? t : { name, datatype: t.datatype, shape: t.shape, data: t.data };
+
+type Answers = (
+  request: InferRequest,
+  options?: InferOptions,
+  served?: (times: EnsembleTimes) => void,
+) => AsyncIterable<InferResponse>;
+
+/** A coupled ensemble's one answer to a request, served (not recorded here), with its steps' times. */
+async function answerWithTimes(answers: Answers, request: InferRequest, options?: InferOptions) {
+  let times: EnsembleTimes = { queueNs: 0, computeInputNs: 0, computeInferNs: 0, computeOutputNs: 0 };
+  let answer: InferResponse | undefined;
+  for await (const response of answers(request, options, (t) => {
+    times = t;
+  }))
+    answer = response;
+  return { outputs: answer!.outputs, times };
+}
 
 export async function createEnsemble(options: CreateEnsembleOptions): Promise<EnsembleStage> {
   const { config, logger } = options;
@@ -420,7 +453,13 @@ function buildEnsemble(
    * A failing step aborts the request's signal: steps still waiting never start, running ones
    * are told to stop.
    */
-  async function* answers(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
+  async function* answers(
+    request: InferRequest,
+    options?: InferOptions,
+    served?: (times: EnsembleTimes) => void,
+  ): AsyncGenerator<InferResponse> {
+    // Served by a model runtime (`served`): it admits, records and traces; the ensemble reports its times.
+    const record = served === undefined;
     const begin = nowNs();
     const outer = options?.signal;
     const controller = new AbortController();
@@ -436,15 +475,6 @@ function buildEnsemble(
       if (outer?.aborted) throw abortError(name, outer.reason);
       const batch = checkInputs(request);
       const { wanted, perStep } = requestedOutputs(request);
-      // Shed at the entry, before step 0 does any work: Triton's full-queue answer, UNAVAILABLE.
-      const { bound, step: tightest } = entryBound();
-      if (bound > 0 && inflight >= bound) {
-        throw queueFullRefusal(
-          name,
-          `${inflight} requests in flight`,
-          `the queue bound of ${stepLabel(tightest!.index, tightest!.model)} (${bound})`,
-        );
-      }
       inflight++;
       admitted = true;
       outer?.addEventListener("abort", onOuterAbort, { once: true });
@@ -459,7 +489,7 @@ function buildEnsemble(
       });
       await run(request, tensors, perStep, batch, signal, fail, options, totals, beforeDecoupled);
       if (decoupledStep < 0) {
-        if (decoupled) recorder.firstResponse(nowNs() - begin);
+        if (decoupled && record) recorder.firstResponse(nowNs() - begin);
         yield answer(tensors);
       } else {
         const rt = steps[decoupledStep]!;
@@ -492,7 +522,7 @@ function buildEnsemble(
               each.set(o.tensor, t);
             }
             await run(request, each, perStep, batch, signal, fail, options, totals, downstream);
-            if (first) recorder.firstResponse(nowNs() - begin);
+            if (first && record) recorder.firstResponse(nowNs() - begin);
             first = false;
             yield answer(each);
           }
@@ -507,12 +537,14 @@ function buildEnsemble(
       }
       const end = nowNs();
       const times = { computeInputNs: inputNs, computeInferNs: totals.computeNs, computeOutputNs: 0 };
-      recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
-      traceExecution(options?.trace, begin, begin, end, times);
-      recorder.executed(batch, times);
+      if (record) {
+        recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
+        traceExecution(options?.trace, begin, begin, end, times);
+        recorder.executed(batch, times);
+      } else served({ queueNs: totals.queueNs, ...times });
       completed = true;
     } catch (err) {
-      recorder.requestFailed(nowNs() - begin);
+      if (record) recorder.requestFailed(nowNs() - begin);
       throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
     } finally {
       if (admitted) inflight--;
@@ -540,6 +572,12 @@ function buildEnsemble(
     },
     statistics: () => recorder.snapshot(),
     maxQueueSize: () => entryBound().bound,
+    queueBound: () => {
+      const { bound, step } = entryBound();
+      return { bound, what: step ? `the queue bound of ${stepLabel(step.index, step.model)} (${bound})` : "" };
+    },
+    execute: (request: InferRequest, options?: InferOptions) => answerWithTimes(answers, request, options),
+    executeStream: (request: InferRequest, options?: InferOptions) => answers(request, options, () => {}),
     get inflight() {
       return inflight;
     },

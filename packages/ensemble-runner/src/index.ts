@@ -3,6 +3,7 @@ export {
   createEnsemble,
   type EnsembleStage,
   EnsembleStepError,
+  type EnsembleTimes,
   type ResolveStep,
   type StepStatistics,
 } from "./ensemble.js";

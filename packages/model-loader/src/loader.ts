@@ -7,7 +7,7 @@
 import { stat } from "node:fs/promises";
 import { basename, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { createEnsemble, type ResolveStep } from "@trellis/ensemble-runner";
+import { createEnsemble, type EnsembleStage, type ResolveStep } from "@trellis/ensemble-runner";
 import type { OnnxModel, OnnxStageOptions } from "@trellis/inference-onnx";
 import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
 import type { ModelConfig } from "@trellis/protocol";
@@ -61,6 +61,8 @@ export interface LoadStageOptions {
   models?: ModelCaller;
   /** The server's CPU gate, handed to each stage factory (ONNX runs with exclusive_cpu hold it alone, decodes shared). */
   cpuGate?: CpuGate;
+  /** The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size); 0: none. */
+  defaultMaxQueueSize?: number;
   logger?: StageLogger;
 }
 
@@ -235,7 +237,10 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   const { config } = model;
   const { version, logger } = options;
   const remote = options.endpoints?.[model.name];
-  if (remote) return connectRemote(model.name, remote, "", options.remoteTls, remoteOptions(options));
+  if (remote) {
+    const stage = await connectRemote(model.name, remote, "", options.remoteTls, remoteOptions(options));
+    return serveModel({ config: stage.config, version: stage.version, backend: remoteBackend(stage) }, model, options);
+  }
 
   if (!model.versions.includes(version)) {
     throw new StageError(
@@ -259,7 +264,14 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   if (config.platform === "ensemble") {
     const ownsSteps = !options.resolveStep;
     const resolveStep = options.resolveStep ?? repositoryResolver(model, options);
-    return createEnsemble({ config, version, resolveStep, logger, ownsSteps });
+    const ensemble = await createEnsemble({ config, version, resolveStep, logger, ownsSteps });
+    const served = await serveModel(
+      { config: ensemble.config, version, backend: ensembleBackend(ensemble) },
+      model,
+      options,
+    );
+    // Its steps' shares of the traffic (StepStatistics) stay readable on the served model.
+    return Object.assign(served, { stepStatistics: () => ensemble.stepStatistics() });
   }
 
   const onnx = config.backend === "onnxruntime" || config.platform === "onnxruntime_onnx";
@@ -348,9 +360,9 @@ function serveTypescript(
 }
 
 /**
- * The model runtime of a model computed in this process: request checks, statistics, dynamic
- * and sequence batching, instance_group's count and the rate limiter, as for any backend. Every
- * such model gets its runtime here.
+ * The model runtime of a model: admission (the queue bound), request checks, statistics,
+ * dynamic and sequence batching, instance_group's count and the rate limiter, as for any
+ * backend. Every model the server serves, whatever computes it, gets its runtime here.
  */
 function serveModel(
   served: { config: ModelConfig; version: string; backend: ModelBackend; strategy?: BatchingStrategy },
@@ -363,9 +375,34 @@ function serveModel(
     backend: served.backend,
     modelDir: model.modelDir,
     ...(served.strategy ? { strategy: served.strategy } : {}),
+    ...(options.defaultMaxQueueSize ? { defaultMaxQueueSize: options.defaultMaxQueueSize } : {}),
     ...(options.rateLimiter ? { rateLimiter: options.rateLimiter } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
   });
+}
+
+/**
+ * An ensemble as a backend: one execution per request (no batching), the ensemble checking
+ * the request against its own tensors and reporting the time its steps spent queued and
+ * computing; admitted by its tightest step's bound, so no step refuses what an earlier one computed.
+ */
+function ensembleBackend(ensemble: EnsembleStage): ModelBackend {
+  return {
+    instances: Number.POSITIVE_INFINITY,
+    checksRequests: true,
+    tracesSteps: true,
+    ...(ensemble.inferStream ? { decoupled: true, executeStream: ensemble.executeStream.bind(ensemble) } : {}),
+    queueBound: () => ensemble.queueBound(),
+    execute: (request, ctx) => ensemble.execute(request, ctx.options),
+    isReady: () => ensemble.isReady(),
+    metadata: () => ensemble.metadata(),
+    close: () => ensemble.close(),
+  };
+}
+
+/** A remote model as a backend: its server checks, batches and computes; each request one call. */
+function remoteBackend(stage: Stage): ModelBackend {
+  return { ...stageBackend(stage, Number.POSITIVE_INFINITY), checksRequests: true };
 }
 
 // Imported by name at load time so onnxruntime is only loaded when an ONNX model is.

@@ -3,7 +3,6 @@ import type { ServerHttp2Session } from "node:http2";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import type { EnsembleStage } from "@trellis/ensemble-runner";
 import { listenStage } from "@trellis/kserve";
 import { ModelParameterSchema } from "@trellis/protocol";
 import { Code, type InferRequest, type Stage, tensor } from "@trellis/stage";
@@ -171,14 +170,10 @@ describe("loadStage", () => {
   });
 
   it("loads an ensemble whose steps come from the same repository (latest or pinned version)", async () => {
-    const chainStage = (await loadStage(await find("chain"), { version: "1" })) as EnsembleStage;
+    const chainStage = await loadStage(await find("chain"), { version: "1" });
     const res = await chainStage.infer({ inputs: [x(1, 2, 3, 4)] });
-    // offset v1 then scale latest (v10: x10 x100)
+    // offset v1 (+1) then scale latest (v10: x10 x100); the pinned v1 would scale x10 only.
     expect(Array.from(res.outputs[0]!.data as Float32Array)).toEqual([2000, 3000, 4000, 5000]);
-    expect(chainStage.stepStatistics().map((s) => [s.model, s.version])).toEqual([
-      ["scale", "10"],
-      ["offset", "1"],
-    ]);
     await chainStage.close();
   });
 

@@ -240,22 +240,17 @@ describe("createDynamicBatcher", () => {
     expect(h.maxRunning).toBe(2);
   });
 
-  it("answers UNAVAILABLE (as Triton) at once when the queue is full", async () => {
+  it("reports each level's queue for the runtime's admission (max_queue_size, requests queued)", async () => {
     const h = harness(1, { defaultQueuePolicy: create(ModelQueuePolicySchema, { maxQueueSize: 2 }) });
     h.hold();
     const blocker = h.infer(req(1, 0));
     await settle();
     const queued = [h.infer(req(1, 1)), h.infer(req(1, 2))];
     await settle();
-    // Still held: the rejection cannot be waiting for the queue to drain.
-    const err = await rejectionOf(h.infer(req(1, 3)), StageError);
-    expect(err.code).toBe(Code.Unavailable);
-    expect(err.message).toMatch(/maximum queue size: 2/);
+    expect(h.batcher.queueLevel()).toEqual({ number: 1, maxQueueSize: 2, queued: 2 });
     h.release();
     await Promise.all([blocker, ...queued]);
-    const stats = h.recorder.snapshot();
-    expect(stats.inferenceStats?.fail?.count).toBe(1n);
-    expect(stats.inferenceStats?.success?.count).toBe(3n);
+    expect(h.batcher.queueLevel().queued).toBe(0);
   });
 
   it("REJECT: a request past its timeout fails with its reason while the others succeed", async () => {
@@ -340,7 +335,7 @@ describe("createDynamicBatcher", () => {
     expect(h.executions.map((e) => e.ids[0])).toEqual(["blocker", "high", "low-a", "low-b", "out-of-range"]);
   });
 
-  it("applies each priority level's own queue policy", async () => {
+  it("queues each priority level apart, with its own queue policy", async () => {
     const h = harness(1, {
       priorityLevels: 2n,
       defaultPriorityLevel: 2n,
@@ -350,10 +345,12 @@ describe("createDynamicBatcher", () => {
     const blocker = h.infer(req(1, 0));
     await settle();
     const ok = h.infer(req(1, 1), { priority: 1 });
-    const err = await rejectionOf(h.infer(req(1, 2), { priority: 1 }), StageError);
-    expect(err.code).toBe(Code.Unavailable);
-    expect(err.message).toMatch(/priority level 1/);
-    const low = [h.infer(req(1, 3)), h.infer(req(1, 4))]; // level 2 is unlimited
+    const low = [h.infer(req(1, 3)), h.infer(req(1, 4))];
+    await settle();
+    expect(h.batcher.queueLevel(1)).toEqual({ number: 1, maxQueueSize: 1, queued: 1 });
+    // Priority 0 and out-of-range priorities go to default_priority_level (2), unbounded.
+    expect(h.batcher.queueLevel(0)).toEqual({ number: 2, maxQueueSize: 0, queued: 2 });
+    expect(h.batcher.queueLevel(7)).toEqual({ number: 2, maxQueueSize: 0, queued: 2 });
     h.release();
     await Promise.all([blocker, ok, ...low]);
   });

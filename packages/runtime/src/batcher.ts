@@ -26,14 +26,7 @@ import {
   type TensorData,
   traceExecution,
 } from "@trellis/stage";
-import {
-  allocate,
-  deadlineTimer,
-  queueFullRefusal,
-  requestRefusal,
-  toConnectError,
-  tritonMessages,
-} from "@trellis/stage/backend";
+import { allocate, deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
 
 export interface BatchContext {
   /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
@@ -48,18 +41,22 @@ export interface BatchContext {
   options?: InferOptions;
 }
 
+/**
+ * What an executor measured itself; anything missing counts as compute_infer. `queueNs`: time
+ * the request waited inside the backend (an ensemble's steps' queues), added to its queue time.
+ */
+export type ReportedTimes = Partial<ExecutionTimes> & { queueNs?: number };
+
 export interface BatchResult {
   /** Every output the batch asked for (or all), with dim 0 = batchSize when the model batches. */
   outputs: Tensor[];
-  /** What the executor measured itself; anything missing counts as compute_infer. */
-  times?: Partial<ExecutionTimes>;
+  times?: ReportedTimes;
 }
 
 /** Each request's answer to one execution, in `context.requests` order (Triton's `execute(requests)`). */
 export interface RequestsResult {
   responses: RequestOutcome[];
-  /** What the executor measured itself; anything missing counts as compute_infer. */
-  times?: Partial<ExecutionTimes>;
+  times?: ReportedTimes;
 }
 
 /** Computes a batch merged along dim 0: one result for all its requests (a throw fails the execution). */
@@ -91,6 +88,11 @@ export interface DynamicBatcherOptions {
    * while instances sit idle (a lone request always waits the full delay).
    */
   strategy?: BatchingStrategy;
+  /**
+   * Hand a lone request's trace to the executor (an ensemble stamps its steps on it); the
+   * batcher still stamps the execution itself. Default: the trace stays with the batcher.
+   */
+  passTrace?: boolean;
   /** Checks one request before it is queued, so a bad request fails alone (throw a StageError). */
   validate?: (request: InferRequest) => void;
   /**
@@ -103,8 +105,18 @@ export interface DynamicBatcherOptions {
   recorder: StatisticsRecorder;
 }
 
+/** A priority level's queue, as the runtime's admission checks it (Triton's max_queue_size is per level). */
+export interface QueueLevel {
+  number: number;
+  /** The level's queue policy max_queue_size; 0: unbounded by the config. */
+  maxQueueSize: number;
+  queued: number;
+}
+
 export interface DynamicBatcher {
   infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
+  /** The level a request of this priority queues at. */
+  queueLevel(priority?: number): QueueLevel;
   /** Requests waiting in the queue (not executing). */
   readonly queued: number;
   /** Executions in flight. */
@@ -372,7 +384,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
       if (r instanceof ConnectError) {
         fail(p, r);
       } else {
-        recorder.requestSucceeded(t2 - p.startNs, p.size, p.queueNs, times);
+        recorder.requestSucceeded(t2 - p.startNs, p.size, p.queueNs + (reported.queueNs ?? 0), times);
         traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t2, times);
         p.resolve(r);
       }
@@ -412,6 +424,11 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
     });
   }
 
+  /** Triton's rule: levels 1..priority_levels; 0 or out of range means default_priority_level. */
+  function levelOf(priority = 0): Level {
+    return levels[priority >= 1 && priority <= levels.length ? priority - 1 : defaultIndex]!;
+  }
+
   async function infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
     const startNs = nowNs();
     let size: number;
@@ -422,16 +439,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
       validate?.(request);
       size = requestSize(request);
       if (opts.signal?.aborted) throw abortError(name, opts.signal);
-      const p = opts.priority ?? 0;
-      level = levels[p >= 1 && p <= levels.length ? p - 1 : defaultIndex]!;
-      const { maxQueueSize } = level.policy;
-      if (maxQueueSize > 0 && level.queue.length + level.delayed.length >= maxQueueSize) {
-        throw queueFullRefusal(
-          name,
-          `${maxQueueSize} requests already queued`,
-          `the max_queue_size of priority level ${level.number}`,
-        );
-      }
+      level = levelOf(opts.priority);
       const override = opts.timeoutMicroseconds ?? 0;
       timeoutUs = level.policy.allowOverride && override > 0 ? override : level.policy.timeoutUs;
     } catch (err) {
@@ -448,7 +456,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         enqueuedNs: nowNs(),
         queueNs: 0,
         trace: opts.trace,
-        options: withoutTrace(opts),
+        options: options.passTrace ? opts : withoutTrace(opts),
         resolve,
         reject,
       };
@@ -490,6 +498,14 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
 
   return {
     infer,
+    queueLevel(priority) {
+      const level = levelOf(priority);
+      return {
+        number: level.number,
+        maxQueueSize: level.policy.maxQueueSize,
+        queued: level.queue.length + level.delayed.length,
+      };
+    },
     get queued() {
       return queued;
     },

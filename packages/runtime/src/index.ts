@@ -1,8 +1,11 @@
+export type { QueueBound } from "./admission.js";
 export {
   type BatchContext,
   type BatchingStrategy,
   type BatchResult,
   createDynamicBatcher,
+  type QueueLevel,
+  type ReportedTimes,
   type RequestsResult,
 } from "./batcher.js";
 export { CpuGate } from "./cpu-gate.js";

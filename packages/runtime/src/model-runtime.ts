@@ -42,6 +42,7 @@ import {
   type RequestSpec,
   toConnectError,
 } from "@trellis/stage/backend";
+import { Admission, type QueueBound } from "./admission.js";
 import {
   type BatchContext,
   type BatchingStrategy,
@@ -81,6 +82,14 @@ export interface ModelBackend {
   pendingRequests?(): number;
   /** Checks to run instead of the config's: a backend with its own, looser spec (preprocess takes [N] for [N,1]). */
   requestSpec?: RequestSpec;
+  /** It checks each request itself (an ensemble against its tensors, a remote model on its server): the runtime does not. */
+  checksRequests?: boolean;
+  /** It answers over streams only (an ensemble with a decoupled step), whatever its config says. */
+  decoupled?: boolean;
+  /** Its own bound on the requests in flight (an ensemble: its tightest step's queue bound). */
+  queueBound?(): QueueBound;
+  /** A lone request's trace goes to `execute` (an ensemble stamps its steps on it); the runtime still stamps the execution. */
+  tracesSteps?: boolean;
   close(): Promise<void>;
 }
 
@@ -96,6 +105,8 @@ export interface ModelRuntimeOptions {
   modelDir?: string;
   /** The dynamic batcher's strategy (see BatchingStrategy); default "eager". */
   strategy?: BatchingStrategy;
+  /** The server's queue bound for a config that sets no max_queue_size (--default-max-queue-size); 0: none. */
+  defaultMaxQueueSize?: number;
   logger?: StageLogger;
 }
 
@@ -103,6 +114,8 @@ export interface ModelRuntimeOptions {
 export interface ModelRuntime extends Stage {
   /** Requests queued in the runtime (and in the backend, when it has a queue of its own). */
   pendingRequests?(): number;
+  /** The most requests it holds pending before refusing more (0: unbounded). */
+  maxQueueSize(): number;
 }
 
 /** instance_group's instances in order (a GPU group: count per device), each with its rate_limiter. */
@@ -169,9 +182,10 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
   const version = options.version ?? "1";
   const recorder = new StatisticsRecorder(name, version);
   const spec = backend.requestSpec ?? configRequestSpec(config);
+  const check = backend.checksRequests ? () => 1 : (request: InferRequest) => checkInferRequest(request, spec);
   const bounded = Number.isFinite(backend.instances);
   const instances = bounded ? Math.max(1, Math.floor(backend.instances)) : UNBOUNDED_SLOTS;
-  const decoupled = isDecoupled(config);
+  const decoupled = isDecoupled(config) || backend.decoupled === true;
 
   // Each instance's place in the rate limiter (--rate-limit execution_count).
   const slots: RateLimiterSlot[] = [];
@@ -216,13 +230,33 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     strategy: options.strategy ?? "eager",
     recorder,
     validate: (request) => {
-      checkInferRequest(request, spec);
+      check(request);
     },
     ...(admit ? { admit } : {}),
+    ...(backend.tracesSteps ? { passTrace: true } : {}),
     executeRequests: run,
   });
 
   let closed = false;
+  /** Requests admitted and not yet answered. */
+  let inflight = 0;
+  const admission = new Admission({
+    config,
+    ...(options.defaultMaxQueueSize ? { defaultMaxQueueSize: options.defaultMaxQueueSize } : {}),
+    level: (priority) => batcher.queueLevel(priority),
+    pending: () => stage.pendingRequests?.() ?? inflight,
+    inflight: () => inflight,
+    ...(backend.queueBound ? { backendBound: backend.queueBound.bind(backend) } : {}),
+  });
+  /** Takes a place for one request, or refuses it at once (a full queue), before any work is done on it. */
+  const admit1 = (priority: number | undefined) => {
+    const refused = admission.refusal(priority);
+    if (refused) {
+      recorder.requestFailed(0);
+      throw refused;
+    }
+    inflight++;
+  };
   const closedError = () => new StageError(Code.Unavailable, name, "model is unloading");
 
   /** A request of batch 0 that the spec takes (emptyBatch): answered by the backend at once, not queued. */
@@ -243,18 +277,23 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
 
   async function infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
     if (decoupled) throw decoupledRefusal(name);
-    if (spec.emptyBatch && config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
-      const start = nowNs();
-      try {
-        if (closed) throw closedError();
-        checkInferRequest(request, spec);
-        return await emptyBatch(request, opts, start);
-      } catch (err) {
-        recorder.requestFailed(nowNs() - start);
-        throw toConnectError(err, name);
+    admit1(opts?.priority);
+    try {
+      if (spec.emptyBatch && config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
+        const start = nowNs();
+        try {
+          if (closed) throw closedError();
+          check(request);
+          return await emptyBatch(request, opts, start);
+        } catch (err) {
+          recorder.requestFailed(nowNs() - start);
+          throw toConnectError(err, name);
+        }
       }
+      return await (sequencer ?? batcher).infer(request, opts);
+    } finally {
+      inflight--;
     }
-    return (sequencer ?? batcher).infer(request, opts);
   }
 
   const stage: ModelRuntime = {
@@ -265,6 +304,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     metadata: () => backend.metadata?.() ?? metadataFromConfig(config, [version]),
     infer,
     statistics: () => recorder.snapshot(),
+    maxQueueSize: () => admission.maxQueueSize(),
     async close() {
       if (closed) return;
       closed = true;
@@ -282,10 +322,11 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
   if (decoupled && executeStream) {
     // One execution per request, however many responses it sends; it succeeds once the last is sent.
     stage.inferStream = async function* (request: InferRequest, opts?: InferOptions) {
+      admit1(opts?.priority);
       const start = nowNs();
       try {
         if (closed) throw closedError();
-        const size = checkInferRequest(request, spec);
+        const size = check(request);
         let first = true;
         for await (const response of executeStream(request, opts)) {
           if (first) recorder.firstResponse(nowNs() - start);
@@ -297,6 +338,8 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
       } catch (err) {
         recorder.requestFailed(nowNs() - start);
         throw toConnectError(err, name);
+      } finally {
+        inflight--;
       }
     };
   }

@@ -2,9 +2,9 @@
  * ManagedStage: how the repository manager hands a loaded stage to the
  * frontends. It counts in-flight requests (for graceful unload and shutdown,
  * and the pending-request metric of stages without a queue of their own),
- * bounds the requests a model holds pending (every backend alike), and
- * implements Triton's classification extension, so HTTP and gRPC behave
- * the same without each stage knowing.
+ * applies the response cache, and implements Triton's classification
+ * extension, so HTTP and gRPC behave the same without each stage knowing.
+ * The queue bound is the model runtime's admission (every model has one).
  */
 import { clone, create } from "@bufbuild/protobuf";
 import {
@@ -29,10 +29,11 @@ import {
   type StageMetadata,
   type Tensor,
 } from "@trellis/stage";
-import { configMaxQueueSize, decoupledRefusal, queueFullRefusal } from "@trellis/stage/backend";
+import { decoupledRefusal } from "@trellis/stage/backend";
 
 /**
- * The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size):
+ * The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size,
+ * applied by the model runtime's admission):
  * enough to keep a model's instances fed with full batches, and a few hundred MB at most of
  * decoded images waiting in the seed's pipeline, instead of a queue that grows until memory runs out.
  */
@@ -46,16 +47,9 @@ export interface ModelCache {
 
 export class ManagedStage implements Stage {
   private inflightCount = 0;
-  /** Requests past the queue bound's check and not yet answered (the pending count of a stage without one). */
-  private admitted = 0;
   private idleWaiters: (() => void)[] = [];
   private readonly cacheHits = { count: 0, ns: 0 };
   private readonly cacheMisses = { count: 0, ns: 0 };
-  /** Requests refused by the queue bound: failures, as Triton counts them. */
-  private readonly refused = { count: 0, ns: 0 };
-  /** Pending requests held at most (0: unbounded): the config's max_queue_size, else the server's default. */
-  private readonly bound: number;
-  private readonly boundIsDefault: boolean;
 
   /**
    * @param labels class labels per output name (from config `label_filename`), for classification.
@@ -70,13 +64,8 @@ export class ManagedStage implements Stage {
     /** Every version of this model being served, for metadata (Triton lists them all). */
     private readonly versions?: () => string[],
     private readonly cache?: ModelCache,
-    /** The bound of a model whose config sets no max_queue_size (undefined or 0: unbounded). */
-    defaultMaxQueueSize?: number,
   ) {
     if (inner.inferStream) this.inferStream = (request, options) => this.stream(request, options);
-    const own = configMaxQueueSize(inner.config);
-    this.boundIsDefault = own === undefined;
-    this.bound = own ?? defaultMaxQueueSize ?? 0;
   }
 
   get name(): string {
@@ -97,30 +86,9 @@ export class ManagedStage implements Stage {
     return this.inner.pendingRequests?.() ?? this.inflightCount;
   }
 
-  /** The most requests this model holds pending before refusing more (0: unbounded); an ensemble's own bound when tighter. */
+  /** The most requests this model holds pending before refusing more (0: unbounded): its runtime's. */
   maxQueueSize(): number {
-    const inner = this.inner.maxQueueSize?.() ?? 0;
-    if (this.bound === 0) return inner;
-    return inner > 0 ? Math.min(inner, this.bound) : this.bound;
-  }
-
-  /**
-   * Takes a place for one request, or refuses it as Triton refuses a request its full queue
-   * cannot take: UNAVAILABLE ("Exceeds maximum queue size"; 503 over HTTP), at once, before the
-   * stage does any work on it. A stage that reports its queue (pendingRequests) is bounded on
-   * that (its executions do not count); any other on the requests it holds.
-   */
-  private admit(started: number): void {
-    if (this.bound > 0) {
-      const pending = this.inner.pendingRequests?.() ?? this.admitted;
-      if (pending >= this.bound) {
-        this.refused.count++;
-        this.refused.ns += nowNs() - started;
-        const why = this.boundIsDefault ? "the server's default bound (--default-max-queue-size)" : "max_queue_size";
-        throw queueFullRefusal(this.name, `${pending} requests already pending`, `${why} ${this.bound}`);
-      }
-    }
-    this.admitted++;
+    return this.inner.maxQueueSize?.() ?? 0;
   }
 
   isReady(): boolean | Promise<boolean> {
@@ -137,27 +105,17 @@ export class ManagedStage implements Stage {
    */
   async statistics(): Promise<ModelStatistics> {
     const inner = await this.inner.statistics();
-    if (!this.cache && this.refused.count === 0) return inner;
+    if (!this.cache) return inner;
     const s = clone(ModelStatisticsSchema, inner);
     const stats = s.inferenceStats ?? create(InferStatisticsSchema);
     const duration = ({ count, ns }: { count: number; ns: number }) =>
       create(StatisticDurationSchema, { count: BigInt(count), ns: BigInt(Math.round(ns)) });
-    if (this.cache) {
-      const success = stats.success ?? create(StatisticDurationSchema);
-      stats.cacheHit = duration(this.cacheHits);
-      stats.cacheMiss = duration(this.cacheMisses);
-      success.count += stats.cacheHit.count;
-      success.ns += stats.cacheHit.ns;
-      stats.success = success;
-    }
-    if (this.refused.count > 0) {
-      // Refused by the queue bound before the stage saw them: failed requests, as Triton counts them.
-      const fail = stats.fail ?? create(StatisticDurationSchema);
-      const refused = duration(this.refused);
-      fail.count += refused.count;
-      fail.ns += refused.ns;
-      stats.fail = fail;
-    }
+    const success = stats.success ?? create(StatisticDurationSchema);
+    stats.cacheHit = duration(this.cacheHits);
+    stats.cacheMiss = duration(this.cacheMisses);
+    success.count += stats.cacheHit.count;
+    success.ns += stats.cacheHit.ns;
+    stats.success = success;
     s.inferenceStats = stats;
     return s;
   }
@@ -180,16 +138,12 @@ export class ManagedStage implements Stage {
     if (trace) traceRequestStart(trace, request);
     const classify = classificationRequests(this.name, request.outputs, this.config);
     this.started();
-    let admitted = false;
     try {
-      this.admit(nowNs());
-      admitted = true;
       for await (const response of (this.inner.inferStream as NonNullable<Stage["inferStream"]>)(request, options)) {
         const answer = this.classified(response, classify);
         yield trace ? traceOutputs(trace, answer) : answer;
       }
     } finally {
-      if (admitted) this.admitted--;
       trace?.stamp("REQUEST_END", nowNs());
       this.finished();
     }
@@ -241,12 +195,7 @@ export class ManagedStage implements Stage {
   private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     const classify = classificationRequests(this.name, request.outputs, this.config);
     // After the cache lookup, as Triton's: a cached answer is served even while the queue is full.
-    this.admit(nowNs());
-    try {
-      return this.classified(await this.inner.infer(request, options), classify);
-    } finally {
-      this.admitted--;
-    }
+    return this.classified(await this.inner.infer(request, options), classify);
   }
 
   /**

@@ -640,7 +640,6 @@ export class RepositoryManager implements ModelRegistry {
             await labels,
             () => this.readyVersions(model.name),
             await this.cacheFor(model, version),
-            this.opts.defaultMaxQueueSize,
           );
           entry.state = "READY";
           e.versions.set(version, entry);
@@ -695,6 +694,7 @@ export class RepositoryManager implements ModelRegistry {
         strictModelConfig: this.opts.strictModelConfig,
         ...(this.opts.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: this.opts.defaultMaxBatchSize } : {}),
         ...(this.opts.rateLimiter ? { rateLimiter: this.opts.rateLimiter } : {}),
+        defaultMaxQueueSize: this.opts.defaultMaxQueueSize,
         cpuGate: this.cpuGate,
         models: this.modelCaller,
         logger: this.opts.logger,
