@@ -4,9 +4,10 @@
  * the one it gives an error.
  */
 import { create } from "@bufbuild/protobuf";
-import { ModelDynamicBatchingSchema } from "@trellis/protocol";
+import { ModelDynamicBatchingSchema, parseModelConfig } from "@trellis/protocol";
 import {
   Code,
+  defineStage,
   type InferRequest,
   type RequestOutcome,
   StageError,
@@ -17,6 +18,7 @@ import {
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
 import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "./batcher.js";
+import { createModelRuntime, stageBackend } from "./model-runtime.js";
 
 /** A request of `rows` rows of x [rows, 2]; a negative seed makes every value negative. */
 function req(rows: number, seed: number, id = `r${seed}`): InferRequest {
@@ -175,5 +177,53 @@ describe("an executor that answers each request", () => {
     release();
     await first;
     expect((await a).rawMessage).toMatch(/an execution of 1 requests gave 0 answers/);
+  });
+});
+
+describe("sequence batching", () => {
+  it("fails only the sequence whose request the model cannot compute; the others go on with their state", async () => {
+    const config = parseModelConfig(`name: "acc" backend: "typescript" max_batch_size: 4
+      input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+      output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+      sequence_batching { max_sequence_idle_microseconds: 5000000
+        state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]
+          initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ] }`);
+    const rows: number[] = [];
+    let release!: () => void;
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    const stage = defineStage({
+      config,
+      async compute(request) {
+        const input = request.inputs.find((t) => t.name === "INPUT")!;
+        const state = request.inputs.find((t) => t.name === "STATE_IN")!;
+        rows.push(input.shape[0]!);
+        if (rows.length === 1) await held;
+        const x = input.data as Int32Array;
+        if (x.some((v) => v < 0)) throw new StageError(Code.InvalidArgument, "acc", "INPUT must not be negative");
+        const sum = Int32Array.from(x, (v, i) => v + (state.data as Int32Array)[i]!);
+        return [tensor("OUTPUT", "INT32", input.shape, sum), tensor("STATE_OUT", "INT32", input.shape, sum.slice())];
+      },
+    });
+    const runtime = await createModelRuntime({ config, backend: stageBackend(stage, 1) });
+    const send = (id: number, v: number, start = false) =>
+      runtime.infer({
+        inputs: [tensor("INPUT", "INT32", [1, 1], Int32Array.of(v))],
+        parameters: { sequence_id: id, ...(start ? { sequence_start: true } : {}) },
+      });
+    const out = (r: Awaited<ReturnType<typeof send>>) => (r.outputs[0]!.data as Int32Array)[0];
+    const first = send(9, 1, true); // holds the one instance
+    await new Promise((r) => setTimeout(r, 5));
+    const heads = [send(1, 10, true), send(2, -5, true), send(3, 30, true)];
+    const refused = rejectionOf(heads[1]!, StageError);
+    release();
+    expect(out(await first)).toBe(1);
+    expect((await refused).rawMessage).toMatch(/INPUT must not be negative/);
+    expect([out(await heads[0]!), out(await heads[2]!)]).toEqual([10, 30]);
+    // The three heads ran merged (then alone); sequences 1 and 3 keep their state.
+    expect(rows.slice(0, 2)).toEqual([1, 3]);
+    expect([out(await send(1, 1)), out(await send(3, 3))]).toEqual([11, 33]);
+    await runtime.close();
   });
 });

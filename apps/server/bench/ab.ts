@@ -1,0 +1,115 @@
+/**
+ * A/B: this checkout's server against another build of it (AB_BASELINE: the path of the other
+ * checkout's apps/server/dist/main.js, e.g. a `git worktree` of the commit before a change), both
+ * serving one seed repository, measured in the same run in interleaved rounds (the order
+ * alternating each round), so a slow spell on a shared machine falls on both. Per round and
+ * subject: AB_CONCURRENCY (8) gRPC callers of 1920x1080 JPEGs for AB_SECONDS (10) after a 2 s
+ * warm-up; reported: requests/s and p50 per round, their median and spread (min-max), and the
+ * ratio B/A per round. Before timing, both servers answer every photo and their answers must be
+ * byte-identical. The model is the shared MobileNetV2 int8, or the synthetic ResNet-50
+ * (ResNet-50's cost) with BENCH_MODEL=resnet50.
+ * Run: AB_BASELINE=/tmp/base/apps/server/dist/main.js node apps/server/dist/bench/ab.js (or pnpm bench:ab).
+ */
+import { join } from "node:path";
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { frameBytes, grpcTransport } from "@trellis/kserve";
+import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
+import {
+  closedLoop,
+  makeSeedRepository,
+  median,
+  removeDir,
+  type ServerProcess,
+  startServerProcess,
+} from "@trellis/testing";
+import { synthesizeResNet50 } from "@trellis/tooling";
+import { fullHdPhotos, PHOTOS } from "./photos.js";
+
+const BASELINE = process.env.AB_BASELINE;
+/** B: this checkout's server, unless AB_CANDIDATE names another build (AB_CANDIDATE=$AB_BASELINE: an A/A run, the bias of the method). */
+const CANDIDATE = process.env.AB_CANDIDATE;
+const SECONDS = Number(process.env.AB_SECONDS ?? 10);
+const ROUNDS = Number(process.env.AB_ROUNDS ?? 4);
+const CONCURRENCY = Number(process.env.AB_CONCURRENCY ?? 8);
+if (!BASELINE) {
+  console.error("set AB_BASELINE to the other build's apps/server/dist/main.js");
+  process.exit(2);
+}
+
+const photos = await fullHdPhotos();
+const repo = await makeSeedRepository({ prefix: "trellis-ab-" });
+if (process.env.BENCH_MODEL === "resnet50") {
+  await synthesizeResNet50({ seed: 7, path: join(repo, "resnet50_inference", "1", "model.onnx") });
+}
+
+interface Subject {
+  label: string;
+  server: ServerProcess;
+  infer: (photo: Uint8Array) => Promise<string>;
+  close: () => void;
+  rates: number[];
+  p50s: number[];
+}
+
+async function subject(label: string, main: string | undefined): Promise<Subject> {
+  const server = await startServerProcess(["--model-repository", repo], main ? { main } : {});
+  const transport = grpcTransport(server.grpc);
+  const client = createClient(GRPCInferenceService, transport);
+  const infer = async (photo: Uint8Array) => {
+    const res = await client.modelInfer(
+      create(ModelInferRequestSchema, {
+        modelName: "resnet50_ensemble",
+        inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1n, 1n] }],
+        rawInputContents: [frameBytes([photo])],
+      }),
+    );
+    return Buffer.from(res.rawOutputContents[0] ?? []).toString("latin1");
+  };
+  return { label, server, infer, close: () => transport.close(), rates: [], p50s: [] };
+}
+
+const subjects = [
+  await subject("A (baseline)", BASELINE),
+  await subject(CANDIDATE ? "B (AB_CANDIDATE)" : "B (this checkout)", CANDIDATE),
+];
+try {
+  // Same answers, byte for byte, before anything is timed.
+  for (const [i, photo] of photos.entries()) {
+    const [a, b] = await Promise.all(subjects.map((s) => s.infer(photo)));
+    if (a !== b) throw new Error(`${PHOTOS[i]}: the two servers answer differently:\n${a}\n${b}`);
+  }
+  console.log(`answers identical for ${photos.length} photos`);
+  for (let round = 0; round < ROUNDS; round++) {
+    const order = round % 2 === 0 ? subjects : [...subjects].reverse();
+    for (const s of order) {
+      const r = await closedLoop((k) => s.infer(photos[k % photos.length]!), CONCURRENCY, SECONDS, {
+        warmupSeconds: 2,
+      });
+      s.rates.push(r.calls / r.seconds);
+      s.p50s.push(median(r.latencies));
+      console.log(
+        `round ${round + 1} ${s.label}: ${(r.calls / r.seconds).toFixed(1)} req/s, p50 ${median(r.latencies).toFixed(1)} ms`,
+      );
+    }
+  }
+  const spread = (xs: number[]) => `${Math.min(...xs).toFixed(1)}-${Math.max(...xs).toFixed(1)}`;
+  console.log(
+    `\nconcurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s, model ${process.env.BENCH_MODEL ?? "mobilenet"}`,
+  );
+  for (const s of subjects) {
+    console.log(
+      `${s.label}: ${median(s.rates).toFixed(1)} req/s (rounds ${spread(s.rates)}), p50 ${median(s.p50s).toFixed(1)} ms (rounds ${spread(s.p50s)})`,
+    );
+  }
+  const ratios = subjects[1]!.rates.map((b, i) => b / subjects[0]!.rates[i]!);
+  console.log(
+    `B/A throughput per round: ${ratios.map((r) => r.toFixed(3)).join(", ")}; median ${median(ratios).toFixed(3)}`,
+  );
+} finally {
+  for (const s of subjects) {
+    s.close();
+    await s.server.stop();
+  }
+  await removeDir(repo);
+}
