@@ -142,18 +142,21 @@ describe("the packed packages", () => {
 
 /** (a): a user's own pipeline from the three stage packages, no server. */
 const CLASSIFY = `import { readFile } from "node:fs/promises";
-import { createOnnxStage } from "@trellis/inference-onnx";
+import { createOnnxModel } from "@trellis/inference-onnx";
 import { createPostprocess } from "@trellis/postprocess";
 import { createPreprocess } from "@trellis/preprocess";
 import { parseModelConfig } from "@trellis/protocol";
+import { createModelRuntime } from "@trellis/runtime";
 import { bytesTensor, bytesToStrings } from "@trellis/stage";
 
 const [image, modelDir, labelsFile] = process.argv.slice(2);
 const preprocess = createPreprocess({ mode: "seed" });
-const inference = await createOnnxStage({
+// The ONNX backend only computes; the model runtime checks, batches and counts.
+const model = await createOnnxModel({
   config: parseModelConfig('name: "mobilenet"\\nbackend: "onnxruntime"\\nmax_batch_size: 8'),
   modelDir,
 });
+const inference = await createModelRuntime({ config: model.config, backend: model.backend, strategy: model.strategy });
 const postprocess = await createPostprocess({
   config: parseModelConfig(\`name: "postprocess"
 max_batch_size: 8

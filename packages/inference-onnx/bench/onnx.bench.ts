@@ -11,13 +11,13 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
+import { createOnnxModel, type OnnxStageOptions } from "@trellis/inference-onnx";
 import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
 import { createModelRuntime } from "@trellis/runtime";
 import { type Stage, tensor } from "@trellis/stage";
 import { closedLoop, percentile } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
-import { createOnnxModel, type OnnxStageOptions } from "../index.js";
 
 /** The model served by the model runtime, as the repository loader serves it. */
 async function createOnnxStage(options: OnnxStageOptions) {
