@@ -25,7 +25,7 @@ import {
 } from "@trellis/testing";
 import { BUNDLED_NOTICE, INFERENCE_MODEL, isBundledModel, LABELS_FILE } from "@trellis/tooling/paths";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { binaryResponse, freePort, grpcClientOf, postBinary, unframe } from "./helpers.js";
+import { classifyOverHttp, freePort, grpcClientOf, unframe } from "./helpers.js";
 
 const PHOTOS = { "chelsea.jpg": "Egyptian cat", "coffee.jpg": "espresso" } as const;
 
@@ -63,19 +63,7 @@ afterAll(async () => {
 
 const top1 = (answer: string) => (JSON.parse(answer) as { top5_labels: string[] }).top5_labels[0];
 
-async function classifyHttp(image: Uint8Array): Promise<string> {
-  const res = await postBinary(
-    `${server.http}/v2/models/resnet50_ensemble/infer`,
-    {
-      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
-      outputs: [{ name: "OUTPUT_RESULTS", parameters: { binary_data: true } }],
-    },
-    [frameBytes([image])],
-  );
-  expect(res.status).toBe(200);
-  const { outputs } = await binaryResponse(res);
-  return unframe(outputs.get("OUTPUT_RESULTS") as Uint8Array)[0] as string;
-}
+const classifyHttp = (image: Uint8Array) => classifyOverHttp(server.http, image);
 
 async function classifyGrpc(image: Uint8Array): Promise<string> {
   const res = await grpcClientOf(server).modelInfer(

@@ -11,6 +11,7 @@ import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { frameBytes } from "@trellis/kserve";
 import {
   GRPCInferenceService,
   InferParameterSchema,
@@ -301,4 +302,23 @@ export function unframe(raw: Uint8Array): string[] {
     off += 4 + n;
   }
   return out;
+}
+
+/** The seed ensemble's answer to one encoded image over HTTP (binary tensor extension): its JSON string. */
+export async function classifyOverHttp(
+  httpBase: string,
+  image: Uint8Array,
+  ensemble = "resnet50_ensemble",
+): Promise<string> {
+  const res = await postBinary(
+    `${httpBase}/v2/models/${ensemble}/infer`,
+    {
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
+      outputs: [{ name: "OUTPUT_RESULTS", parameters: { binary_data: true } }],
+    },
+    [frameBytes([image])],
+  );
+  if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
+  const { outputs } = await binaryResponse(res);
+  return unframe(outputs.get("OUTPUT_RESULTS") as Uint8Array)[0] as string;
 }

@@ -24,7 +24,7 @@ import {
 } from "@trellis/testing";
 import { type QuantizeReport, quantizeFile, synthesizeResNet50 } from "@trellis/tooling";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { binaryResponse, grpcClientOf, jsonOf, metricValue, postBinary, scrape, unframe } from "./helpers.js";
+import { classifyOverHttp, grpcClientOf, jsonOf, metricValue, scrape, unframe } from "./helpers.js";
 
 const INFERENCE = "resnet50_inference";
 const ENSEMBLE = "resnet50_ensemble";
@@ -69,19 +69,7 @@ afterAll(async () => {
 });
 
 /** The seed ensemble over HTTP (binary in and out): the OUTPUT_RESULTS string. */
-async function httpEnsemble(server: ServerProcess, image: Uint8Array): Promise<string> {
-  const res = await postBinary(
-    `${server.http}/v2/models/${ENSEMBLE}/infer`,
-    {
-      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
-      outputs: [{ name: "OUTPUT_RESULTS", parameters: { binary_data: true } }],
-    },
-    [frameBytes([image])],
-  );
-  expect(res.status).toBe(200);
-  const { outputs } = await binaryResponse(res);
-  return unframe(outputs.get("OUTPUT_RESULTS") as Uint8Array)[0] as string;
-}
+const httpEnsemble = (server: ServerProcess, image: Uint8Array) => classifyOverHttp(server.http, image, ENSEMBLE);
 
 async function grpcEnsemble(server: ServerProcess, image: Uint8Array): Promise<string> {
   const res = await grpcClientOf(server).modelInfer(
