@@ -13,9 +13,10 @@ import {
   removeDir,
   type ServerProcess,
   startServerProcess,
+  TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { explicitModels, jsonOf, postBinary, postJson } from "./helpers.js";
+import { classifyOverHttp, explicitModels, jsonOf, postBinary, postJson } from "./helpers.js";
 
 let repo: string;
 const servers: ServerProcess[] = [];
@@ -123,5 +124,48 @@ describe("three-process split", () => {
         ],
       ],
     ]);
+  });
+
+  it("fails only the bad images of a burst through the remote steps; the remote merges and isolates", async () => {
+    const [pre, , front] = servers as [ServerProcess, ServerProcess, ServerProcess];
+    const good = ["chelsea.jpg", "coffee.jpg"].map((name) => ({ name, bytes: readFixtureImage(name) }));
+    const bad = readFixtureImage(TRUNCATED_PHOTO);
+    const alone = new Map<string, string>();
+    for (const g of good) alone.set(g.name, JSON.parse(await classifyOverHttp(front.http, g.bytes)).top5_labels[0]);
+    const stats = async () => {
+      const m = (await jsonOf(await fetch(`${pre.http}/v2/models/resnet50_preprocess/stats`))).model_stats[0];
+      return { inferences: Number(m.inference_count), executions: Number(m.execution_count) };
+    };
+    // Bursts of 24 good and 6 bad at once, until the remote preprocess merged some (at most 5 bursts).
+    for (let burst = 0; burst < 5; burst++) {
+      const before = await stats();
+      const calls = Array.from({ length: 30 }, (_, i) => {
+        if (i % 5 === 4)
+          return classifyOverHttp(front.http, bad).then(
+            (answer) => ({ ok: true as const, answer, name: TRUNCATED_PHOTO }),
+            (err: Error) => ({ ok: false as const, answer: err.message, name: TRUNCATED_PHOTO }),
+          );
+        const g = good[i % 2]!;
+        return classifyOverHttp(front.http, g.bytes).then(
+          (answer) => ({ ok: true as const, answer, name: g.name }),
+          (err: Error) => ({ ok: false as const, answer: err.message, name: g.name }),
+        );
+      });
+      const outcomes = await Promise.all(calls);
+      for (const o of outcomes) {
+        if (o.name === TRUNCATED_PHOTO) {
+          expect(o.ok).toBe(false);
+          expect(o.answer).toMatch(
+            /^HTTP 400: .*step 0 resnet50_preprocess: INVALID_ARGUMENT: .*element 0: truncated or corrupt/,
+          );
+        } else {
+          expect(o.ok, o.answer).toBe(true);
+          expect(JSON.parse(o.answer).top5_labels[0]).toBe(alone.get(o.name));
+        }
+      }
+      const after = await stats();
+      if (after.executions - before.executions < after.inferences - before.inferences) return;
+    }
+    throw new Error("the remote preprocess never merged requests in 5 bursts: isolation not exercised");
   });
 });
