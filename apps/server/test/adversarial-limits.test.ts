@@ -18,7 +18,7 @@ import { compressionGzip, createConnectTransport, createGrpcTransport } from "@c
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { echoConfig, makeRepository, rawPost } from "./helpers.js";
+import { echoConfig, echoInferMessage, makeRepository, rawPost } from "./helpers.js";
 
 const MiB = 1024 * 1024;
 /** The default cap of both ports: Triton's --http-max-input-size default, 64 MiB. */
@@ -34,15 +34,7 @@ const HTTP_LIMIT = (limit: number) =>
 const MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer";
 
 /** A ModelInfer of the echo model: [1, 2, 3, 4] in, the same out. */
-const goodMessage = () =>
-  toBinary(
-    ModelInferRequestSchema,
-    create(ModelInferRequestSchema, {
-      modelName: "echo",
-      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
-      rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
-    }),
-  );
+const goodMessage = () => echoInferMessage();
 
 /**
  * A valid ModelInferRequest of `size` bytes of zeros in raw_input_contents, as gzip:
@@ -326,15 +318,7 @@ describe("--max-inflight-decompressed-bytes", () => {
 
   /** A ModelInfer of the echo model carrying `pad` bytes of padding in a second raw input, gzipped. */
   const compressedCall = (pad: number) => {
-    const message = toBinary(
-      ModelInferRequestSchema,
-      create(ModelInferRequestSchema, {
-        modelName: "echo",
-        inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
-        rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
-        parameters: { pad: { parameterChoice: { case: "stringParam", value: " ".repeat(pad) } } },
-      }),
-    );
+    const message = echoInferMessage({ pad: " ".repeat(pad) });
     return encodeEnvelope(compressedFlag, gzipSync(message));
   };
 

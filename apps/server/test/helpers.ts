@@ -8,7 +8,7 @@ import http, { type IncomingHttpHeaders } from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { create } from "@bufbuild/protobuf";
+import { create, toBinary } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { frameBytes } from "@trellis/kserve";
@@ -321,4 +321,22 @@ export async function classifyOverHttp(
   if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   const { outputs } = await binaryResponse(res);
   return unframe(outputs.get("OUTPUT_RESULTS") as Uint8Array)[0] as string;
+}
+
+/** A ModelInfer of the echo test model, as wire bytes: [1, 2, 3, 4] in, the same out; `parameters` ride along. */
+export function echoInferMessage(parameters: Record<string, string> = {}): Uint8Array {
+  return toBinary(
+    ModelInferRequestSchema,
+    create(ModelInferRequestSchema, {
+      modelName: "echo",
+      inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
+      rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
+      parameters: Object.fromEntries(
+        Object.entries(parameters).map(([k, value]) => [
+          k,
+          { parameterChoice: { case: "stringParam" as const, value } },
+        ]),
+      ),
+    }),
+  );
 }

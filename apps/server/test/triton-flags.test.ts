@@ -21,7 +21,16 @@ import { compressionDeflate, frameBytes } from "@trellis/kserve";
 import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from "@trellis/protocol";
 import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { addModel, echoConfig, freePort, grpcClientOf, makeRepository, postJson, scrape } from "./helpers.js";
+import {
+  addModel,
+  echoConfig,
+  echoInferMessage,
+  freePort,
+  grpcClientOf,
+  makeRepository,
+  postJson,
+  scrape,
+} from "./helpers.js";
 
 const SERVER_MAIN = join(import.meta.dirname, "..", "dist", "main.js");
 
@@ -605,14 +614,7 @@ describe("--grpc-infer-response-compression-level", () => {
   const inferAccepting = async (accept?: string, compressRequest = false) => {
     const session = http2.connect(server.grpc);
     try {
-      const message = toBinary(
-        ModelInferRequestSchema,
-        create(ModelInferRequestSchema, {
-          modelName: "echo",
-          inputs: [{ name: "INPUT", datatype: "FP32", shape: [1n, 4n] }],
-          rawInputContents: [new Uint8Array(new Float32Array([1, 2, 3, 4]).buffer)],
-        }),
-      );
+      const message = echoInferMessage();
       const stream = session.request({
         ":method": "POST",
         ":path": "/inference.GRPCInferenceService/ModelInfer",

@@ -101,8 +101,6 @@ export interface EnsembleStage extends Stage {
   execute(request: InferRequest, options?: InferOptions): Promise<{ outputs: Tensor[]; times: EnsembleTimes }>;
   /** A decoupled ensemble's responses for a model runtime serving it (not recorded here). */
   executeStream(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
-  /** Requests admitted and not yet answered. */
-  readonly inflight: number;
   stepStatistics(): StepStatistics[];
   /** The DAG: each step's model, what it waits for and a topological order. */
   readonly plan: EnsemblePlan;
@@ -240,8 +238,6 @@ function buildEnsemble(
   }));
   const batching = config.maxBatchSize > 0;
   let closed = false;
-  /** Requests admitted and not yet answered. */
-  let inflight = 0;
   /** How many steps call each stage: a stage two steps call sees each request twice. */
   const calls = new Map<string, number>();
   for (const s of plan.steps) calls.set(s.model, (calls.get(s.model) ?? 0) + 1);
@@ -469,14 +465,11 @@ function buildEnsemble(
     const totals = { queueNs: 0, computeNs: 0 };
     let held: StepRuntime | undefined;
     let completed = false;
-    let admitted = false;
     try {
       if (closed) throw new StageError(Code.Unavailable, name, "ensemble is closed");
       if (outer?.aborted) throw abortError(name, outer.reason);
       const batch = checkInputs(request);
       const { wanted, perStep } = requestedOutputs(request);
-      inflight++;
-      admitted = true;
       outer?.addEventListener("abort", onOuterAbort, { once: true });
       const tensors = new Map<string, Tensor>();
       for (const t of request.inputs) tensors.set(t.name, t);
@@ -547,7 +540,6 @@ function buildEnsemble(
       if (record) recorder.requestFailed(nowNs() - begin);
       throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
     } finally {
-      if (admitted) inflight--;
       if (held) held.limiter.release();
       outer?.removeEventListener("abort", onOuterAbort);
       // A consumer that stopped early (the client went away) stops the steps still running; a
@@ -578,9 +570,6 @@ function buildEnsemble(
     },
     execute: (request: InferRequest, options?: InferOptions) => answerWithTimes(answers, request, options),
     executeStream: (request: InferRequest, options?: InferOptions) => answers(request, options, () => {}),
-    get inflight() {
-      return inflight;
-    },
     ...(decoupled ? { inferStream: answers } : {}),
     stepStatistics: () =>
       steps.map((rt) => ({

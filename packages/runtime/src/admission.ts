@@ -35,12 +35,14 @@ export interface AdmissionOptions {
 }
 
 export class Admission {
+  /** What the config's queue policies allow pending, every level together (undefined: they set none). */
+  private readonly configBound: number | undefined;
   /** The bound that applies when the config sets no max_queue_size; 0: none. */
   private readonly defaultBound: number;
 
   constructor(private readonly options: AdmissionOptions) {
-    this.defaultBound =
-      configMaxQueueSize(options.config) === undefined ? Math.max(0, options.defaultMaxQueueSize ?? 0) : 0;
+    this.configBound = configMaxQueueSize(options.config);
+    this.defaultBound = this.configBound === undefined ? Math.max(0, options.defaultMaxQueueSize ?? 0) : 0;
   }
 
   /** The refusal of a request of this priority, when a bound is reached; undefined: admitted. */
@@ -78,7 +80,7 @@ export class Admission {
    * ensemble admits no more than its tightest step's.
    */
   maxQueueSize(): number {
-    const config = configMaxQueueSize(this.options.config) ?? this.defaultBound;
+    const config = this.configBound ?? this.defaultBound;
     const own = this.options.backendBound?.().bound ?? 0;
     if (config === 0) return own;
     return own > 0 ? Math.min(own, config) : config;

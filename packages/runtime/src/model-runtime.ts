@@ -249,7 +249,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     ...(backend.queueBound ? { backendBound: backend.queueBound.bind(backend) } : {}),
   });
   /** Takes a place for one request, or refuses it at once (a full queue), before any work is done on it. */
-  const admit1 = (priority: number | undefined) => {
+  const admitOne = (priority: number | undefined) => {
     const refused = admission.refusal(priority);
     if (refused) {
       recorder.requestFailed(0);
@@ -277,7 +277,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
 
   async function infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
     if (decoupled) throw decoupledRefusal(name);
-    admit1(opts?.priority);
+    admitOne(opts?.priority);
     try {
       if (spec.emptyBatch && config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
         const start = nowNs();
@@ -322,7 +322,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
   if (decoupled && executeStream) {
     // One execution per request, however many responses it sends; it succeeds once the last is sent.
     stage.inferStream = async function* (request: InferRequest, opts?: InferOptions) {
-      admit1(opts?.priority);
+      admitOne(opts?.priority);
       const start = nowNs();
       try {
         if (closed) throw closedError();
@@ -395,7 +395,7 @@ export function stageBackend(stage: Stage, instances: number): ModelBackend {
   // What the stage answers itself (a stage spread with its own pendingRequests, say) wins over its definition's.
   backend.isReady = () => stage.isReady();
   backend.metadata = () => stage.metadata();
-  backend.close = () => stage.close();
+  backend.close = () => stage.close(); // closing the stage closes its definition once
   if (!definition && stage.inferStream) backend.executeStream = stage.inferStream.bind(stage);
   const pending = stage.pendingRequests?.bind(stage);
   if (pending) backend.pendingRequests = pending;
