@@ -7,7 +7,7 @@ import { parseModelConfig } from "@trellis/protocol";
 import { Code, type InferRequest, StageError, tensor } from "@trellis/stage";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { createModelRuntime, type ModelBackend } from "./model-runtime.js";
+import { createModelRuntime, type ModelBackend } from "../src/model-runtime.js";
 
 const request = (v: number): InferRequest => ({ inputs: [tensor("IN", "FP32", [1, 2], Float32Array.of(v, v))] });
 

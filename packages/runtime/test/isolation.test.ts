@@ -17,8 +17,8 @@ import {
 } from "@trellis/stage";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "./batcher.js";
-import { createModelRuntime, stageBackend } from "./model-runtime.js";
+import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "../src/batcher.js";
+import { createModelRuntime, stageBackend } from "../src/model-runtime.js";
 
 /** A request of `rows` rows of x [rows, 2]; a negative seed makes every value negative. */
 function req(rows: number, seed: number, id = `r${seed}`): InferRequest {

@@ -1,7 +1,7 @@
 import type { InferRequest, InferResponse } from "@trellis/stage";
 import { bytesTensor, tensor } from "@trellis/stage";
 import { describe, expect, it } from "vitest";
-import { ResponseCache, responseCacheKey } from "./response-cache.js";
+import { ResponseCache, responseCacheKey } from "../src/response-cache.js";
 
 const request = (values: number[], extra: Partial<InferRequest> = {}): InferRequest => ({
   inputs: [tensor("x", "FP32", [1, values.length], Float32Array.from(values))],

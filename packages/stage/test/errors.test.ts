@@ -1,6 +1,6 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { describe, expect, it } from "vitest";
-import { StageError, toConnectError } from "./errors.js";
+import { StageError, toConnectError } from "../src/errors.js";
 
 class StepError extends StageError {}
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { CpuGate } from "./cpu-gate.js";
+import { CpuGate } from "../src/cpu-gate.js";
 
 /** Lets every pending promise callback run. */
 const settle = () => new Promise<void>((r) => setImmediate(r));

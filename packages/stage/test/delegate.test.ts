@@ -1,9 +1,9 @@
 import { parseModelConfig } from "@trellis/protocol";
 import { describe, expect, it } from "vitest";
-import { defineStage } from "./define.js";
-import { delegateStage } from "./delegate.js";
-import type { InferRequest, InferResponse, Stage } from "./stage.js";
-import { tensor } from "./tensor.js";
+import { defineStage } from "../src/define.js";
+import { delegateStage } from "../src/delegate.js";
+import type { InferRequest, InferResponse, Stage } from "../src/stage.js";
+import { tensor } from "../src/tensor.js";
 
 const coupled = parseModelConfig(`name: "one" backend: "typescript" max_batch_size: 0
   input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]

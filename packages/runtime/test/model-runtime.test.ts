@@ -3,8 +3,8 @@ import { Code, defineStage, type InferRequest, StageError, tensor } from "@trell
 import { observeRequests } from "@trellis/stage/backend";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { createModelRuntime, instanceCount, stageBackend } from "./model-runtime.js";
-import { RateLimiter } from "./rate-limiter.js";
+import { createModelRuntime, instanceCount, stageBackend } from "../src/model-runtime.js";
+import { RateLimiter } from "../src/rate-limiter.js";
 
 const config = (extra = "") =>
   parseModelConfig(`name: "m" backend: "typescript" max_batch_size: 4

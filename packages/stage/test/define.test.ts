@@ -2,10 +2,10 @@ import { ConnectError } from "@connectrpc/connect";
 import { parseModelConfig } from "@trellis/protocol";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { defineStage } from "./define.js";
-import { Code, StageError } from "./errors.js";
-import type { InferResponse } from "./stage.js";
-import { type Tensor, tensor } from "./tensor.js";
+import { defineStage } from "../src/define.js";
+import { Code, StageError } from "../src/errors.js";
+import type { InferResponse } from "../src/stage.js";
+import { type Tensor, tensor } from "../src/tensor.js";
 
 const config = parseModelConfig(`name: "double" backend: "typescript" max_batch_size: 8
   input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]

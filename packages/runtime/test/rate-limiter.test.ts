@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { RateLimiter, rateLimiterResources } from "./rate-limiter.js";
+import { RateLimiter, rateLimiterResources } from "../src/rate-limiter.js";
 
 const resolved = async <T>(value: T | Promise<T>): Promise<T> => value;
 
