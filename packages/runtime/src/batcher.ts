@@ -191,25 +191,164 @@ const removeFrom = (list: Pending[], p: Pending) => {
 };
 
 export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {
-  const { name, maxBatchSize, dynamicBatching: db, validate, recorder } = options;
-  const executeRequests = options.executeRequests ?? (options.execute && mergedExecutor(name, options.execute));
-  if (!executeRequests) throw new StageError(Code.Internal, name, "a batcher needs execute or executeRequests");
-  const version = options.version ?? recorder.version;
-  const batching = db !== undefined && maxBatchSize > 0;
-  const preferred = new Set((db?.preferredBatchSize ?? []).filter((n) => n > 0 && n <= maxBatchSize));
-  const delayNs = (options.strategy ?? "eager") === "eager" ? 0 : Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
-  const instances = Math.max(1, options.instances ?? 1);
-  const { levels, defaultIndex } = buildLevels(db);
-  const free = Array.from({ length: instances }, (_, i) => instances - 1 - i);
-  const inFlight = new Set<Promise<void>>();
-  let delayTimer: NodeJS.Timeout | undefined;
-  let queued = 0;
-  let closed = false;
+  const executeRequests = options.executeRequests ?? (options.execute && mergedExecutor(options.name, options.execute));
+  if (!executeRequests) throw new StageError(Code.Internal, options.name, "a batcher needs execute or executeRequests");
+  return new Batcher(options, executeRequests);
+}
+
+/** A request checked and placed: how many items it carries, its level, and its queue timeout. */
+interface Placement {
+  size: number;
+  level: Level;
+  timeoutUs: number;
+}
+
+class Batcher implements DynamicBatcher {
+  private readonly name: string;
+  private readonly version: string;
+  private readonly maxBatchSize: number;
+  private readonly recorder: StatisticsRecorder;
+  /** Requests merge (dynamic_batching given, and the model has a batch dimension). */
+  private readonly batching: boolean;
+  private readonly preferred: Set<number>;
+  private readonly delayNs: number;
+  private readonly levels: Level[];
+  private readonly defaultIndex: number;
+  /** Idle execution slots; the lowest is taken first. */
+  private readonly free: number[];
+  private readonly inFlight = new Set<Promise<void>>();
+  private delayTimer: NodeJS.Timeout | undefined;
+  private queuedCount = 0;
+  private closed = false;
   /** An admission is being awaited (options.admit): batches wait for it. */
-  let admitting = false;
+  private admitting = false;
+
+  constructor(
+    private readonly options: DynamicBatcherOptions,
+    private readonly executeRequests: RequestsExecutor,
+  ) {
+    const { maxBatchSize, dynamicBatching: db } = options;
+    this.name = options.name;
+    this.recorder = options.recorder;
+    this.version = options.version ?? options.recorder.version;
+    this.maxBatchSize = maxBatchSize;
+    this.batching = db !== undefined && maxBatchSize > 0;
+    this.preferred = new Set((db?.preferredBatchSize ?? []).filter((n) => n > 0 && n <= maxBatchSize));
+    this.delayNs = (options.strategy ?? "eager") === "eager" ? 0 : Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
+    const instances = Math.max(1, options.instances ?? 1);
+    const { levels, defaultIndex } = buildLevels(db);
+    this.levels = levels;
+    this.defaultIndex = defaultIndex;
+    this.free = Array.from({ length: instances }, (_, i) => instances - 1 - i);
+  }
+
+  get queued(): number {
+    return this.queuedCount;
+  }
+
+  get executing(): number {
+    return this.inFlight.size;
+  }
+
+  queueLevel(priority?: number): QueueLevel {
+    const level = this.levelOf(priority);
+    return {
+      number: level.number,
+      maxQueueSize: level.policy.maxQueueSize,
+      queued: level.queue.length + level.delayed.length,
+    };
+  }
+
+  async infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
+    const startNs = nowNs();
+    let placed: Placement;
+    try {
+      placed = this.place(request, opts);
+    } catch (err) {
+      this.recorder.requestFailed(nowNs() - startNs);
+      throw toConnectError(err, this.name);
+    }
+    const { size, level, timeoutUs } = placed;
+    return new Promise<InferResponse>((resolve, reject) => {
+      const p: Pending = {
+        request,
+        size,
+        key: this.batchKey(request),
+        level,
+        startNs,
+        enqueuedNs: nowNs(),
+        queueNs: 0,
+        trace: opts.trace,
+        options: this.options.passTrace ? opts : withoutTrace(opts),
+        resolve,
+        reject,
+      };
+      if (timeoutUs > 0) {
+        p.timer = deadlineTimer(Math.max(1, Math.ceil(timeoutUs / 1000)), () => this.timedOut(p, timeoutUs));
+      }
+      const signal = opts.signal;
+      if (signal) {
+        const onAbort = () => {
+          this.dequeue(p);
+          this.fail(p, abortError(this.name, signal));
+          this.schedule();
+        };
+        signal.addEventListener("abort", onAbort, { once: true });
+        p.detach = () => signal.removeEventListener("abort", onAbort);
+      }
+      level.queue.push(p);
+      this.queuedCount += 1;
+      this.schedule();
+    });
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.delayTimer);
+    for (const level of this.levels) {
+      for (const p of [...level.queue, ...level.delayed]) {
+        this.dequeue(p);
+        this.fail(p, new StageError(Code.Unavailable, this.name, "model is unloading"));
+      }
+    }
+    await Promise.allSettled([...this.inFlight]);
+  }
+
+  /** Checks a request before it queues: its size, its level, its timeout there. */
+  private place(request: InferRequest, opts: InferOptions): Placement {
+    if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloading");
+    this.options.validate?.(request);
+    const size = this.requestSize(request);
+    if (opts.signal?.aborted) throw abortError(this.name, opts.signal);
+    const level = this.levelOf(opts.priority);
+    const override = opts.timeoutMicroseconds ?? 0;
+    const timeoutUs = level.policy.allowOverride && override > 0 ? override : level.policy.timeoutUs;
+    return { size, level, timeoutUs };
+  }
+
+  private timedOut(p: Pending, timeoutUs: number): void {
+    const level = p.level;
+    if (level.policy.delayOnTimeout) {
+      // DELAY: still served, but after every request of this level that is within its timeout.
+      if (removeFrom(level.queue, p)) level.delayed.push(p);
+      this.schedule();
+      return;
+    }
+    this.dequeue(p);
+    this.fail(
+      p,
+      new StageError(
+        Code.Unavailable,
+        this.name,
+        `Request timeout expired: queued longer than its timeout of ${timeoutUs} µs (priority level ${level.number})`,
+      ),
+    );
+    this.schedule();
+  }
 
   /** Items this request carries, checking every input agrees on dim 0. */
-  function requestSize(request: InferRequest): number {
+  private requestSize(request: InferRequest): number {
+    const { name, maxBatchSize } = this;
     if (maxBatchSize <= 0) return 1;
     const first = request.inputs[0];
     if (!first) return 1;
@@ -232,43 +371,50 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
   }
 
   /** Requests merge only when every input has the same name, datatype and non-batch dims. */
-  function batchKey(request: InferRequest): string {
-    if (!batching) return "";
+  private batchKey(request: InferRequest): string {
+    if (!this.batching) return "";
     return request.inputs
       .map((t) => `${t.name}\u0000${t.datatype}\u0000${t.shape.slice(1).join(",")}`)
       .sort()
       .join("\u0001");
   }
 
-  function* ordered(): Generator<Pending> {
-    for (const level of levels) {
+  /** Triton's rule: levels 1..priority_levels; 0 or out of range means default_priority_level. */
+  private levelOf(priority = 0): Level {
+    const levels = this.levels;
+    return levels[priority >= 1 && priority <= levels.length ? priority - 1 : this.defaultIndex]!;
+  }
+
+  private *ordered(): Generator<Pending> {
+    for (const level of this.levels) {
       yield* level.queue;
       yield* level.delayed;
     }
   }
 
-  function dequeue(p: Pending): void {
-    if (removeFrom(p.level.queue, p) || removeFrom(p.level.delayed, p)) queued -= 1;
+  private dequeue(p: Pending): void {
+    if (removeFrom(p.level.queue, p) || removeFrom(p.level.delayed, p)) this.queuedCount -= 1;
     clearTimeout(p.timer);
     p.detach?.();
   }
 
-  function fail(p: Pending, err: ConnectError): void {
-    recorder.requestFailed(nowNs() - p.startNs);
+  private fail(p: Pending, err: ConnectError): void {
+    this.recorder.requestFailed(nowNs() - p.startNs);
     p.reject(err);
   }
 
   /** The next batch to run now, the time to wait for more requests, or nothing queued. */
-  function nextBatch(): { batch: Pending[] } | { waitNs: number } | undefined {
+  private nextBatch(): { batch: Pending[] } | { waitNs: number } | undefined {
+    const { maxBatchSize } = this;
     const batch: Pending[] = [];
     let total = 0;
     let bestPreferred = 0;
     let full = false;
-    for (const p of ordered()) {
+    for (const p of this.ordered()) {
       if (batch.length === 0) {
         batch.push(p);
         total = p.size;
-        if (!batching) return { batch };
+        if (!this.batching) return { batch };
       } else if (p.key !== batch[0]!.key || total + p.size > maxBatchSize) {
         // The batch cannot grow past this request without reordering the queue.
         full = true;
@@ -277,7 +423,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
         batch.push(p);
         total += p.size;
       }
-      if (preferred.has(total)) bestPreferred = batch.length;
+      if (this.preferred.has(total)) bestPreferred = batch.length;
       if (total === maxBatchSize) {
         full = true;
         break;
@@ -288,61 +434,65 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
     if (bestPreferred > 0) return { batch: batch.slice(0, bestPreferred) };
     if (full) return { batch };
     const oldest = Math.min(...batch.map((p) => p.enqueuedNs));
-    const waitNs = oldest + delayNs - nowNs();
+    const waitNs = oldest + this.delayNs - nowNs();
     return waitNs <= 0 ? { batch } : { waitNs };
   }
 
-  function schedule(): void {
-    clearTimeout(delayTimer);
-    delayTimer = undefined;
-    while (!closed && free.length > 0 && !admitting) {
-      const next = nextBatch();
+  private schedule(): void {
+    clearTimeout(this.delayTimer);
+    this.delayTimer = undefined;
+    while (!this.closed && this.free.length > 0 && !this.admitting) {
+      const next = this.nextBatch();
       if (!next) return;
       if ("waitNs" in next) {
-        delayTimer = setTimeout(schedule, Math.max(1, Math.ceil(next.waitNs / 1e6)));
+        this.delayTimer = setTimeout(() => this.schedule(), Math.max(1, Math.ceil(next.waitNs / 1e6)));
         return;
       }
-      const slot = free.pop()!;
-      const admission = options.admit?.(slot);
+      const slot = this.free.pop()!;
+      const admission = this.options.admit?.(slot);
       if (typeof admission === "function") {
-        dispatch(next.batch, slot, admission);
+        this.dispatch(next.batch, slot, admission);
         continue;
       }
       if (admission) {
-        admitting = true;
-        void admission.then((release) => {
-          admitting = false;
-          // Formed now, so that what arrived during the wait rides along.
-          const admitted = closed ? undefined : nextBatch();
-          if (admitted && "batch" in admitted) dispatch(admitted.batch, slot, release);
-          else {
-            release();
-            free.push(slot);
-          }
-          schedule();
-        });
+        this.admitting = true;
+        void admission.then((release) => this.admitted(slot, release));
         return;
       }
-      dispatch(next.batch, slot);
+      this.dispatch(next.batch, slot);
     }
   }
 
-  function dispatch(batch: Pending[], slot: number, release?: () => void): void {
+  /** An awaited admission came through for `slot`. */
+  private admitted(slot: number, release: () => void): void {
+    this.admitting = false;
+    // Formed now, so that what arrived during the wait rides along.
+    const next = this.closed ? undefined : this.nextBatch();
+    if (next && "batch" in next) this.dispatch(next.batch, slot, release);
+    else {
+      release();
+      this.free.push(slot);
+    }
+    this.schedule();
+  }
+
+  private dispatch(batch: Pending[], slot: number, release?: () => void): void {
     const now = nowNs();
     for (const p of batch) {
-      dequeue(p);
+      this.dequeue(p);
       p.queueNs = now - p.enqueuedNs;
     }
-    const run = runBatch(batch, slot).finally(() => {
+    const run = this.runBatch(batch, slot).finally(() => {
       release?.();
-      inFlight.delete(run);
-      free.push(slot);
-      schedule();
+      this.inFlight.delete(run);
+      this.free.push(slot);
+      this.schedule();
     });
-    inFlight.add(run);
+    this.inFlight.add(run);
   }
 
-  async function runBatch(batch: Pending[], instance: number): Promise<void> {
+  private async runBatch(batch: Pending[], instance: number): Promise<void> {
+    const { name, recorder } = this;
     const t0 = nowNs();
     const total = batch.reduce((n, p) => n + p.size, 0);
     const context: BatchContext = {
@@ -354,7 +504,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
     };
     let result: RequestsResult;
     try {
-      result = await (executeRequests as RequestsExecutor)(context.requests, context);
+      result = await this.executeRequests(context.requests, context);
       if (result.responses.length !== batch.length) {
         throw new StageError(
           Code.Internal,
@@ -365,11 +515,11 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
     } catch (err) {
       // Only the requests in this execution fail; the queue carries on.
       const e = toConnectError(err, name);
-      for (const p of batch) fail(p, e);
+      for (const p of batch) this.fail(p, e);
       return;
     }
     const t1 = nowNs();
-    const responses = batch.map((p, i) => answerOf(p, result.responses[i]!, batch.length > 1));
+    const responses = batch.map((p, i) => this.answerOf(p, result.responses[i]!, batch.length > 1));
     const t2 = nowNs();
     const reported = result.times ?? {};
     const times: ExecutionTimes = {
@@ -382,7 +532,7 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
     batch.forEach((p, i) => {
       const r = responses[i]!;
       if (r instanceof ConnectError) {
-        fail(p, r);
+        this.fail(p, r);
       } else {
         recorder.requestSucceeded(t2 - p.startNs, p.size, p.queueNs + (reported.queueNs ?? 0), times);
         traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t2, times);
@@ -395,10 +545,11 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
    * A request's response from its outcome: the outputs it asked for and, answered within a batch
    * of several, only its own rows (dim 0 = its size), never another request's.
    */
-  function answerOf(p: Pending, outcome: RequestOutcome, shared: boolean): InferResponse | ConnectError {
+  private answerOf(p: Pending, outcome: RequestOutcome, shared: boolean): InferResponse | ConnectError {
+    const name = this.name;
     if (outcome instanceof Error) return toConnectError(outcome, name);
     try {
-      if (shared && maxBatchSize > 0) {
+      if (shared && this.maxBatchSize > 0) {
         const wrong = outcome.find((t) => t.shape[0] !== p.size);
         if (wrong) {
           throw new StageError(
@@ -408,122 +559,22 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
           );
         }
       }
-      return { id: p.request.id, modelName: name, modelVersion: version, outputs: pickOutputs(p.request, outcome) };
+      const outputs = pickOutputs(name, p.request, outcome);
+      return { id: p.request.id, modelName: name, modelVersion: this.version, outputs };
     } catch (err) {
       return toConnectError(err, name);
     }
   }
+}
 
-  function pickOutputs(request: InferRequest, outputs: Tensor[]): Tensor[] {
-    const wanted = request.outputs ?? [];
-    if (wanted.length === 0) return outputs;
-    return wanted.map((o) => {
-      const t = outputs.find((x) => x.name === o.name);
-      if (!t) throw new StageError(Code.Internal, name, `execution produced no output ${o.name}`);
-      return t;
-    });
-  }
-
-  /** Triton's rule: levels 1..priority_levels; 0 or out of range means default_priority_level. */
-  function levelOf(priority = 0): Level {
-    return levels[priority >= 1 && priority <= levels.length ? priority - 1 : defaultIndex]!;
-  }
-
-  async function infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
-    const startNs = nowNs();
-    let size: number;
-    let level: Level;
-    let timeoutUs: number;
-    try {
-      if (closed) throw new StageError(Code.Unavailable, name, "model is unloading");
-      validate?.(request);
-      size = requestSize(request);
-      if (opts.signal?.aborted) throw abortError(name, opts.signal);
-      level = levelOf(opts.priority);
-      const override = opts.timeoutMicroseconds ?? 0;
-      timeoutUs = level.policy.allowOverride && override > 0 ? override : level.policy.timeoutUs;
-    } catch (err) {
-      recorder.requestFailed(nowNs() - startNs);
-      throw toConnectError(err, name);
-    }
-    return new Promise<InferResponse>((resolve, reject) => {
-      const p: Pending = {
-        request,
-        size,
-        key: batchKey(request),
-        level,
-        startNs,
-        enqueuedNs: nowNs(),
-        queueNs: 0,
-        trace: opts.trace,
-        options: options.passTrace ? opts : withoutTrace(opts),
-        resolve,
-        reject,
-      };
-      if (timeoutUs > 0) {
-        p.timer = deadlineTimer(Math.max(1, Math.ceil(timeoutUs / 1000)), () => {
-          if (level.policy.delayOnTimeout) {
-            // DELAY: still served, but after every request of this level that is within its timeout.
-            if (removeFrom(level.queue, p)) level.delayed.push(p);
-            schedule();
-            return;
-          }
-          dequeue(p);
-          fail(
-            p,
-            new StageError(
-              Code.Unavailable,
-              name,
-              `Request timeout expired: queued longer than its timeout of ${timeoutUs} µs (priority level ${level.number})`,
-            ),
-          );
-          schedule();
-        });
-      }
-      const signal = opts.signal;
-      if (signal) {
-        const onAbort = () => {
-          dequeue(p);
-          fail(p, abortError(name, signal));
-          schedule();
-        };
-        signal.addEventListener("abort", onAbort, { once: true });
-        p.detach = () => signal.removeEventListener("abort", onAbort);
-      }
-      level.queue.push(p);
-      queued += 1;
-      schedule();
-    });
-  }
-
-  return {
-    infer,
-    queueLevel(priority) {
-      const level = levelOf(priority);
-      return {
-        number: level.number,
-        maxQueueSize: level.policy.maxQueueSize,
-        queued: level.queue.length + level.delayed.length,
-      };
-    },
-    get queued() {
-      return queued;
-    },
-    get executing() {
-      return inFlight.size;
-    },
-    async close() {
-      closed = true;
-      clearTimeout(delayTimer);
-      for (const level of levels) {
-        for (const p of [...level.queue, ...level.delayed]) {
-          dequeue(p);
-          fail(p, new StageError(Code.Unavailable, name, "model is unloading"));
-        }
-      }
-      await Promise.allSettled([...inFlight]);
-    },
-  };
+function pickOutputs(name: string, request: InferRequest, outputs: Tensor[]): Tensor[] {
+  const wanted = request.outputs ?? [];
+  if (wanted.length === 0) return outputs;
+  return wanted.map((o) => {
+    const t = outputs.find((x) => x.name === o.name);
+    if (!t) throw new StageError(Code.Internal, name, `execution produced no output ${o.name}`);
+    return t;
+  });
 }
 
 function withoutTrace({ trace: _trace, ...rest }: InferOptions): InferOptions {
