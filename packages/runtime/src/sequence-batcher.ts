@@ -262,95 +262,307 @@ interface Sequence {
 
 /** A sequence batcher for `options.config`; refuses a config without sequence_batching. */
 export async function createSequenceBatcher(options: SequenceBatcherOptions): Promise<SequenceBatcher> {
-  const { config, run } = options;
-  const model = config.name;
+  const { config } = options;
   const layout = readLayout(config);
   if (!layout) {
-    throw new StageError(Code.InvalidArgument, model, "the config has no sequence_batching section");
+    throw new StageError(Code.InvalidArgument, config.name, "the config has no sequence_batching section");
   }
-  const batching = config.maxBatchSize > 0;
-  const lead = batching ? [1] : [];
   const initialData = await readInitialStates(config, layout, options.modelDir);
-  const extraInputs = new Set(tensorsOf(layout).inputs.map((s) => s.name));
-  const stateOutputs = new Set(layout.states.map((s) => s.output));
-  const configOutputs = config.output.map((o) => o.name);
-  const bad = (msg: string) => new StageError(Code.InvalidArgument, model, msg);
+  return new Sequencer(options, layout, initialData);
+}
 
-  const open = new Map<string, Sequence>();
-  const backlog: Sequence[] = [];
-  let freeSlots = layout.slotsPerInstance * Math.max(1, options.instances ?? 1);
-  let queued = 0;
-  let active = 0;
-  let closed = false;
+type SequenceFlags = ReturnType<typeof sequenceFlags>;
 
-  const controlTensor = (c: BooleanControl, on: boolean): Tensor => {
-    const value = c.values[on ? 1 : 0];
-    const data =
-      c.datatype === "FP32"
-        ? Float32Array.of(value)
-        : c.datatype === "INT32"
-          ? Int32Array.of(value)
-          : Uint8Array.of(value ? 1 : 0);
-    return { name: c.name, datatype: c.datatype, shape: [...lead, 1], data } as Tensor;
-  };
-  const corridTensor = (c: CorridControl, id: bigint | string): Tensor => {
-    const shape = [...lead, 1];
-    if (c.datatype === "BYTES") return { name: c.name, datatype: "BYTES", shape, data: [encoder.encode(String(id))] };
-    if (typeof id === "string") {
-      throw bad(
-        `sequence_id "${id}" is a string, but control input ${c.name} (CONTROL_SEQUENCE_CORRID) takes ${c.datatype}: send an unsigned integer`,
-      );
+class Sequencer implements SequenceBatcher {
+  private readonly model: string;
+  /** The model has a batch dimension (max_batch_size > 0). */
+  private readonly batching: boolean;
+  /** The batch dim the added tensors carry: [1] when the model batches. */
+  private readonly lead: number[];
+  private readonly extraInputs: Set<string>;
+  private readonly stateOutputs: Set<string>;
+  private readonly configOutputs: string[];
+  /** Sequences started and not ended, by `${typeof id}:${id}`. */
+  private readonly open = new Map<string, Sequence>();
+  /** Sequences waiting for a slot, oldest first. */
+  private readonly backlog: Sequence[] = [];
+  private freeSlots: number;
+  private queuedCount = 0;
+  private activeCount = 0;
+  private closed = false;
+
+  constructor(
+    private readonly options: SequenceBatcherOptions,
+    private readonly layout: SequenceLayout,
+    /** Each state's initial_state data_file bytes, by state input name. */
+    private readonly initialData: Map<string, Uint8Array>,
+  ) {
+    const { config } = options;
+    this.model = config.name;
+    this.batching = config.maxBatchSize > 0;
+    this.lead = this.batching ? [1] : [];
+    this.extraInputs = new Set(tensorsOf(layout).inputs.map((s) => s.name));
+    this.stateOutputs = new Set(layout.states.map((s) => s.output));
+    this.configOutputs = config.output.map((o) => o.name);
+    this.freeSlots = layout.slotsPerInstance * Math.max(1, options.instances ?? 1);
+  }
+
+  get queued(): number {
+    return this.queuedCount;
+  }
+
+  get active(): number {
+    return this.activeCount;
+  }
+
+  get backlogged(): number {
+    return this.backlog.length;
+  }
+
+  infer(request: InferRequest, inferOptions?: InferOptions): Promise<InferResponse> {
+    const startNs = nowNs();
+    const refuse = (err: ConnectError) => {
+      this.options.onRefused?.(nowNs() - startNs);
+      return Promise.reject(err);
+    };
+    if (this.closed) return refuse(new StageError(Code.Unavailable, this.model, "stage is closed"));
+    let flags: SequenceFlags;
+    try {
+      flags = this.checkRequest(request);
+    } catch (err) {
+      return refuse(toConnectError(err, this.model));
     }
-    const limit =
-      c.datatype === "UINT32"
-        ? 2n ** 32n
-        : c.datatype === "INT32"
-          ? 2n ** 31n
-          : c.datatype === "INT64"
-            ? 2n ** 63n
-            : 2n ** 64n;
-    if (id >= limit)
-      throw bad(`sequence_id ${id} does not fit control input ${c.name} (CONTROL_SEQUENCE_CORRID, ${c.datatype})`);
-    const data =
-      c.datatype === "UINT64"
-        ? BigUint64Array.of(id)
-        : c.datatype === "INT64"
-          ? BigInt64Array.of(id)
-          : c.datatype === "UINT32"
-            ? Uint32Array.of(Number(id))
-            : Int32Array.of(Number(id));
-    return { name: c.name, datatype: c.datatype, shape, data } as Tensor;
-  };
-  const initialState = (s: StateSpec): Tensor => {
-    const shape = [...lead, ...s.initial.dims];
-    const count = elementCount(shape);
-    if (s.datatype === "BYTES")
-      return { name: s.input, datatype: "BYTES", shape, data: Array.from({ length: count }, () => new Uint8Array(0)) };
-    const data = allocate(s.datatype as NumericType, count) as Exclude<TensorData, Uint8Array[]>;
-    const file = initialData.get(s.input);
-    if (file) bytesOf(data).set(file);
-    return { name: s.input, datatype: s.datatype, shape, data } as Tensor;
-  };
+    const { id, start, end } = flags;
+    const key = `${typeof id}:${id}`;
+    let seq = this.open.get(key);
+    if (!seq) {
+      if (!start) {
+        return refuse(
+          this.bad(
+            `inference request for sequence ${id} to model '${this.model}' must specify the START flag on the first request of the sequence`,
+          ),
+        );
+      }
+      seq = this.startSequence(key, id);
+    }
+    // An END closes the sequence: a later request with this ID must START a new one.
+    if (end) {
+      this.open.delete(key);
+      seq.ended = true;
+    }
+    seq.lastArrival = performance.now();
+    if (!end) this.watchIdle(key, seq);
+    const target = seq;
+    return new Promise<InferResponse>((resolve, reject) => {
+      const w: Waiting = { request, startNs, options: inferOptions, start, end, resolve, reject };
+      const signal = inferOptions?.signal;
+      if (signal) {
+        if (signal.aborted) {
+          this.options.onRefused?.(nowNs() - startNs);
+          reject(new StageError(Code.Canceled, this.model, "request cancelled before it was queued"));
+          return;
+        }
+        const onAbort = () => this.cancelled(target, w, signal);
+        signal.addEventListener("abort", onAbort, { once: true });
+        w.detach = () => signal.removeEventListener("abort", onAbort);
+      }
+      target.queue.push(w);
+      this.queuedCount++;
+      this.pump(target);
+    });
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    const sequences = new Set([...this.open.values(), ...this.backlog]);
+    for (const seq of sequences) {
+      if (seq.timer) clearTimeout(seq.timer);
+      for (const w of seq.queue.splice(0)) {
+        w.detach?.();
+        this.queuedCount--;
+        this.options.onRefused?.(nowNs() - w.startNs);
+        w.reject(new StageError(Code.Unavailable, this.model, "stage is closed"));
+      }
+    }
+    this.open.clear();
+    this.backlog.length = 0;
+  }
+
+  private bad(msg: string): StageError {
+    return new StageError(Code.InvalidArgument, this.model, msg);
+  }
+
+  /** The request's sequence flags; refuses what the client may not send (the batcher's own tensors, a batch of several). */
+  private checkRequest(request: InferRequest): SequenceFlags {
+    const model = this.model;
+    const flags = sequenceFlags(model, request.parameters);
+    for (const t of request.inputs) {
+      if (this.extraInputs.has(t.name)) {
+        throw this.bad(
+          `input ${t.name} is supplied by the sequence batcher (sequence_batching control_input or state), not by the client`,
+        );
+      }
+      if (this.batching && t.shape[0] !== 1) {
+        throw this.bad(
+          `inference request to model '${model}' must specify batch-size 1 due to requirements of sequence batcher (input ${t.name} has shape ${formatShape(t.shape)})`,
+        );
+      }
+    }
+    for (const o of request.outputs ?? []) {
+      if (this.stateOutputs.has(o.name) && !this.configOutputs.includes(o.name)) {
+        throw this.bad(
+          `output ${o.name} is the sequence's implicit state; list it in the config's outputs to request it`,
+        );
+      }
+    }
+    return flags;
+  }
+
+  /** A new sequence, opened under `key`: it takes a free slot, or joins the backlog. */
+  private startSequence(key: string, id: bigint | string): Sequence {
+    const seq: Sequence = {
+      id,
+      queue: [],
+      running: false,
+      hasSlot: false,
+      ended: false,
+      state: new Map(),
+      lastArrival: 0,
+    };
+    this.open.set(key, seq);
+    if (this.freeSlots > 0) {
+      this.freeSlots--;
+      seq.hasSlot = true;
+      this.activeCount++;
+    } else this.backlog.push(seq);
+    return seq;
+  }
+
+  /** `w` was cancelled: it leaves its sequence's queue, if it still waits there. */
+  private cancelled(seq: Sequence, w: Waiting, signal: AbortSignal): void {
+    const i = seq.queue.indexOf(w);
+    if (i < 0) return;
+    seq.queue.splice(i, 1);
+    this.queuedCount--;
+    const reason: unknown = signal.reason;
+    const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
+    this.options.onRefused?.(nowNs() - w.startNs);
+    w.reject(
+      new StageError(
+        Code.Canceled,
+        this.model,
+        `request cancelled while waiting in its sequence${text ? `: ${text}` : ""}`,
+      ),
+    );
+    if (seq.ended && seq.queue.length === 0 && !seq.running) this.release(seq);
+  }
+
+  /**
+   * The sequence's idle check, once per sequence rather than once per request: when it fires it
+   * looks at the last arrival and waits again for what is left (a full period while a request
+   * is queued or running), so a steady sequence costs no timer work per request.
+   */
+  private watchIdle(key: string, seq: Sequence): void {
+    if (seq.timer) return;
+    seq.timer = setTimeout(() => this.idleCheck(key, seq), this.layout.idleMs).unref();
+  }
+
+  private idleCheck(key: string, seq: Sequence): void {
+    const { idleMs } = this.layout;
+    seq.timer = undefined;
+    if (this.closed) return;
+    const idleFor = performance.now() - seq.lastArrival;
+    const busy = seq.running || seq.queue.length > 0;
+    if (busy || idleFor < idleMs) {
+      seq.timer = setTimeout(() => this.idleCheck(key, seq), busy ? idleMs : idleMs - idleFor).unref();
+      return;
+    }
+    // Idle past max_sequence_idle_microseconds: the sequence is forgotten and its slot goes to another.
+    if (this.open.get(key) === seq) this.open.delete(key);
+    seq.ended = true;
+    this.release(seq);
+  }
+
+  private release(seq: Sequence): void {
+    if (seq.timer) clearTimeout(seq.timer);
+    if (!seq.hasSlot) {
+      // A backlogged sequence whose requests were all cancelled, or that went idle, leaves the backlog.
+      const i = this.backlog.indexOf(seq);
+      if (i >= 0) this.backlog.splice(i, 1);
+      return;
+    }
+    seq.hasSlot = false;
+    this.activeCount--;
+    const next = this.backlog.shift();
+    if (next) {
+      next.hasSlot = true;
+      this.activeCount++;
+      this.pump(next);
+    } else this.freeSlots++;
+  }
+
+  /** Runs the sequence's next request, when it holds a slot and none of its requests is running. */
+  private pump(seq: Sequence): void {
+    if (!seq.hasSlot || seq.running) return;
+    const w = seq.queue.shift();
+    if (!w) {
+      if (seq.ended) this.release(seq);
+      return;
+    }
+    const model = this.model;
+    this.queuedCount--;
+    w.detach?.();
+    seq.running = true;
+    let request: InferRequest;
+    try {
+      request = this.forModel(seq, w);
+    } catch (err) {
+      seq.running = false;
+      this.options.onRefused?.(nowNs() - w.startNs);
+      w.reject(toConnectError(err, model));
+      this.pump(seq);
+      return;
+    }
+    this.options
+      .run(request, w.options)
+      .then(
+        (response) => w.resolve(this.fromModel(seq, w, response)),
+        (err: unknown) => w.reject(toConnectError(err, model)),
+      )
+      .catch((err: unknown) => w.reject(toConnectError(err, model)))
+      .finally(() => {
+        seq.running = false;
+        this.pump(seq);
+      });
+  }
 
   /** The request as the model gets it: control and state tensors added, state outputs asked for. */
-  const forModel = (seq: Sequence, w: Waiting): InferRequest => {
+  private forModel(seq: Sequence, w: Waiting): InferRequest {
+    const { layout, lead } = this;
     const inputs = [...w.request.inputs];
     for (const c of layout.controls) {
-      inputs.push(controlTensor(c, c.kind === "READY" ? true : c.kind === "START" ? w.start : w.end));
+      inputs.push(controlTensor(c, c.kind === "READY" ? true : c.kind === "START" ? w.start : w.end, lead));
     }
-    if (layout.corrid) inputs.push(corridTensor(layout.corrid, seq.id));
-    for (const s of layout.states) inputs.push((!w.start && seq.state.get(s.input)) || initialState(s));
-    const wanted = w.request.outputs?.length ? w.request.outputs : configOutputs.map((name) => ({ name }));
+    if (layout.corrid) inputs.push(corridTensor(this.model, layout.corrid, seq.id, lead));
+    for (const s of layout.states) {
+      inputs.push((!w.start && seq.state.get(s.input)) || initialStateTensor(s, lead, this.initialData.get(s.input)));
+    }
+    const wanted = w.request.outputs?.length ? w.request.outputs : this.configOutputs.map((name) => ({ name }));
     const outputs =
       wanted.length > 0
-        ? [...wanted, ...[...stateOutputs].filter((n) => !wanted.some((o) => o.name === n)).map((name) => ({ name }))]
+        ? [
+            ...wanted,
+            ...[...this.stateOutputs].filter((n) => !wanted.some((o) => o.name === n)).map((name) => ({ name })),
+          ]
         : undefined;
     return { ...w.request, inputs, ...(outputs ? { outputs } : {}) };
-  };
+  }
 
   /** Keeps the response's output states for the next request; gives the client what it asked for. */
-  const fromModel = (seq: Sequence, w: Waiting, response: InferResponse): InferResponse => {
-    for (const s of layout.states) {
+  private fromModel(seq: Sequence, w: Waiting, response: InferResponse): InferResponse {
+    const model = this.model;
+    for (const s of this.layout.states) {
       const out = response.outputs.find((t) => t.name === s.output);
       if (!out)
         throw new StageError(
@@ -370,204 +582,63 @@ export async function createSequenceBatcher(options: SequenceBatcherOptions): Pr
     // No outputs named (absent or empty, as protobuf gives it) means every config output.
     const asked = w.request.outputs?.length ? w.request.outputs.map((o) => o.name) : undefined;
     const keep = (name: string) =>
-      asked ? asked.includes(name) : !stateOutputs.has(name) || configOutputs.includes(name);
+      asked ? asked.includes(name) : !this.stateOutputs.has(name) || this.configOutputs.includes(name);
     return { ...response, outputs: response.outputs.filter((t) => keep(t.name)) };
-  };
+  }
+}
 
-  /**
-   * The sequence's idle check, once per sequence rather than once per request: when it fires it
-   * looks at the last arrival and waits again for what is left (a full period while a request
-   * is queued or running), so a steady sequence costs no timer work per request.
-   */
-  const watchIdle = (key: string, seq: Sequence) => {
-    if (seq.timer) return;
-    const check = () => {
-      seq.timer = undefined;
-      if (closed) return;
-      const idleFor = performance.now() - seq.lastArrival;
-      const busy = seq.running || seq.queue.length > 0;
-      if (busy || idleFor < layout.idleMs) {
-        seq.timer = setTimeout(check, busy ? layout.idleMs : layout.idleMs - idleFor).unref();
-        return;
-      }
-      // Idle past max_sequence_idle_microseconds: the sequence is forgotten and its slot goes to another.
-      if (open.get(key) === seq) open.delete(key);
-      seq.ended = true;
-      release(seq);
-    };
-    seq.timer = setTimeout(check, layout.idleMs).unref();
-  };
+/** A START, END or READY control's tensor: its false or true value, `lead` its batch dim. */
+function controlTensor(c: BooleanControl, on: boolean, lead: number[]): Tensor {
+  const value = c.values[on ? 1 : 0];
+  const data =
+    c.datatype === "FP32"
+      ? Float32Array.of(value)
+      : c.datatype === "INT32"
+        ? Int32Array.of(value)
+        : Uint8Array.of(value ? 1 : 0);
+  return { name: c.name, datatype: c.datatype, shape: [...lead, 1], data } as Tensor;
+}
 
-  const release = (seq: Sequence) => {
-    if (seq.timer) clearTimeout(seq.timer);
-    if (!seq.hasSlot) {
-      // A backlogged sequence whose requests were all cancelled, or that went idle, leaves the backlog.
-      const i = backlog.indexOf(seq);
-      if (i >= 0) backlog.splice(i, 1);
-      return;
-    }
-    seq.hasSlot = false;
-    active--;
-    const next = backlog.shift();
-    if (next) {
-      next.hasSlot = true;
-      active++;
-      pump(next);
-    } else freeSlots++;
-  };
+/** The CORRID control's tensor: the sequence's ID, refused when it does not fit the control's datatype. */
+function corridTensor(model: string, c: CorridControl, id: bigint | string, lead: number[]): Tensor {
+  const bad = (msg: string) => new StageError(Code.InvalidArgument, model, msg);
+  const shape = [...lead, 1];
+  if (c.datatype === "BYTES") return { name: c.name, datatype: "BYTES", shape, data: [encoder.encode(String(id))] };
+  if (typeof id === "string") {
+    throw bad(
+      `sequence_id "${id}" is a string, but control input ${c.name} (CONTROL_SEQUENCE_CORRID) takes ${c.datatype}: send an unsigned integer`,
+    );
+  }
+  const limit =
+    c.datatype === "UINT32"
+      ? 2n ** 32n
+      : c.datatype === "INT32"
+        ? 2n ** 31n
+        : c.datatype === "INT64"
+          ? 2n ** 63n
+          : 2n ** 64n;
+  if (id >= limit)
+    throw bad(`sequence_id ${id} does not fit control input ${c.name} (CONTROL_SEQUENCE_CORRID, ${c.datatype})`);
+  const data =
+    c.datatype === "UINT64"
+      ? BigUint64Array.of(id)
+      : c.datatype === "INT64"
+        ? BigInt64Array.of(id)
+        : c.datatype === "UINT32"
+          ? Uint32Array.of(Number(id))
+          : Int32Array.of(Number(id));
+  return { name: c.name, datatype: c.datatype, shape, data } as Tensor;
+}
 
-  const pump = (seq: Sequence) => {
-    if (!seq.hasSlot || seq.running) return;
-    const w = seq.queue.shift();
-    if (!w) {
-      if (seq.ended) release(seq);
-      return;
-    }
-    queued--;
-    w.detach?.();
-    seq.running = true;
-    let request: InferRequest;
-    try {
-      request = forModel(seq, w);
-    } catch (err) {
-      seq.running = false;
-      options.onRefused?.(nowNs() - w.startNs);
-      w.reject(toConnectError(err, model));
-      pump(seq);
-      return;
-    }
-    run(request, w.options)
-      .then(
-        (response) => w.resolve(fromModel(seq, w, response)),
-        (err: unknown) => w.reject(toConnectError(err, model)),
-      )
-      .catch((err: unknown) => w.reject(toConnectError(err, model)))
-      .finally(() => {
-        seq.running = false;
-        pump(seq);
-      });
-  };
-
-  return {
-    get queued() {
-      return queued;
-    },
-    get active() {
-      return active;
-    },
-    get backlogged() {
-      return backlog.length;
-    },
-    infer(request, inferOptions) {
-      const startNs = nowNs();
-      const refuse = (err: ConnectError) => {
-        options.onRefused?.(nowNs() - startNs);
-        return Promise.reject(err);
-      };
-      if (closed) return refuse(new StageError(Code.Unavailable, model, "stage is closed"));
-      let flags: { id: bigint | string; start: boolean; end: boolean };
-      try {
-        flags = sequenceFlags(model, request.parameters);
-        for (const t of request.inputs) {
-          if (extraInputs.has(t.name)) {
-            throw bad(
-              `input ${t.name} is supplied by the sequence batcher (sequence_batching control_input or state), not by the client`,
-            );
-          }
-          if (batching && t.shape[0] !== 1) {
-            throw bad(
-              `inference request to model '${model}' must specify batch-size 1 due to requirements of sequence batcher (input ${t.name} has shape ${formatShape(t.shape)})`,
-            );
-          }
-        }
-        for (const o of request.outputs ?? []) {
-          if (stateOutputs.has(o.name) && !configOutputs.includes(o.name)) {
-            throw bad(
-              `output ${o.name} is the sequence's implicit state; list it in the config's outputs to request it`,
-            );
-          }
-        }
-      } catch (err) {
-        return refuse(toConnectError(err, model));
-      }
-      const { id, start, end } = flags;
-      const key = `${typeof id}:${id}`;
-      let seq = open.get(key);
-      if (!seq) {
-        if (!start) {
-          return refuse(
-            bad(
-              `inference request for sequence ${id} to model '${model}' must specify the START flag on the first request of the sequence`,
-            ),
-          );
-        }
-        seq = { id, queue: [], running: false, hasSlot: false, ended: false, state: new Map(), lastArrival: 0 };
-        open.set(key, seq);
-        if (freeSlots > 0) {
-          freeSlots--;
-          seq.hasSlot = true;
-          active++;
-        } else backlog.push(seq);
-      }
-      // An END closes the sequence: a later request with this ID must START a new one.
-      if (end) {
-        open.delete(key);
-        seq.ended = true;
-      }
-      seq.lastArrival = performance.now();
-      if (!end) watchIdle(key, seq);
-      const target = seq;
-      return new Promise<InferResponse>((resolve, reject) => {
-        const w: Waiting = { request, startNs, options: inferOptions, start, end, resolve, reject };
-        const signal = inferOptions?.signal;
-        if (signal) {
-          const onAbort = () => {
-            const i = target.queue.indexOf(w);
-            if (i < 0) return;
-            target.queue.splice(i, 1);
-            queued--;
-            const reason: unknown = signal.reason;
-            const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
-            options.onRefused?.(nowNs() - startNs);
-            reject(
-              new StageError(
-                Code.Canceled,
-                model,
-                `request cancelled while waiting in its sequence${text ? `: ${text}` : ""}`,
-              ),
-            );
-            if (target.ended && target.queue.length === 0 && !target.running) release(target);
-          };
-          if (signal.aborted) {
-            options.onRefused?.(nowNs() - startNs);
-            reject(new StageError(Code.Canceled, model, "request cancelled before it was queued"));
-            return;
-          }
-          signal.addEventListener("abort", onAbort, { once: true });
-          w.detach = () => signal.removeEventListener("abort", onAbort);
-        }
-        target.queue.push(w);
-        queued++;
-        pump(target);
-      });
-    },
-    close() {
-      if (closed) return;
-      closed = true;
-      const sequences = new Set([...open.values(), ...backlog]);
-      for (const seq of sequences) {
-        if (seq.timer) clearTimeout(seq.timer);
-        for (const w of seq.queue.splice(0)) {
-          w.detach?.();
-          queued--;
-          options.onRefused?.(nowNs() - w.startNs);
-          w.reject(new StageError(Code.Unavailable, model, "stage is closed"));
-        }
-      }
-      open.clear();
-      backlog.length = 0;
-    },
-  };
+/** A state's input for a sequence's first request: its initial_state data_file (`file`), else zeros. */
+function initialStateTensor(s: StateSpec, lead: number[], file: Uint8Array | undefined): Tensor {
+  const shape = [...lead, ...s.initial.dims];
+  const count = elementCount(shape);
+  if (s.datatype === "BYTES")
+    return { name: s.input, datatype: "BYTES", shape, data: Array.from({ length: count }, () => new Uint8Array(0)) };
+  const data = allocate(s.datatype as NumericType, count) as Exclude<TensorData, Uint8Array[]>;
+  if (file) bytesOf(data).set(file);
+  return { name: s.input, datatype: s.datatype, shape, data } as Tensor;
 }
 
 /** sequence_id, sequence_start and sequence_end from a request's parameters, checked as Triton checks them. */
