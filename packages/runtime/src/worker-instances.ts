@@ -172,6 +172,8 @@ export function errorFromWire(w: WireError, model: string): StageError {
 
 // ---- The main thread's side ---------------------------------------------------------
 
+type ReadyMessage = Extract<FromInstance, { type: "ready" }>;
+
 interface Call {
   id: number;
   stream: boolean;
@@ -189,9 +191,27 @@ interface Instance {
   crash?: Error;
   exited: Promise<void>;
   /** Resolves with the thread's `ready` message, rejects with its load error. */
-  ready: Promise<Extract<FromInstance, { type: "ready" }>>;
+  ready: Promise<ReadyMessage>;
   /** Resolves when the thread answers `close` (its stage closed). */
   closed?: () => void;
+}
+
+/** One call to run on a thread: its responses go to `onResponse` (one, or a stream's several). */
+interface CallOptions {
+  request: InferRequest;
+  options: InferOptions | undefined;
+  stream: boolean;
+  onResponse(response: InferResponse): void;
+}
+
+/** A call ready to post to the thread that will run it. */
+interface Posting {
+  instance: Instance;
+  /** The request as it crosses, its buffers in `transfer`. */
+  wire: InferRequest;
+  transfer: ArrayBuffer[];
+  call: CallOptions;
+  releaseCpu: (() => void) | undefined;
 }
 
 const WORKER_URL = new URL("./instance-worker.js", import.meta.url);
@@ -206,203 +226,221 @@ const CLOSE_GRACE_MS = 5_000;
  * in order. A thread that crashes fails its call INTERNAL and is replaced.
  */
 export async function startWorkerInstances(options: WorkerInstancesOptions): Promise<Stage & { instances: number }> {
-  const { factoryOptions, logger, cpuGate } = options;
-  const model = factoryOptions.config.name;
-  const count = Math.max(1, options.instances ?? 1);
-  const move = options.moveRequests ?? false;
-  const load: InstanceLoad = {
-    specifier: options.specifier,
-    label: options.label ?? "the stage module",
-    model,
-    config: toBinary(ModelConfigSchema, factoryOptions.config),
-    modelDir: factoryOptions.modelDir,
-    version: factoryOptions.version,
-    versionDir: factoryOptions.versionDir,
+  const pool = new InstancePool(options);
+  const first = await pool.start();
+  const name = first.name || pool.model;
+  const version = first.version;
+  const config = fromBinary(ModelConfigSchema, first.config);
+  const { metadata } = first;
+  const recorder = new StatisticsRecorder(name, version, false);
+
+  const stage: Stage & { instances: number } = {
+    name,
+    version,
+    config,
+    instances: pool.count,
+    isReady: () => pool.isReady(),
+    metadata: () => metadata,
+    async infer(request, opts) {
+      const start = nowNs();
+      let response: InferResponse | undefined;
+      try {
+        await pool.run({
+          request,
+          options: opts,
+          stream: false,
+          onResponse: (r) => {
+            response = r;
+          },
+        });
+      } catch (err) {
+        recorder.requestFailed(nowNs() - start);
+        throw err;
+      }
+      recorder.ranAlone(start, config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1);
+      return response as InferResponse;
+    },
+    statistics: () => recorder.snapshot(),
+    pendingRequests: () => pool.waitingCalls(),
+    close: () => pool.close(),
   };
+  if (first.stream) stage.inferStream = (request, opts) => streamCall(pool, request, opts);
+  return stage;
+}
 
-  const instances: (Instance | undefined)[] = [];
-  const idle: Instance[] = [];
-  const waiting: { resolve(i: Instance): void; reject(err: Error): void }[] = [];
-  let closing = false;
-  let nextId = 1;
-
-  const unavailable = (why: string) => new StageError(Code.Unavailable, model, why);
-  const canceled = () => new StageError(Code.Canceled, model, "request cancelled");
-
-  function release(instance: Instance): void {
-    if (closing || instances[instance.index] !== instance) return;
-    const next = waiting.shift();
-    if (next) next.resolve(instance);
-    else idle.push(instance);
+/** A decoupled stage's responses to one request, as its thread sends them. */
+async function* streamCall(
+  pool: InstancePool,
+  request: InferRequest,
+  opts: InferOptions | undefined,
+): AsyncGenerator<InferResponse> {
+  const responses: InferResponse[] = [];
+  let done = false;
+  let failure: unknown;
+  let wake: (() => void) | undefined;
+  // Our own signal too: a consumer that stops reading cancels the call in its thread.
+  const own = new AbortController();
+  const outer = opts?.signal;
+  const forward = () => own.abort();
+  if (outer?.aborted) own.abort();
+  else outer?.addEventListener("abort", forward, { once: true });
+  const onResponse = (r: InferResponse) => {
+    responses.push(r);
+    wake?.();
+  };
+  pool.run({ request, options: { ...opts, signal: own.signal }, stream: true, onResponse }).then(
+    () => {
+      done = true;
+      wake?.();
+    },
+    (err: unknown) => {
+      failure = err;
+      done = true;
+      wake?.();
+    },
+  );
+  try {
+    while (true) {
+      const next = responses.shift();
+      if (next) {
+        yield next;
+        continue;
+      }
+      if (done) {
+        if (failure !== undefined) throw failure;
+        return;
+      }
+      await new Promise<void>((r) => {
+        wake = r;
+      });
+      wake = undefined;
+    }
+  } finally {
+    outer?.removeEventListener("abort", forward);
+    if (!done) own.abort();
   }
+}
 
-  function spawn(index: number): Instance {
-    const imports = threadImports.length > 0 ? { imports: [...threadImports] } : {};
-    const worker = new Worker(WORKER_URL, { workerData: { ...load, ...imports } });
-    let onReady!: (m: Extract<FromInstance, { type: "ready" }>) => void;
-    let onLoadError!: (err: Error) => void;
-    const ready = new Promise<Extract<FromInstance, { type: "ready" }>>((resolve, reject) => {
-      onReady = resolve;
-      onLoadError = reject;
-    });
-    ready.catch(() => {});
-    let exited!: () => void;
-    const instance: Instance = {
-      worker,
-      index,
-      loaded: false,
-      ready,
-      exited: new Promise<void>((r) => {
-        exited = r;
-      }),
+/** The threads behind startWorkerInstances: which are idle, the calls waiting for one, a crashed one's replacement. */
+class InstancePool {
+  readonly model: string;
+  readonly count: number;
+  private readonly load: InstanceLoad;
+  /** Move the requests' buffers to the threads (WorkerInstancesOptions.moveRequests). */
+  private readonly move: boolean;
+  private readonly logger: StageLogger | undefined;
+  private readonly cpuGate: CpuGate | undefined;
+  /** By instance index; undefined where a crashed thread could not be replaced. */
+  private readonly instances: (Instance | undefined)[] = [];
+  private readonly idle: Instance[] = [];
+  private readonly waiting: { resolve(i: Instance): void; reject(err: Error): void }[] = [];
+  private closing = false;
+  private closed: Promise<void> | undefined;
+  private nextId = 1;
+
+  constructor(options: WorkerInstancesOptions) {
+    const { factoryOptions } = options;
+    this.model = factoryOptions.config.name;
+    this.count = Math.max(1, options.instances ?? 1);
+    this.move = options.moveRequests ?? false;
+    this.logger = options.logger;
+    this.cpuGate = options.cpuGate;
+    this.load = {
+      specifier: options.specifier,
+      label: options.label ?? "the stage module",
+      model: this.model,
+      config: toBinary(ModelConfigSchema, factoryOptions.config),
+      modelDir: factoryOptions.modelDir,
+      version: factoryOptions.version,
+      versionDir: factoryOptions.versionDir,
     };
-    worker.on("message", (m: FromInstance) => {
-      switch (m.type) {
-        case "ready":
-          instance.loaded = true;
-          onReady(m);
-          return;
-        case "load-error":
-          onLoadError(errorFromWire(m.error, model));
-          return;
-        case "log":
-          forwardLog(m, index);
-          return;
-        case "response":
-          if (instance.call?.id !== m.id) return;
-          instance.call.onResponse(m.response);
-          if (!instance.call.stream) finish(instance);
-          return;
-        case "end":
-          if (instance.call?.id === m.id) finish(instance);
-          return;
-        case "error":
-          if (instance.call?.id === m.id) finish(instance, errorFromWire(m.error, model));
-          return;
-        case "closed":
-          instance.closed?.();
-          return;
-      }
-    });
-    worker.on("error", (err) => {
-      instance.crash = err;
-    });
-    worker.on("exit", (code) => {
-      exited();
-      const why = instance.crash?.message ?? `exit code ${code}`;
-      if (!instance.loaded) {
-        onLoadError(new StageError(Code.Internal, model, `an instance's worker thread stopped while loading: ${why}`));
-      }
-      if (closing || instances[index] !== instance) return;
-      // A crash: the call it ran fails, a new thread takes its place.
-      const call = instance.call;
-      instance.call = undefined;
-      const at = idle.indexOf(instance);
-      if (at >= 0) idle.splice(at, 1);
-      call?.settle(new StageError(Code.Internal, model, `the instance's worker thread crashed: ${why}`));
-      if (!instance.loaded) return;
-      logger?.error({ model, instance: index, err: instance.crash }, "instance worker thread crashed; replacing it");
-      replace(index);
-    });
-    return instance;
   }
 
-  function replace(index: number): void {
-    const fresh = spawn(index);
-    instances[index] = fresh;
-    fresh.ready.then(
-      () => release(fresh),
-      (err: unknown) => {
-        if (closing) return;
-        logger?.error({ model, instance: index, err }, "instance worker thread could not be replaced");
-        instances[index] = undefined;
-        void fresh.worker.terminate();
-        if (instances.every((i) => i === undefined)) {
-          for (const w of waiting.splice(0)) w.reject(unavailable("no instance is running"));
-        }
-      },
-    );
+  /** Loads every thread; gives the first one's `ready`, or fails with the first load error (every thread ended). */
+  async start(): Promise<ReadyMessage> {
+    for (let i = 0; i < this.count; i++) this.instances.push(this.spawn(i));
+    let first: ReadyMessage;
+    try {
+      const readies = await Promise.all(this.instances.map((i) => (i as Instance).ready));
+      first = readies[0] as ReadyMessage;
+    } catch (err) {
+      this.closing = true;
+      await Promise.all(this.instances.map((i) => i?.worker.terminate()));
+      throw err;
+    }
+    for (const i of this.instances) this.idle.push(i as Instance);
+    return first;
   }
 
-  function finish(instance: Instance, err?: Error): void {
-    const call = instance.call;
-    instance.call = undefined;
-    call?.settle(err);
-    release(instance);
+  isReady(): boolean {
+    return !this.closing && this.instances.some((i) => i?.loaded);
   }
 
-  function forwardLog(m: Extract<FromInstance, { type: "log" }>, index: number): void {
-    if (!logger) return;
-    const obj = typeof m.obj === "string" ? m.obj : { ...m.obj, instance: index };
-    logger[m.level](obj, m.msg);
-  }
-
-  function acquire(signal: AbortSignal | undefined): Instance | Promise<Instance> {
-    const free = idle.pop();
-    if (free) return free;
-    if (instances.every((i) => i === undefined)) throw unavailable("no instance is running");
-    return new Promise<Instance>((resolve, reject) => {
-      const waiter = {
-        resolve: (i: Instance) => {
-          signal?.removeEventListener("abort", onAbort);
-          resolve(i);
-        },
-        reject,
-      };
-      const onAbort = () => {
-        const at = waiting.indexOf(waiter);
-        if (at >= 0) waiting.splice(at, 1);
-        reject(canceled());
-      };
-      signal?.addEventListener("abort", onAbort, { once: true });
-      waiting.push(waiter);
-    });
+  /** Calls waiting for an idle thread. */
+  waitingCalls(): number {
+    return this.waiting.length;
   }
 
   /** Runs one call on an idle thread; resolves when the thread is done with it (rejects at once when aborted). */
-  async function run(
-    request: InferRequest,
-    opts: InferOptions | undefined,
-    stream: boolean,
-    onResponse: (r: InferResponse) => void,
-  ): Promise<void> {
-    if (closing) throw unavailable("the model is being unloaded");
-    const signal = opts?.signal;
-    if (signal?.aborted) throw canceled();
-    const instance = await acquire(signal);
+  async run(call: CallOptions): Promise<void> {
+    if (this.closing) throw this.unavailable("the model is being unloaded");
+    const signal = call.options?.signal;
+    if (signal?.aborted) throw this.canceled();
+    const instance = await this.acquire(signal);
+    const cpuGate = this.cpuGate;
     let releaseCpu: (() => void) | undefined;
-    try {
-      if (cpuGate) releaseCpu = cpuGate.tryAcquireShared() ?? (await cpuGate.acquireShared());
-      if (signal?.aborted) throw canceled();
-      if (closing) throw unavailable("the model is being unloaded");
-    } catch (err) {
-      releaseCpu?.();
-      release(instance);
-      throw err;
-    }
     const transfer: ArrayBuffer[] = [];
     let wire: InferRequest;
     try {
-      wire = portableRequest(request, transfer, move);
+      if (cpuGate) releaseCpu = cpuGate.tryAcquireShared() ?? (await cpuGate.acquireShared());
+      if (signal?.aborted) throw this.canceled();
+      if (this.closing) throw this.unavailable("the model is being unloaded");
+      wire = portableRequest(call.request, transfer, this.move);
     } catch (err) {
       releaseCpu?.();
-      release(instance);
+      this.release(instance);
       throw err;
     }
-    const id = nextId++;
+    return this.post({ instance, wire, transfer, call, releaseCpu });
+  }
+
+  close(): Promise<void> {
+    this.closed ??= (async () => {
+      this.closing = true;
+      const gone = this.unavailable("the model is being unloaded");
+      for (const w of this.waiting.splice(0)) w.reject(gone);
+      this.idle.length = 0;
+      await Promise.all(this.instances.map((instance) => instance && closeInstance(instance, gone)));
+    })();
+    return this.closed;
+  }
+
+  private unavailable(why: string): StageError {
+    return new StageError(Code.Unavailable, this.model, why);
+  }
+
+  private canceled(): StageError {
+    return new StageError(Code.Canceled, this.model, "request cancelled");
+  }
+
+  /** Sends the call to its thread; resolves when the thread is done with it, rejects at once when aborted. */
+  private post({ instance, wire, transfer, call, releaseCpu }: Posting): Promise<void> {
+    const { options: opts, stream } = call;
+    const signal = opts?.signal;
+    const id = this.nextId++;
     return new Promise<void>((resolve, reject) => {
       let settled = false;
       const onAbort = () => {
         instance.worker.postMessage({ type: "cancel", id } satisfies ToInstance);
         if (settled) return;
         settled = true;
-        reject(canceled());
+        reject(this.canceled());
       };
       instance.call = {
         id,
         stream,
         onResponse: (r) => {
-          if (!settled) onResponse(r);
+          if (!settled) call.onResponse(r);
         },
         settle: (err) => {
           releaseCpu?.();
@@ -424,11 +462,11 @@ export async function startWorkerInstances(options: WorkerInstancesOptions): Pro
         );
       } catch (err) {
         // Not sent (a value that cannot be cloned): the thread stays free.
-        finish(
+        this.finish(
           instance,
           new StageError(
             Code.InvalidArgument,
-            model,
+            this.model,
             `cannot send the request to an instance: ${(err as Error).message}`,
           ),
         );
@@ -436,128 +474,163 @@ export async function startWorkerInstances(options: WorkerInstancesOptions): Pro
     });
   }
 
-  // ---- Load every thread ----
-  for (let i = 0; i < count; i++) instances.push(spawn(i));
-  let first: Extract<FromInstance, { type: "ready" }>;
-  try {
-    const readies = await Promise.all(instances.map((i) => (i as Instance).ready));
-    first = readies[0] as Extract<FromInstance, { type: "ready" }>;
-  } catch (err) {
-    closing = true;
-    await Promise.all(instances.map((i) => i?.worker.terminate()));
-    throw err;
+  private acquire(signal: AbortSignal | undefined): Instance | Promise<Instance> {
+    const free = this.idle.pop();
+    if (free) return free;
+    if (this.instances.every((i) => i === undefined)) throw this.unavailable("no instance is running");
+    return new Promise<Instance>((resolve, reject) => {
+      const waiter = {
+        resolve: (i: Instance) => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(i);
+        },
+        reject,
+      };
+      const onAbort = () => {
+        const at = this.waiting.indexOf(waiter);
+        if (at >= 0) this.waiting.splice(at, 1);
+        reject(this.canceled());
+      };
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.waiting.push(waiter);
+    });
   }
-  for (const i of instances) idle.push(i as Instance);
 
-  const name = first.name || model;
-  const version = first.version;
-  const config = fromBinary(ModelConfigSchema, first.config);
-  const { metadata } = first;
-  const recorder = new StatisticsRecorder(name, version, false);
-  let closed: Promise<void> | undefined;
+  private release(instance: Instance): void {
+    if (this.closing || this.instances[instance.index] !== instance) return;
+    const next = this.waiting.shift();
+    if (next) next.resolve(instance);
+    else this.idle.push(instance);
+  }
 
-  const stage: Stage & { instances: number } = {
-    name,
-    version,
-    config,
-    instances: count,
-    isReady: () => !closing && instances.some((i) => i?.loaded),
-    metadata: () => metadata,
-    async infer(request, opts) {
-      const start = nowNs();
-      let response: InferResponse | undefined;
-      try {
-        await run(request, opts, false, (r) => {
-          response = r;
-        });
-      } catch (err) {
-        recorder.requestFailed(nowNs() - start);
-        throw err;
-      }
-      recorder.ranAlone(start, config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1);
-      return response as InferResponse;
-    },
-    statistics: () => recorder.snapshot(),
-    pendingRequests: () => waiting.length,
-    close() {
-      closed ??= (async () => {
-        closing = true;
-        const gone = unavailable("the model is being unloaded");
-        for (const w of waiting.splice(0)) w.reject(gone);
-        idle.length = 0;
-        await Promise.all(
-          instances.map(async (instance) => {
-            if (!instance) return;
-            const call = instance.call;
-            instance.call = undefined;
-            call?.settle(gone);
-            const answered = new Promise<void>((r) => {
-              instance.closed = r;
-            });
-            instance.worker.postMessage({ type: "close" } satisfies ToInstance);
-            let timer: NodeJS.Timeout | undefined;
-            await Promise.race([
-              answered,
-              instance.exited,
-              new Promise<void>((r) => {
-                timer = setTimeout(r, CLOSE_GRACE_MS);
-              }),
-            ]);
-            clearTimeout(timer);
-            await instance.worker.terminate();
-          }),
-        );
-      })();
-      return closed;
-    },
-  };
-  if (first.stream) {
-    stage.inferStream = async function* (request, opts) {
-      const responses: InferResponse[] = [];
-      let done = false;
-      let failure: unknown;
-      let wake: (() => void) | undefined;
-      // Our own signal too: a consumer that stops reading cancels the call in its thread.
-      const own = new AbortController();
-      const outer = opts?.signal;
-      const forward = () => own.abort();
-      if (outer?.aborted) own.abort();
-      else outer?.addEventListener("abort", forward, { once: true });
-      run(request, { ...opts, signal: own.signal }, true, (r) => {
-        responses.push(r);
-        wake?.();
-      }).then(
-        () => {
-          done = true;
-          wake?.();
-        },
-        (err: unknown) => {
-          failure = err;
-          done = true;
-          wake?.();
-        },
-      );
-      try {
-        while (true) {
-          const next = responses.shift();
-          if (next) {
-            yield next;
-            continue;
-          }
-          if (done) {
-            if (failure !== undefined) throw failure;
-            return;
-          }
-          await new Promise<void>((r) => {
-            wake = r;
-          });
-          wake = undefined;
-        }
-      } finally {
-        outer?.removeEventListener("abort", forward);
-        if (!done) own.abort();
-      }
+  private finish(instance: Instance, err?: Error): void {
+    const call = instance.call;
+    instance.call = undefined;
+    call?.settle(err);
+    this.release(instance);
+  }
+
+  private spawn(index: number): Instance {
+    const imports = threadImports.length > 0 ? { imports: [...threadImports] } : {};
+    const worker = new Worker(WORKER_URL, { workerData: { ...this.load, ...imports } });
+    let onReady!: (m: ReadyMessage) => void;
+    let onLoadError!: (err: Error) => void;
+    const ready = new Promise<ReadyMessage>((resolve, reject) => {
+      onReady = resolve;
+      onLoadError = reject;
+    });
+    ready.catch(() => {});
+    let exited!: () => void;
+    const instance: Instance = {
+      worker,
+      index,
+      loaded: false,
+      ready,
+      exited: new Promise<void>((r) => {
+        exited = r;
+      }),
     };
+    worker.on("message", (m: FromInstance) => {
+      if (m.type === "ready") {
+        instance.loaded = true;
+        onReady(m);
+      } else if (m.type === "load-error") onLoadError(errorFromWire(m.error, this.model));
+      else this.onMessage(instance, m);
+    });
+    worker.on("error", (err) => {
+      instance.crash = err;
+    });
+    worker.on("exit", (code) => {
+      exited();
+      this.onExit(instance, code, onLoadError);
+    });
+    return instance;
   }
-  return stage;
+
+  /** A loaded thread's message: a log line, or an answer to its call. */
+  private onMessage(instance: Instance, m: Exclude<FromInstance, { type: "ready" | "load-error" }>): void {
+    switch (m.type) {
+      case "log":
+        this.forwardLog(m, instance.index);
+        return;
+      case "response":
+        if (instance.call?.id !== m.id) return;
+        instance.call.onResponse(m.response);
+        if (!instance.call.stream) this.finish(instance);
+        return;
+      case "end":
+        if (instance.call?.id === m.id) this.finish(instance);
+        return;
+      case "error":
+        if (instance.call?.id === m.id) this.finish(instance, errorFromWire(m.error, this.model));
+        return;
+      case "closed":
+        instance.closed?.();
+        return;
+    }
+  }
+
+  private onExit(instance: Instance, code: number, onLoadError: (err: Error) => void): void {
+    const { model } = this;
+    const index = instance.index;
+    const why = instance.crash?.message ?? `exit code ${code}`;
+    if (!instance.loaded) {
+      onLoadError(new StageError(Code.Internal, model, `an instance's worker thread stopped while loading: ${why}`));
+    }
+    if (this.closing || this.instances[index] !== instance) return;
+    // A crash: the call it ran fails, a new thread takes its place.
+    const call = instance.call;
+    instance.call = undefined;
+    const at = this.idle.indexOf(instance);
+    if (at >= 0) this.idle.splice(at, 1);
+    call?.settle(new StageError(Code.Internal, model, `the instance's worker thread crashed: ${why}`));
+    if (!instance.loaded) return;
+    this.logger?.error({ model, instance: index, err: instance.crash }, "instance worker thread crashed; replacing it");
+    this.replace(index);
+  }
+
+  private replace(index: number): void {
+    const fresh = this.spawn(index);
+    this.instances[index] = fresh;
+    fresh.ready.then(
+      () => this.release(fresh),
+      (err: unknown) => {
+        if (this.closing) return;
+        this.logger?.error({ model: this.model, instance: index, err }, "instance worker thread could not be replaced");
+        this.instances[index] = undefined;
+        void fresh.worker.terminate();
+        if (this.instances.every((i) => i === undefined)) {
+          for (const w of this.waiting.splice(0)) w.reject(this.unavailable("no instance is running"));
+        }
+      },
+    );
+  }
+
+  private forwardLog(m: Extract<FromInstance, { type: "log" }>, index: number): void {
+    const logger = this.logger;
+    if (!logger) return;
+    const obj = typeof m.obj === "string" ? m.obj : { ...m.obj, instance: index };
+    logger[m.level](obj, m.msg);
+  }
+}
+
+/** Fails the instance's call with `gone`, asks its thread to close its stage (waiting CLOSE_GRACE_MS at most), then ends the thread. */
+async function closeInstance(instance: Instance, gone: StageError): Promise<void> {
+  const call = instance.call;
+  instance.call = undefined;
+  call?.settle(gone);
+  const answered = new Promise<void>((r) => {
+    instance.closed = r;
+  });
+  instance.worker.postMessage({ type: "close" } satisfies ToInstance);
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    answered,
+    instance.exited,
+    new Promise<void>((r) => {
+      timer = setTimeout(r, CLOSE_GRACE_MS);
+    }),
+  ]);
+  clearTimeout(timer);
+  await instance.worker.terminate();
 }
