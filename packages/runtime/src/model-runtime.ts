@@ -48,7 +48,9 @@ import {
   type BatchingStrategy,
   type BatchResult,
   createDynamicBatcher,
+  type DynamicBatcher,
   mergedExecutor,
+  type RequestsExecutor,
   type RequestsResult,
 } from "./batcher.js";
 import { rateLimiterResources } from "./rate-limiter.js";
@@ -185,13 +187,9 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
   const check = backend.checksRequests ? () => 1 : (request: InferRequest) => checkInferRequest(request, spec);
   const bounded = Number.isFinite(backend.instances);
   const instances = bounded ? Math.max(1, Math.floor(backend.instances)) : UNBOUNDED_SLOTS;
-  const decoupled = isDecoupled(config) || backend.decoupled === true;
 
   // Each instance's place in the rate limiter (--rate-limit execution_count).
   const slots: RateLimiterSlot[] = [];
-  const unregister = () => {
-    for (const slot of slots.splice(0)) slot.unregister();
-  };
   let sequencer: SequenceBatcher | undefined;
   try {
     if (options.rateLimiter && bounded) {
@@ -205,12 +203,13 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
         config,
         ...(options.modelDir ? { modelDir: options.modelDir } : {}),
         instances: bounded ? instances : instanceCount(config),
+        // The dynamic batcher, made below once the setup has succeeded, runs what the sequences send.
         run: (request, opts) => batcher.infer(request, opts),
         onRefused: (ns) => recorder.requestFailed(ns),
       });
     }
   } catch (err) {
-    unregister();
+    unregister(slots);
     await backend.close();
     throw err;
   }
@@ -236,31 +235,168 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     ...(backend.tracesSteps ? { passTrace: true } : {}),
     executeRequests: run,
   });
+  const served = new ServedModel({ options, version, recorder, spec, check, run, batcher, sequencer, slots, bounded });
+  return served.stage();
+}
 
-  let closed = false;
+/** Gives each instance's place in the rate limiter back. */
+function unregister(slots: RateLimiterSlot[]): void {
+  for (const slot of slots.splice(0)) slot.unregister();
+}
+
+/** What a served model is made of, once its setup has succeeded. */
+interface ServedParts {
+  options: ModelRuntimeOptions;
+  version: string;
+  recorder: StatisticsRecorder;
+  spec: RequestSpec;
+  /** Checks one request (unless the backend checks its own); gives its batch size. */
+  check: (request: InferRequest) => number;
+  run: RequestsExecutor;
+  batcher: DynamicBatcher;
+  sequencer: SequenceBatcher | undefined;
+  slots: RateLimiterSlot[];
+  /** The backend bounds its executions (instances is finite), so requests can queue in the runtime. */
+  bounded: boolean;
+}
+
+/** A served model's requests on their way: admitted, checked, batched, counted; and its close. */
+class ServedModel {
+  private readonly name: string;
+  private readonly config: ModelConfig;
+  private readonly backend: ModelBackend;
+  private readonly admission: Admission;
+  /** It answers over streams only: infer refuses. */
+  private readonly decoupled: boolean;
+  /** The server can see a queue: the runtime's (requests can wait in it), or the backend's own. */
+  private readonly queueVisible: boolean;
+  private closed = false;
   /** Requests admitted and not yet answered. */
-  let inflight = 0;
-  const admission = new Admission({
-    config,
-    ...(options.defaultMaxQueueSize ? { defaultMaxQueueSize: options.defaultMaxQueueSize } : {}),
-    level: (priority) => batcher.queueLevel(priority),
-    pending: () => stage.pendingRequests?.() ?? inflight,
-    inflight: () => inflight,
-    ...(backend.queueBound ? { backendBound: backend.queueBound.bind(backend) } : {}),
-  });
+  private inflight = 0;
+
+  constructor(private readonly parts: ServedParts) {
+    const { options, sequencer, bounded } = parts;
+    const { config, backend } = options;
+    this.name = config.name;
+    this.config = config;
+    this.backend = backend;
+    this.decoupled = isDecoupled(config) || backend.decoupled === true;
+    this.queueVisible = bounded || sequencer !== undefined || backend.pendingRequests !== undefined;
+    this.admission = new Admission({
+      config,
+      ...(options.defaultMaxQueueSize ? { defaultMaxQueueSize: options.defaultMaxQueueSize } : {}),
+      level: (priority) => parts.batcher.queueLevel(priority),
+      pending: () => (this.queueVisible ? this.queued() : this.inflight),
+      inflight: () => this.inflight,
+      ...(backend.queueBound ? { backendBound: backend.queueBound.bind(backend) } : {}),
+    });
+  }
+
+  /** The model as the server sees it. */
+  stage(): ModelRuntime {
+    const { config, backend } = this;
+    const { version, recorder } = this.parts;
+    const stage: ModelRuntime = {
+      name: this.name,
+      version,
+      config,
+      isReady: () => !this.closed && (backend.isReady?.() ?? true),
+      metadata: () => backend.metadata?.() ?? metadataFromConfig(config, [version]),
+      infer: (request, opts) => this.infer(request, opts),
+      statistics: () => recorder.snapshot(),
+      maxQueueSize: () => this.admission.maxQueueSize(),
+      close: () => this.close(),
+    };
+    if (this.queueVisible) stage.pendingRequests = () => this.queued();
+    const executeStream = backend.executeStream?.bind(backend);
+    if (this.decoupled && executeStream) {
+      stage.inferStream = (request, opts) => this.inferStream(executeStream, request, opts);
+    }
+    return stage;
+  }
+
+  /** Requests queued in the runtime, and in the backend when it has a queue of its own. */
+  private queued(): number {
+    const { batcher, sequencer } = this.parts;
+    return batcher.queued + (sequencer?.queued ?? 0) + (this.backend.pendingRequests?.() ?? 0);
+  }
+
+  private async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
+    const { spec, check, recorder, batcher, sequencer } = this.parts;
+    if (this.decoupled) throw decoupledRefusal(this.name);
+    this.admitOne(opts?.priority);
+    try {
+      if (spec.emptyBatch && this.config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
+        const start = nowNs();
+        try {
+          if (this.closed) throw this.closedError();
+          check(request);
+          return await this.emptyBatch(request, opts, start);
+        } catch (err) {
+          recorder.requestFailed(nowNs() - start);
+          throw toConnectError(err, this.name);
+        }
+      }
+      return await (sequencer ?? batcher).infer(request, opts);
+    } finally {
+      this.inflight--;
+    }
+  }
+
+  /** A decoupled model's responses: one execution per request, however many it sends; it succeeds once the last is sent. */
+  private async *inferStream(
+    executeStream: NonNullable<ModelBackend["executeStream"]>,
+    request: InferRequest,
+    opts?: InferOptions,
+  ): AsyncGenerator<InferResponse> {
+    const { check, recorder } = this.parts;
+    this.admitOne(opts?.priority);
+    const start = nowNs();
+    try {
+      if (this.closed) throw this.closedError();
+      const size = check(request);
+      let first = true;
+      for await (const response of executeStream(request, opts)) {
+        if (first) recorder.firstResponse(nowNs() - start);
+        first = false;
+        yield response;
+      }
+      const { endNs, times } = recorder.ranAlone(start, size);
+      traceExecution(opts?.trace, start, start, endNs, times);
+    } catch (err) {
+      recorder.requestFailed(nowNs() - start);
+      throw toConnectError(err, this.name);
+    } finally {
+      this.inflight--;
+    }
+  }
+
+  private async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.parts.sequencer?.close();
+    await this.parts.batcher.close();
+    unregister(this.parts.slots);
+    await this.backend.close();
+  }
+
   /** Takes a place for one request, or refuses it at once (a full queue), before any work is done on it. */
-  const admitOne = (priority: number | undefined) => {
-    const refused = admission.refusal(priority);
+  private admitOne(priority: number | undefined): void {
+    const refused = this.admission.refusal(priority);
     if (refused) {
-      recorder.requestFailed(0);
+      this.parts.recorder.requestFailed(0);
       throw refused;
     }
-    inflight++;
-  };
-  const closedError = () => new StageError(Code.Unavailable, name, "model is unloading");
+    this.inflight++;
+  }
+
+  private closedError(): StageError {
+    return new StageError(Code.Unavailable, this.name, "model is unloading");
+  }
 
   /** A request of batch 0 that the spec takes (emptyBatch): answered by the backend at once, not queued. */
-  async function emptyBatch(request: InferRequest, opts: InferOptions | undefined, start: number) {
+  private async emptyBatch(request: InferRequest, opts: InferOptions | undefined, start: number) {
+    const { run, recorder, version } = this.parts;
     const result = await run([request], {
       batchSize: 0,
       requests: [request],
@@ -269,81 +405,11 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
       ...(opts ? { options: opts } : {}),
     });
     const outcome = result.responses[0];
-    if (!outcome || outcome instanceof Error) throw toConnectError(outcome ?? "no answer", name);
+    if (!outcome || outcome instanceof Error) throw toConnectError(outcome ?? "no answer", this.name);
     const { endNs, times } = recorder.ranAlone(start, 0);
     traceExecution(opts?.trace, start, start, endNs, times);
-    return { id: request.id, modelName: name, modelVersion: version, outputs: outcome } as InferResponse;
+    return { id: request.id, modelName: this.name, modelVersion: version, outputs: outcome } as InferResponse;
   }
-
-  async function infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
-    if (decoupled) throw decoupledRefusal(name);
-    admitOne(opts?.priority);
-    try {
-      if (spec.emptyBatch && config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
-        const start = nowNs();
-        try {
-          if (closed) throw closedError();
-          check(request);
-          return await emptyBatch(request, opts, start);
-        } catch (err) {
-          recorder.requestFailed(nowNs() - start);
-          throw toConnectError(err, name);
-        }
-      }
-      return await (sequencer ?? batcher).infer(request, opts);
-    } finally {
-      inflight--;
-    }
-  }
-
-  const stage: ModelRuntime = {
-    name,
-    version,
-    config,
-    isReady: () => !closed && (backend.isReady?.() ?? true),
-    metadata: () => backend.metadata?.() ?? metadataFromConfig(config, [version]),
-    infer,
-    statistics: () => recorder.snapshot(),
-    maxQueueSize: () => admission.maxQueueSize(),
-    async close() {
-      if (closed) return;
-      closed = true;
-      sequencer?.close();
-      await batcher.close();
-      unregister();
-      await backend.close();
-    },
-  };
-  // A queue the server can see: the runtime's (when requests can wait in it) plus the backend's own.
-  if (bounded || sequencer || backend.pendingRequests) {
-    stage.pendingRequests = () => batcher.queued + (sequencer?.queued ?? 0) + (backend.pendingRequests?.() ?? 0);
-  }
-  const executeStream = backend.executeStream?.bind(backend);
-  if (decoupled && executeStream) {
-    // One execution per request, however many responses it sends; it succeeds once the last is sent.
-    stage.inferStream = async function* (request: InferRequest, opts?: InferOptions) {
-      admitOne(opts?.priority);
-      const start = nowNs();
-      try {
-        if (closed) throw closedError();
-        const size = check(request);
-        let first = true;
-        for await (const response of executeStream(request, opts)) {
-          if (first) recorder.firstResponse(nowNs() - start);
-          first = false;
-          yield response;
-        }
-        const { endNs, times } = recorder.ranAlone(start, size);
-        traceExecution(opts?.trace, start, start, endNs, times);
-      } catch (err) {
-        recorder.requestFailed(nowNs() - start);
-        throw toConnectError(err, name);
-      } finally {
-        inflight--;
-      }
-    };
-  }
-  return stage;
 }
 
 /**
