@@ -35,6 +35,7 @@ const LAYERS = {
   "@trellis/preprocess": CONTRACT,
   "@trellis/postprocess": CONTRACT,
   "@trellis/ensemble-runner": CONTRACT,
+  "@trellis/frontends": [...CONTRACT, "@trellis/kserve"],
   "@trellis/inference-onnx": SERVING,
   "@trellis/inference-trt-bridge": SERVING,
   "@trellis/model-loader": [
@@ -53,6 +54,7 @@ const NO_NATIVE = [
   "@trellis/runtime",
   "@trellis/postprocess",
   "@trellis/ensemble-runner",
+  "@trellis/frontends",
 ];
 const NATIVE = ["onnxruntime-node", "sharp"];
 const MAX_STAGE_EXPORTS = 40;

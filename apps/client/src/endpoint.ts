@@ -5,15 +5,14 @@
  */
 import { create, fromJson } from "@bufbuild/protobuf";
 import { ConnectError, createClient } from "@connectrpc/connect";
+import { type ClosableTransport, grpcTransport } from "@trellis/kserve";
 import {
-  type ClosableTransport,
-  grpcTransport,
   inferRequestToWire,
   inferResponseFromWire,
   metadataFromWire,
   tensorFromRaw,
   tensorToRaw,
-} from "@trellis/kserve";
+} from "@trellis/kserve/wire";
 import {
   GRPCInferenceService,
   InferParameterSchema,

@@ -13,7 +13,8 @@
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
-import { frameBytes, grpcTransport } from "@trellis/kserve";
+import { grpcTransport } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import {
   closedLoop,

@@ -9,7 +9,7 @@ import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { encodeEnvelope } from "@connectrpc/connect/protocol";
-import { frameBytes, HTTP2_SETTINGS, widenSessionWindow } from "@trellis/kserve";
+import { frameBytes, HTTP2_SETTINGS, widenSessionWindow } from "@trellis/kserve/wire";
 import { ModelInferResponseSchema } from "@trellis/protocol";
 
 const top5 = new TextEncoder().encode(JSON.stringify({ top5_labels: ["tabby"], top5_probs: [0.5] }).padEnd(160));

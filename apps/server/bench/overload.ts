@@ -17,7 +17,7 @@ import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import { makeSeedRepository, percentile, removeDir, startServerProcess } from "@trellis/testing";
 import { fullHdPhotos } from "./photos.js";

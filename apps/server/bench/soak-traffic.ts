@@ -9,7 +9,7 @@ import { gzipSync } from "node:zlib";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { type Client, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { GRPCInferenceService, type ModelInferRequest, ModelInferRequestSchema } from "@trellis/protocol";
 import { readFixtureImage, readReferenceTop5, TRUNCATED_PHOTO } from "@trellis/testing";
 

@@ -12,7 +12,7 @@ import { mkdtempSync, readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { grpcJsInferenceClient, median, startServerProcess } from "@trellis/testing";
 import { summarizeTraces } from "../tools/summarize.js";
 import { fullHdPhotos } from "./photos.js";

@@ -3,23 +3,26 @@
  * trellis server: serves a Triton-layout model repository over KServe v2
  * gRPC and HTTP/REST, with Prometheus metrics, like `tritonserver`.
  */
-import { resolve } from "node:path";
+import { basename, resolve } from "node:path";
 import v8 from "node:v8";
-import { SystemSharedMemory } from "@trellis/kserve";
+// The optional integrations (the Redis cache, OpenTelemetry, SageMaker, Vertex AI) are imported
+// where their flags switch them on: a server that does not use one never loads it (nor its packages).
+import type { GrpcConnectionOptions } from "@trellis/frontends";
+import type { SageMakerModelHost, SageMakerOptions, VertexAiOptions } from "@trellis/frontends/cloud";
+import { SystemSharedMemory } from "@trellis/kserve/wire";
+import {
+  lendOwnPackages,
+  modelLoader,
+  RepositoryManager,
+  readEndpointsFile,
+  scanRepository,
+} from "@trellis/model-loader";
 import { importInInstanceThreads, ResponseCache } from "@trellis/runtime";
 import { prepareSeedModels } from "./cli/bootstrap.js";
 import { type Flags, program, readCommandLine, UsageError } from "./cli/cli.js";
 import { createServerLogger, defaultLogStyle } from "./cli/logging.js";
 import { startupFailure } from "./cli/usage.js";
-// The optional integrations (the Redis cache, OpenTelemetry, SageMaker, Vertex AI) are imported
-// where their flags switch them on: a server that does not use one never loads it (nor its packages).
-import type { GrpcConnectionOptions } from "./frontends/grpc-connections.js";
-import type { SageMakerModelHost, SageMakerOptions } from "./frontends/sagemaker.js";
-import type { VertexAiOptions } from "./frontends/vertex-ai.js";
 import type { RedisResponseCache } from "./integrations/redis-cache.js";
-import { loadEndpoints, modelLoader } from "./models/loader.js";
-import { RepositoryManager } from "./models/repository.js";
-import { lendOwnPackages } from "./models/user-modules.js";
 import { Tracer } from "./observability/tracing.js";
 import { startServer } from "./server.js";
 
@@ -64,7 +67,7 @@ async function main(): Promise<void> {
   for (const warning of settings.warnings) logger.warn(warning);
 
   await prepareSeedModels(repositories, logger, flags.fetchModels);
-  const endpoints = flags.endpoints ? await loadEndpoints(resolve(flags.endpoints)) : undefined;
+  const endpoints = flags.endpoints ? await readEndpointsFile(resolve(flags.endpoints)) : undefined;
   const cache = settings.responseCache;
   let redisCache: RedisResponseCache | undefined;
   if (cache?.kind === "redis") {
@@ -103,7 +106,7 @@ async function main(): Promise<void> {
   });
   let sagemaker: { port: number; options: SageMakerOptions } | undefined;
   if (flags.allowSagemaker) {
-    const { sageMakerOptionsFromEnv } = await import("./frontends/sagemaker.js");
+    const { sageMakerOptionsFromEnv } = await import("@trellis/frontends/cloud");
     try {
       sagemaker = {
         port: flags.sagemakerPort,
@@ -120,7 +123,7 @@ async function main(): Promise<void> {
   }
   let vertexAi: { port: number; options: Omit<VertexAiOptions, "metrics"> } | undefined;
   if (flags.allowVertexAi) {
-    const { vertexAiRoutes } = await import("./frontends/vertex-ai.js");
+    const { vertexAiRoutes } = await import("@trellis/frontends/cloud");
     try {
       vertexAi = {
         port: flags.vertexAiPort,
@@ -283,5 +286,16 @@ function sageMakerModels(manager: RepositoryManager): SageMakerModelHost {
       await manager.unregisterRepository(repository);
     },
     isReady: (name) => manager.readyVersions(name).length > 0,
+    async scan(repository) {
+      const { models, errors } = await scanRepository([repository]);
+      return {
+        models: models.map((m) => ({
+          name: m.name,
+          folder: basename(m.modelDir),
+          ensemble: m.config.schedulingChoice.case === "ensembleScheduling",
+        })),
+        unreadable: errors.map((e) => e.name),
+      };
+    },
   };
 }

@@ -11,27 +11,31 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   type ApiRestrictions,
   createGrpcServer,
-  DEFAULT_DECOMPRESSION_BUDGET_BYTES,
-  DecompressionBudget,
+  DEFAULT_HTTP_MAX_INPUT_BYTES,
+  type GrpcConnectionOptions,
   type GrpcServerTlsOptions,
-  holdDecompressedUntilClose,
   type LogSettingsControl,
+  manageGrpcConnection,
   type ResponseCompressionLevel,
+  type RestContext,
+  restHandler,
   restrictionInterceptor,
-  type SystemSharedMemory,
   serverCompression,
   serveStage,
   TRITON_EXTENSIONS,
   type TraceControl,
-} from "@trellis/kserve";
-import { type GrpcConnectionOptions, manageGrpcConnection } from "./frontends/grpc-connections.js";
-import { DEFAULT_HTTP_MAX_INPUT_BYTES, type RestContext, restHandler } from "./frontends/http.js";
+} from "@trellis/frontends";
 // The cloud endpoints' modules are imported only when their listener is asked for (below).
-import type { SageMakerOptions } from "./frontends/sagemaker.js";
-import { readUiAssets, uiHandler } from "./frontends/ui.js";
-import type { VertexAiOptions } from "./frontends/vertex-ai.js";
-import type { RepositoryManager } from "./models/repository.js";
+import type { SageMakerOptions, VertexAiOptions } from "@trellis/frontends/cloud";
+import {
+  DEFAULT_DECOMPRESSION_BUDGET_BYTES,
+  DecompressionBudget,
+  holdDecompressedUntilClose,
+  type SystemSharedMemory,
+} from "@trellis/kserve/wire";
+import type { RepositoryManager } from "@trellis/model-loader";
 import { createMetrics, type MetricsOptions } from "./observability/metrics.js";
+import { readUiAssets, uiHandler } from "./web-page.js";
 
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
 type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
@@ -298,7 +302,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   // SageMaker's routes, answered by the same REST handler, counted in flight like HTTP's.
   let sagemakerServer: http.Server | undefined;
   if (options.sagemaker) {
-    const { SAGEMAKER_BINARY_MIME, sageMakerHandler } = await import("./frontends/sagemaker.js");
+    const { SAGEMAKER_BINARY_MIME, sageMakerHandler } = await import("@trellis/frontends/cloud");
     const handler = sageMakerHandler(
       restHandler({ ...restContext, binaryMime: SAGEMAKER_BINARY_MIME }),
       options.sagemaker.options,
@@ -332,7 +336,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
 
   let vertexAiServer: http.Server | undefined;
   if (options.vertexAi) {
-    const { VERTEX_AI_BINARY_MIME, vertexAiHandler } = await import("./frontends/vertex-ai.js");
+    const { VERTEX_AI_BINARY_MIME, vertexAiHandler } = await import("@trellis/frontends/cloud");
     const handler = vertexAiHandler(restHandler({ ...restContext, binaryMime: VERTEX_AI_BINARY_MIME }), {
       ...options.vertexAi.options,
       metrics: () => metrics.scrape(),

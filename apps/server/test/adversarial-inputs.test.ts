@@ -10,7 +10,7 @@
 import { deflateSync } from "node:zlib";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type createClient } from "@connectrpc/connect";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import type { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
 import {
   makeSeedRepository,

@@ -12,7 +12,7 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { Code, ConnectError, type createClient } from "@connectrpc/connect";
-import { parseRestriction } from "@trellis/kserve";
+import { parseRestriction } from "@trellis/frontends";
 import type { GRPCInferenceService } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

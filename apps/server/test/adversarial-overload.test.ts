@@ -6,7 +6,7 @@
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import {
   grpcJsInferenceClient,
   makeSeedRepository,

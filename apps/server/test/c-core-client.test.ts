@@ -4,7 +4,7 @@
  * calls tritonclient makes, on the seed repository with the shared MobileNetV2.
  */
 import { create, fromJson, type JsonObject, toJson } from "@bufbuild/protobuf";
-import { frameBytes, tensorFromRaw } from "@trellis/kserve";
+import { frameBytes, tensorFromRaw } from "@trellis/kserve/wire";
 import {
   type ModelInferRequest,
   ModelInferRequestSchema,

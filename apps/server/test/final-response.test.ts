@@ -5,7 +5,7 @@
  * streaming clients wait for), and the model never sees the parameter.
  */
 import { create } from "@bufbuild/protobuf";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { InferParameterSchema, type ModelInferRequest, ModelInferRequestSchema } from "@trellis/protocol";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";

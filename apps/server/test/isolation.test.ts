@@ -19,7 +19,7 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { type ModelInferRequest, ModelInferRequestSchema, type ModelStreamInferResponse } from "@trellis/protocol";
 import {
   makeSeedRepository,

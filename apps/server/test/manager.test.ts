@@ -5,15 +5,13 @@
 import http from "node:http";
 import { gzipSync } from "node:zlib";
 import { ConnectError, createClient } from "@connectrpc/connect";
-import { grpcTransport, listenStage } from "@trellis/kserve";
+import { httpStatus, listenStage } from "@trellis/frontends";
+import { grpcTransport } from "@trellis/kserve";
+import { ManagedStage, modelLoader, RepositoryManager } from "@trellis/model-loader";
 import { GRPCInferenceService, parseModelConfig } from "@trellis/protocol";
 import { Code, type Stage, tensor } from "@trellis/stage";
 import { removeDir } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { httpStatus } from "../src/frontends/http.js";
-import { modelLoader } from "../src/models/loader.js";
-import { ManagedStage } from "../src/models/managed.js";
-import { RepositoryManager } from "../src/models/repository.js";
 import { createMetrics } from "../src/observability/metrics.js";
 import { type ServerOptions, startServer } from "../src/server.js";
 import { createStage as createEchoStage } from "./fixtures/echo-stage.js";

@@ -7,7 +7,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { create } from "@bufbuild/protobuf";
 import { Code, type ConnectError } from "@connectrpc/connect";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   makeSeedRepository,

@@ -5,7 +5,7 @@
  */
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   grpcJsInferenceClient,

@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { Code, type ConnectError } from "@connectrpc/connect";
-import { frameBytes } from "@trellis/kserve";
+import { frameBytes } from "@trellis/kserve/wire";
 import { ModelInferRequestSchema } from "@trellis/protocol";
 import {
   grpcJsInferenceClient,

@@ -17,7 +17,7 @@ import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { compressedFlag, encodeEnvelope } from "@connectrpc/connect/protocol";
 import { compressionGzip, createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
-import { compressionDeflate, frameBytes } from "@trellis/kserve";
+import { compressionDeflate, frameBytes } from "@trellis/kserve/wire";
 import { GRPCInferenceService, ModelInferRequestSchema, ModelInferResponseSchema } from "@trellis/protocol";
 import { MOBILENET_PATH, removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

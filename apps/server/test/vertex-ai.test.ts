@@ -7,10 +7,9 @@
  * shutdown closes its listener.
  */
 import net from "node:net";
+import { modelLoader, RepositoryManager } from "@trellis/model-loader";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { modelLoader } from "../src/models/loader.js";
-import { RepositoryManager } from "../src/models/repository.js";
 import { startServer } from "../src/server.js";
 import { echoConfig, floats, makeRepository } from "./helpers.js";
 

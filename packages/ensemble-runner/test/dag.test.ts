@@ -1,5 +1,6 @@
 import { createClient } from "@connectrpc/connect";
-import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
+import { listenStage } from "@trellis/frontends";
+import { connectStage, grpcTransport } from "@trellis/kserve";
 import { GRPCInferenceService } from "@trellis/protocol";
 import { withSequenceBatching } from "@trellis/runtime";
 import { Code, defineStage, type Stage, StageError, type Tensor, tensor } from "@trellis/stage";

@@ -11,8 +11,9 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
+import { listenStage } from "@trellis/frontends";
 import { createOnnxModel, type OnnxStageOptions } from "@trellis/inference-onnx";
-import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
+import { connectStage, grpcTransport } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
 import { createModelRuntime } from "@trellis/runtime";
 import { type Stage, tensor } from "@trellis/stage";

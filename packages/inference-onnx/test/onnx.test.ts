@@ -2,7 +2,8 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync
 import { createRequire } from "node:module";
 import { availableParallelism, tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { connectStage, grpcTransport, type ListeningServer, listenStage } from "@trellis/kserve";
+import { type ListeningServer, listenStage } from "@trellis/frontends";
+import { connectStage, grpcTransport } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
 import { CpuGate } from "@trellis/runtime";
 import {

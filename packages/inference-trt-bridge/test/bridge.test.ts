@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import http2, { type ServerHttp2Session } from "node:http2";
 import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { type ListeningServer, type ListenOptions, listenStage, serveStage } from "@trellis/kserve";
+import { type ListeningServer, type ListenOptions, listenStage, serveStage } from "@trellis/frontends";
 import { type ModelInferRequest, parseModelConfig } from "@trellis/protocol";
 import { Code, type Stage, tensor } from "@trellis/stage";
 import { float32ToFloat16Bits } from "@trellis/stage/backend";

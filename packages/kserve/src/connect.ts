@@ -4,14 +4,7 @@
  */
 
 import type http2 from "node:http2";
-import {
-  type Client,
-  ConnectError,
-  createClient,
-  createRouterTransport,
-  type Interceptor,
-  type Transport,
-} from "@connectrpc/connect";
+import { type Client, ConnectError, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { GRPCInferenceService, type ModelConfig, type ModelStreamInferResponse } from "@trellis/protocol";
 import {
@@ -25,8 +18,7 @@ import {
   type StageLogger,
   type StageMetadata,
 } from "@trellis/stage";
-import type { ModelRegistry } from "./registry.js";
-import { HTTP2_SETTINGS, serveStage, widenSessionWindow } from "./serve.js";
+import { HTTP2_SETTINGS, widenSessionWindow } from "./http2-settings.js";
 import {
   describeTransportError,
   isConnectionLost,
@@ -160,11 +152,6 @@ export function grpcTransport(
   });
   // Without this an unloaded remote step keeps its idle connection open for Connect's 15-minute idle timeout.
   return Object.assign(transport, { close: () => sessionManager.abort() });
-}
-
-/** An in-process transport to a stage or registry: no sockets, same code path as a remote call. */
-export function inMemoryTransport(target: Stage | ModelRegistry): Transport {
-  return createRouterTransport(serveStage(target));
 }
 
 export interface ConnectStageOptions {

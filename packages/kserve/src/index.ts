@@ -1,22 +1,10 @@
+/**
+ * @trellis/kserve: KServe v2 for Trellis stages: a remote model as a Stage (connectStage), the
+ * registry the frontends serve, and the checks and messages every KServe request shares. Protocol
+ * detail (tensor codecs, wire messages, compression, shared memory, HTTP/2 settings) is under
+ * "@trellis/kserve/wire"; the servers themselves are in @trellis/frontends.
+ */
 export { clientError, clientMessage } from "./client-errors.js";
-export {
-  contentsFieldOf,
-  frameBytes,
-  tensorFromContents,
-  tensorFromRaw,
-  tensorToContents,
-  tensorToRaw,
-} from "./codec.js";
-export {
-  type Coding,
-  compressionDeflate,
-  DEFAULT_DECOMPRESSION_BUDGET_BYTES,
-  DecompressionBudget,
-  DecompressionBudgetExhausted,
-  holdDecompressedUntilClose,
-  inflateDeflate,
-  inflateWithin,
-} from "./compression.js";
 export { normalizedModelConfig } from "./config-normalize.js";
 export {
   type ClosableTransport,
@@ -24,76 +12,31 @@ export {
   connectStage,
   type GrpcTlsOptions,
   grpcTransport,
+  type InferenceClient,
   remoteError,
 } from "./connect.js";
-export {
-  checkLoadFilesInJson,
-  loadModel,
-  logSetting,
-  modelReady,
-  type RegisterFields,
-  type RepositoryParameters,
-  registerSharedMemory,
-  repositoryIndex,
-  type ServerAbilities,
-  type SharedMemoryKind,
-  serverExtensions,
-  serverReady,
-  sharedMemoryRegions,
-  statisticsStage,
-  TRITON_EXTENSIONS,
-  tooManyLoadBytes,
-  tooManyLoadFiles,
-  traceSetting,
-  unloadModel,
-  unregisterSharedMemory,
-} from "./control.js";
-export { forwardedHeaders, headerForwardPattern, withForwardedHeaders } from "./header-forwarding.js";
-export type { LogSettings, LogSettingsControl } from "./log-settings.js";
+export { checkLoadFilesInJson, tooManyLoadBytes, tooManyLoadFiles } from "./load-limits.js";
 export { createModelCaller } from "./model-caller.js";
-export type {
-  ModelIndexEntry,
-  ModelLoadLimits,
-  ModelLoadOptions,
-  ModelRegistry,
-  ModelRepositoryControl,
-  ModelUnloadOptions,
+export {
+  type ModelIndexEntry,
+  type ModelLoadLimits,
+  type ModelLoadOptions,
+  type ModelRegistry,
+  type ModelRepositoryControl,
+  type ModelUnloadOptions,
+  stageRegistry,
 } from "./registry.js";
 export {
+  checkFileOverridePath,
   checkModelName,
   inferOptionsFromParameters,
   modelNameProblem,
   shownValue,
 } from "./request-checks.js";
-export type { ResponseCompressionLevel } from "./response-compression.js";
 export {
-  API_CATEGORIES,
-  type ApiCategory,
-  type ApiRestrictions,
-  parseRestriction,
-  restrictionError,
-  restrictionInterceptor,
-} from "./restrictions.js";
-export {
-  createGrpcServer,
-  DEFAULT_GRPC_MAX_INPUT_BYTES,
-  type GrpcServerTlsOptions,
-  HTTP2_SETTINGS,
-  type ListeningServer,
-  type ListenOptions,
-  listenStage,
-  serverCompression,
-  serveStage,
-  widenSessionWindow,
-} from "./serve.js";
-export {
-  type SharedMemoryRef,
-  SystemSharedMemory,
-  sharedMemoryNotTaken,
-  sharedMemoryOutputParameters,
-  sharedMemoryRef,
-  withoutSharedMemory,
-} from "./shared-memory.js";
-export type { TraceControl, TraceSettings } from "./trace-settings.js";
-export { connectionRefused, describeTransportError, neverSent } from "./transport-errors.js";
-export { inferRequestToWire, inferResponseFromWire, inferResponseToWire, metadataFromWire } from "./wire.js";
+  connectionRefused,
+  describeTransportError,
+  isConnectionLost,
+  neverSent,
+  REFUSED_STREAM_RESENDS,
+} from "./transport-errors.js";

@@ -1,8 +1,27 @@
+/**
+ * @trellis/model-repository: Trellis's core. It reads Triton-layout model repositories, gives every
+ * model (TypeScript stage, ONNX, ensemble, remote) its runtime in one place (loader.ts), and manages
+ * them as Triton's repository manager does: version policies, load/unload, readiness, the queue
+ * bound and the response cache. The frontends (@trellis/frontends) serve it as a ModelRegistry.
+ */
+export { configBoundsProblem, defaultMaxInstancesPerModel } from "./config-bounds.js";
+export { modelLoader } from "./default-loader.js";
 export { connectRemote, type LoadStageOptions, loadStage, REMOTE_DEFAULTS, type RemoteOptions } from "./loader.js";
+export { classification, DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed-model.js";
+export {
+  type ControlMode,
+  DEFAULT_MAX_LOAD_BYTES,
+  DEFAULT_MAX_LOAD_FILES,
+  type ModelLoader,
+  RepositoryManager,
+  type RepositoryManagerOptions,
+  selectVersions,
+} from "./manager.js";
 export {
   type RepositoryModel,
   type RepositoryScan,
   type RepositorySource,
   readEndpointsFile,
   scanRepository,
-} from "./repository.js";
+} from "./scan.js";
+export { lendOwnPackages } from "./user-modules.js";

@@ -36,7 +36,7 @@ import {
   type StageLogger,
 } from "@trellis/stage";
 import { delegateStage, isStageDefinition } from "@trellis/stage/backend";
-import { type RepositoryModel, type RepositorySource, scanRepository } from "./repository.js";
+import { type RepositoryModel, type RepositorySource, scanRepository } from "./scan.js";
 
 export interface LoadStageOptions {
   /** Version folder to load. */

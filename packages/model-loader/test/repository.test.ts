@@ -3,7 +3,7 @@ import type { ServerHttp2Session } from "node:http2";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { listenStage } from "@trellis/kserve";
+import { listenStage } from "@trellis/frontends";
 import { ModelParameterSchema } from "@trellis/protocol";
 import { Code, type InferRequest, type Stage, tensor } from "@trellis/stage";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

@@ -1,7 +1,8 @@
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { connectStage, grpcTransport, listenStage } from "@trellis/kserve";
+import { listenStage } from "@trellis/frontends";
+import { connectStage, grpcTransport } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
 import { bytesToStrings, Code, defineStage, type InferRequest, type StageError, tensor } from "@trellis/stage";
 import { type CpuTop5, LABELS_PATH, modelsDir, referenceTop5OnThisCpu, STABLE_TOP1 } from "@trellis/testing";

@@ -1,5 +1,6 @@
 import { join } from "node:path";
-import { connectStage, grpcTransport, type ListeningServer, listenStage } from "@trellis/kserve";
+import { type ListeningServer, listenStage } from "@trellis/frontends";
+import { connectStage, grpcTransport } from "@trellis/kserve";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
 import { CpuGate } from "@trellis/runtime";
 import { Code, defineStage, type Stage, StageError } from "@trellis/stage";

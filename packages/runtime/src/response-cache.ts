@@ -5,7 +5,7 @@
  * the model. Least recently used entries go first when space runs out.
  */
 import { createHash } from "node:crypto";
-import { tensorFromRaw, tensorToRaw } from "@trellis/kserve";
+import { tensorFromRaw, tensorToRaw } from "@trellis/kserve/wire";
 import type { DataType, InferRequest, InferResponse, Parameters } from "@trellis/stage";
 
 interface Entry {

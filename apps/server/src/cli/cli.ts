@@ -9,20 +9,24 @@ import { resolve } from "node:path";
 import {
   API_CATEGORIES,
   type ApiRestrictions,
-  DEFAULT_DECOMPRESSION_BUDGET_BYTES,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
+  DEFAULT_HTTP_MAX_INPUT_BYTES,
   type GrpcServerTlsOptions,
-  type GrpcTlsOptions,
   headerForwardPattern,
   parseRestriction,
   type ResponseCompressionLevel,
-} from "@trellis/kserve";
+} from "@trellis/frontends";
+import type { GrpcTlsOptions } from "@trellis/kserve";
+import { DEFAULT_DECOMPRESSION_BUDGET_BYTES } from "@trellis/kserve/wire";
+import {
+  type ControlMode,
+  DEFAULT_MAX_LOAD_BYTES,
+  DEFAULT_MAX_LOAD_FILES,
+  DEFAULT_MAX_QUEUE_SIZE,
+  defaultMaxInstancesPerModel,
+} from "@trellis/model-loader";
 import { RateLimiter } from "@trellis/runtime";
 import { Command, InvalidArgumentError, Option } from "commander";
-import { DEFAULT_HTTP_MAX_INPUT_BYTES } from "../frontends/http.js";
-import { defaultMaxInstancesPerModel } from "../models/config-bounds.js";
-import { DEFAULT_MAX_QUEUE_SIZE } from "../models/managed.js";
-import { type ControlMode, DEFAULT_MAX_LOAD_BYTES, DEFAULT_MAX_LOAD_FILES } from "../models/repository.js";
 import type { MetricsOptions } from "../observability/metrics.js";
 import type { OtelSettings } from "../observability/otel-settings.js";
 import type { TraceValues } from "../observability/tracing.js";

@@ -9,7 +9,7 @@
  * terminal): time, level, message, then the fields as key=value.
  */
 
-import type { LogSettings, LogSettingsControl } from "@trellis/kserve";
+import type { LogSettings, LogSettingsControl } from "@trellis/frontends";
 import { Code, StageError } from "@trellis/stage";
 import { type Logger, pino } from "pino";
 

@@ -11,7 +11,7 @@ import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { ConnectionOptions } from "node:tls";
 import { fromBinary, toBinary } from "@bufbuild/protobuf";
-import { inferResponseFromWire, inferResponseToWire } from "@trellis/kserve";
+import { inferResponseFromWire, inferResponseToWire } from "@trellis/kserve/wire";
 import { ModelInferResponseSchema } from "@trellis/protocol";
 import type { ResponseStore } from "@trellis/runtime";
 import type { InferRequest, InferResponse, StageLogger } from "@trellis/stage";

@@ -4,10 +4,10 @@
  * metrics and the statistics API can never disagree.
  */
 import { cpus, freemem, totalmem } from "node:os";
+import type { ManagedStage } from "@trellis/model-loader";
 import type { ModelStatistics } from "@trellis/protocol";
 import { observeFirstResponses, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
-import type { ManagedStage } from "../models/managed.js";
 
 export interface MetricsSource {
   list(): ManagedStage[];

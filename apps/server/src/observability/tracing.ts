@@ -8,7 +8,7 @@
  * "opentelemetry", spans over OTLP (otel.ts).
  */
 import { rename, writeFile } from "node:fs/promises";
-import type { TraceControl, TraceSettings } from "@trellis/kserve";
+import type { TraceControl, TraceSettings } from "@trellis/frontends";
 import { Code, nowNs, type RequestTrace, StageError, type StageLogger, type Tensor } from "@trellis/stage";
 import { float16ArrayToFloat32, type TensorActivity, type TraceActivity } from "@trellis/stage/backend";
 import type { FinishedTrace, OtelExport } from "./otel.js";

@@ -1,7 +1,7 @@
 // Bench: FP16 conversion throughput and the bridge's round-trip cost over
 // loopback gRPC against an echo stage (no model work, so the figure is the bridge + transport).
 
-import { listenStage } from "@trellis/kserve";
+import { listenStage } from "@trellis/frontends";
 import { parseModelConfig } from "@trellis/protocol";
 import { defineStage, type Stage, tensor } from "@trellis/stage";
 import { float16ArrayToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "@trellis/stage/backend";
