@@ -1,0 +1,114 @@
+/**
+ * Per-step runtime state and statistics: each step's slot limiter and recorder, the request a
+ * step is sent, and what a step's call adds to the request's and the step's figures.
+ */
+import type { ModelStatistics } from "@trellis/protocol";
+import {
+  type InferOptions,
+  type InferRequest,
+  nowNs,
+  type RequestedOutput,
+  StatisticsRecorder,
+  type Tensor,
+} from "@trellis/stage";
+import { Limiter } from "./limiter.js";
+import type { EnsemblePlan, StepPlan } from "./plan.js";
+
+export interface StepStatistics {
+  step: number;
+  model: string;
+  /** Version of the step's stage. */
+  version: string;
+  /** Requests holding this step's slot now (running, or finished and waiting for a downstream slot). */
+  inflight: number;
+  /** Requests waiting for a slot now (only when max_inflight_requests caps the step). */
+  waiting: number;
+  /** This step's share of the ensemble's traffic, in Triton's shape: queue = waiting for a slot, compute_infer = the call. */
+  statistics: ModelStatistics;
+}
+
+/** What one request spent in the ensemble's steps: their queues and their computing (Triton sums its steps'). */
+export interface EnsembleTimes {
+  queueNs: number;
+  computeInputNs: number;
+  computeInferNs: number;
+  computeOutputNs: number;
+}
+
+export interface StepRuntime {
+  plan: StepPlan;
+  limiter: Limiter;
+  stats: StatisticsRecorder;
+}
+
+/** One request's time in its steps so far: waiting for slots, and in the calls. */
+export interface StepTotals {
+  queueNs: number;
+  computeNs: number;
+}
+
+/** Each step's runtime: a slot limiter of `maxInflight` (0: unbounded) and its own statistics. */
+export function stepRuntimes(plan: EnsemblePlan, maxInflight: number): StepRuntime[] {
+  return plan.steps.map((p) => ({
+    plan: p,
+    limiter: new Limiter(maxInflight),
+    stats: new StatisticsRecorder(p.model, p.stage.version, false),
+  }));
+}
+
+export const renamed = (t: Tensor, name: string): Tensor =>
+  // Zero-copy: the step sees the producer's very data (and shape), under its own name.
+  t.name === name ? t : { name, datatype: t.datatype, shape: t.shape, data: t.data };
+
+/** The request `step` is sent: its inputs from the request's tensors so far, under the step's names. */
+export function stepRequest(
+  step: StepPlan,
+  tensors: Map<string, Tensor>,
+  request: InferRequest,
+  perStep: RequestedOutput[][],
+): InferRequest {
+  const inputs: Tensor[] = [];
+  for (const { name: input, tensor } of step.inputs) {
+    const t = tensors.get(tensor);
+    // Absent only when it is an optional ensemble input the client left out.
+    if (t) inputs.push(renamed(t, input));
+  }
+  return { id: request.id, inputs, outputs: perStep[step.index], parameters: request.parameters };
+}
+
+/** The options `step`'s call runs under: the request's signal, priority, timeout and a child trace. */
+export function stepOptions(step: StepPlan, signal: AbortSignal, options: InferOptions | undefined): InferOptions {
+  return {
+    signal,
+    priority: options?.priority,
+    timeoutMicroseconds: options?.timeoutMicroseconds,
+    trace: options?.trace?.child(step.model, step.stage.version),
+  };
+}
+
+/** A step call that succeeded: its statistics, and its share of the request's queue and compute time. */
+export function stepSucceeded(
+  rt: StepRuntime,
+  batch: number,
+  queued: number,
+  started: number,
+  totals: StepTotals,
+): void {
+  const done = nowNs();
+  const times = { computeInputNs: 0, computeInferNs: done - started, computeOutputNs: 0 };
+  rt.stats.requestSucceeded(done - queued, batch, started - queued, times);
+  rt.stats.executed(batch, times);
+  totals.queueNs += started - queued;
+  totals.computeNs += done - started;
+}
+
+export function stepStatistics(steps: StepRuntime[]): StepStatistics[] {
+  return steps.map((rt) => ({
+    step: rt.plan.index,
+    model: rt.plan.model,
+    version: rt.plan.stage.version,
+    inflight: rt.limiter.inflight,
+    waiting: rt.limiter.waiting,
+    statistics: rt.stats.snapshot(),
+  }));
+}
