@@ -146,8 +146,8 @@ function shapeOf(input: ModelInput, batch: number, configPath: string): number[]
   return [batch, ...d];
 }
 
-/** Computes the command and the files; writes nothing. */
-export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
+/** The container release and its TensorRT major version, checked. */
+function tensorRtOf(options: TrtPlanOptions): { release: string; tensorrt: TensorRtMajor } {
   const release = options.release ?? DEFAULT_RELEASE;
   if (!/^\d\d\.\d\d$/.test(release)) throw new TrtPlanError(`release must be yy.mm, e.g. 23.01, got ${release}`);
   const major = options.tensorrt ?? TRT_RELEASES[release];
@@ -163,17 +163,11 @@ export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
   if (!MAJORS.includes(major)) {
     throw new TrtPlanError(`TensorRT ${major}: trt:plan knows 8, 10 and 11 (their trtexec options differ)`);
   }
-  const tensorrt = major as TensorRtMajor;
-  const fp16 = options.fp16 !== false;
-  const ioFp16 = options.ioFp16 === true;
-  if (ioFp16 && !fp16) throw new TrtPlanError("--io-fp16 builds an FP16 engine; drop --no-fp16");
-  const ws = options.workspaceMiB;
-  if (ws !== undefined && (!Number.isInteger(ws) || ws < 1)) {
-    throw new TrtPlanError(`workspace must be a positive integer (MiB), got ${ws}`);
-  }
-  const config = await loadModelConfig(options.config);
-  const ensemble = await loadModelConfig(options.ensemble);
-  const mbs = config.maxBatchSize;
+  return { release, tensorrt: major as TensorRtMajor };
+}
+
+/** The optimisation profile's batch sizes, checked against the model's max_batch_size `mbs`. */
+function batchProfile(options: TrtPlanOptions, mbs: number): { min: number; opt: number; max: number } {
   if (mbs <= 0) {
     throw new TrtPlanError(
       `${options.config}: max_batch_size is ${mbs}; the engine's batch profile is derived from it`,
@@ -191,35 +185,32 @@ export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
       `max batch ${max} is below max_batch_size ${mbs}: Triton would send batches the engine rejects`,
     );
   }
-  const step = ensemble.schedulingChoice.case === "ensembleScheduling" ? ensemble.schedulingChoice.value.step : [];
-  if (!step.some((s) => s.modelName === config.name)) {
-    throw new TrtPlanError(
-      `${options.ensemble}: no ensemble step runs ${config.name} (steps: ${step.map((s) => s.modelName).join(", ") || "none"})`,
-    );
-  }
+  return { min, opt, max };
+}
 
-  const tritonModel = options.tritonModel ?? TRT_NAMES.tritonModel;
-  const bridgeModel = `${config.name}${TRT_NAMES.bridgeSuffix}`;
-  const ensembleModel = `${ensemble.name}${TRT_NAMES.bridgeSuffix}`;
-  const versionDir = join(options.out, TRT_NAMES.tritonDir, tritonModel, "1");
-  const enginePath = join(versionDir, "model.plan");
+interface BuildInputs {
+  options: TrtPlanOptions;
+  release: string;
+  tensorrt: TensorRtMajor;
+  fp16: boolean;
+  ioFp16: boolean;
+  tritonModel: string;
+  enginePath: string;
+  shapes: TrtPlan["shapes"];
+}
 
-  const shapes: TrtPlan["shapes"] = {};
-  for (const input of config.input) {
-    shapes[input.name] = {
-      min: shapeOf(input, min, options.config),
-      opt: shapeOf(input, opt, options.config),
-      max: shapeOf(input, max, options.config),
-    };
-  }
+/** The build's command lines: trtexec (after ModelOpt AutoCast from TensorRT 11), bare and in NVIDIA's container. */
+function buildCommands(b: BuildInputs): Pick<TrtPlan, "command" | "args" | "steps" | "docker"> {
+  const { options, tensorrt, fp16, ioFp16 } = b;
+  const ws = options.workspaceMiB;
   const profile = (which: "min" | "opt" | "max") =>
-    Object.entries(shapes)
+    Object.entries(b.shapes)
       .map(([name, s]) => `${name}:${s[which].join("x")}`)
       .join(",");
   // TensorRT 8.5 and 10: --fp16 lets the builder pick FP16 kernels; FP16 I/O is asked with
   // --inputIOFormats/--outputIOFormats (type:format). TensorRT 11 has no --fp16 (every network is
   // strongly typed): ModelOpt AutoCast writes an FP16 ONNX first, whose I/O types the engine keeps.
-  const autocastOnnx = join(options.out, TRT_NAMES.tritonDir, tritonModel, "model.fp16.onnx");
+  const autocastOnnx = join(options.out, TRT_NAMES.tritonDir, b.tritonModel, "model.fp16.onnx");
   const autocast =
     tensorrt >= 11 && fp16
       ? [
@@ -243,59 +234,80 @@ export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
     ...(ws === undefined ? [] : [`--memPoolSize=workspace:${ws}`]),
     ...(tensorrt < 11 && fp16 ? ["--fp16"] : []),
     ...(tensorrt < 11 && ioFp16 ? ["--inputIOFormats=fp16:chw", "--outputIOFormats=fp16:chw"] : []),
-    `--saveEngine=${enginePath}`,
+    `--saveEngine=${b.enginePath}`,
   ];
   const quote = (argv: string[]) => argv.map(shellQuote).join(" ");
   const command = quote(["trtexec", ...args]);
-  const buildSteps = autocast ? [quote(autocast), command] : [command];
-  const image = `nvcr.io/nvidia/tensorrt:${release}-py3`;
+  const image = `nvcr.io/nvidia/tensorrt:${b.release}-py3`;
   const inContainer = `docker run --gpus all --rm --user "$(id -u):$(id -g)" -v "$PWD:/work" -w /work ${image} ${command}`;
-  const docker = autocast ? [quote(autocast), inContainer] : [inContainer];
+  return {
+    command,
+    args,
+    steps: autocast ? [quote(autocast), command] : [command],
+    docker: autocast ? [quote(autocast), inContainer] : [inContainer],
+  };
+}
+
+const HEADER = "# Generated by `pnpm trt:plan` (tooling/src/trt-plan-recipe.ts); see models/gpu/README.md.";
+
+/** Triton's config.pbtxt for the engine. */
+function tritonConfigText(b: BuildInputs, config: ModelConfig, batch: { min: number; opt: number; max: number }) {
+  const { release, tensorrt, fp16, ioFp16 } = b;
   const ioType = ioFp16 ? DataType.TYPE_FP16 : undefined;
   const precision = !fp16 ? "" : tensorrt >= 11 ? ", FP16 by ModelOpt AutoCast" : ", --fp16";
-  const onnxName = basename(options.onnx);
-  const header = "# Generated by `pnpm trt:plan` (tooling/src/trt-plan-recipe.ts); see models/gpu/README.md.";
-
-  const tritonConfig = `${header}
-# The TensorRT engine built by trtexec from ${onnxName} (profile batch ${min}/${opt}/${max}${precision}${ioFp16 ? ", FP16 I/O" : ""}),
+  return `${HEADER}
+# The TensorRT engine built by trtexec from ${basename(b.options.onnx)} (profile batch ${batch.min}/${batch.opt}/${batch.max}${precision}${ioFp16 ? ", FP16 I/O" : ""}),
 # served by a real Triton: tritonserver --model-repository=<this folder's parent> --grpc-port 8101.
 # The engine goes in 1/model.plan (not committed; build it with the same TensorRT as that Triton:
 # release ${release}, TensorRT ${tensorrt}.x, e.g. nvcr.io/nvidia/tensorrt:${release}-py3 and tritonserver:${release}-py3).
-name: "${tritonModel}"
+name: "${b.tritonModel}"
 platform: "tensorrt_plan"
 backend: "tensorrt"
-max_batch_size: ${mbs}
+max_batch_size: ${config.maxBatchSize}
 ${tensors("input", config.input, ioType)}
 ${tensors("output", config.output, ioType)}
 ${dynamicBatching(config)}
 instance_group [
   {
-    count: ${options.instances ?? 1}
+    count: ${b.options.instances ?? 1}
     kind: KIND_GPU
     gpus: [ 0 ]
   }
 ]
 `;
+}
 
-  const bridgeConfig = `${header}
+/** The bridge model's config.pbtxt: the ensemble's inference step, forwarded to the engine in Triton. */
+function bridgeConfigText(b: BuildInputs, config: ModelConfig, bridgeModel: string) {
+  const { tritonModel, ioFp16 } = b;
+  return `${HEADER}
 # The ensemble's inference step, run by TensorRT in a real Triton: the bridge
 # forwards each batch whole over KServe v2 gRPC to "${tritonModel}" at the endpoint.
 # Change "endpoint" to where that Triton's gRPC port is.${ioFp16 ? "\n# The engine's inputs and outputs are FP16: the bridge converts FP32 <-> FP16 (fp16_conversion)." : ""}
 name: "${bridgeModel}"
 backend: "typescript"
-max_batch_size: ${mbs}
+max_batch_size: ${config.maxBatchSize}
 ${tensors("input", config.input)}
 ${tensors("output", config.output)}
 ${param("module", "@trellis/inference-trt-bridge")}
-${param("endpoint", options.endpoint ?? DEFAULT_ENDPOINT)}
+${param("endpoint", b.options.endpoint ?? DEFAULT_ENDPOINT)}
 ${param("remote_model_name", tritonModel)}
 ${param("timeout_ms", "30000")}
 ${param("ready_timeout_ms", "60000")}
 ${param("fp16_conversion", String(ioFp16))}
 `;
+}
 
+/** The ensemble's config.pbtxt with its inference step replaced by the bridge. */
+function ensembleConfigText(
+  ensemble: ModelConfig,
+  ensembleModel: string,
+  config: ModelConfig,
+  bridgeModel: string,
+  step: readonly ModelEnsembling_Step[],
+) {
   const steps = step.map((s) => (s.modelName === config.name ? { ...s, modelName: bridgeModel } : s));
-  const ensembleConfig = `${header}
+  return `${HEADER}
 # ${ensemble.name} with its inference step on TensorRT: TypeScript preprocess and
 # postprocess here, ${config.name} replaced by ${bridgeModel} (the bridge to Triton).
 # The other steps load from the default repository: serve both (see models/gpu/README.md).
@@ -306,14 +318,50 @@ ${tensors("input", ensemble.input)}
 ${tensors("output", ensemble.output)}
 ${ensembleSteps(steps)}
 `;
+}
+
+/** Computes the command and the files; writes nothing. */
+export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
+  const { release, tensorrt } = tensorRtOf(options);
+  const fp16 = options.fp16 !== false;
+  const ioFp16 = options.ioFp16 === true;
+  if (ioFp16 && !fp16) throw new TrtPlanError("--io-fp16 builds an FP16 engine; drop --no-fp16");
+  const ws = options.workspaceMiB;
+  if (ws !== undefined && (!Number.isInteger(ws) || ws < 1)) {
+    throw new TrtPlanError(`workspace must be a positive integer (MiB), got ${ws}`);
+  }
+  const config = await loadModelConfig(options.config);
+  const ensemble = await loadModelConfig(options.ensemble);
+  const batch = batchProfile(options, config.maxBatchSize);
+  const step = ensemble.schedulingChoice.case === "ensembleScheduling" ? ensemble.schedulingChoice.value.step : [];
+  if (!step.some((s) => s.modelName === config.name)) {
+    throw new TrtPlanError(
+      `${options.ensemble}: no ensemble step runs ${config.name} (steps: ${step.map((s) => s.modelName).join(", ") || "none"})`,
+    );
+  }
+
+  const tritonModel = options.tritonModel ?? TRT_NAMES.tritonModel;
+  const bridgeModel = `${config.name}${TRT_NAMES.bridgeSuffix}`;
+  const ensembleModel = `${ensemble.name}${TRT_NAMES.bridgeSuffix}`;
+  const enginePath = join(options.out, TRT_NAMES.tritonDir, tritonModel, "1", "model.plan");
+
+  const shapes: TrtPlan["shapes"] = {};
+  for (const input of config.input) {
+    shapes[input.name] = {
+      min: shapeOf(input, batch.min, options.config),
+      opt: shapeOf(input, batch.opt, options.config),
+      max: shapeOf(input, batch.max, options.config),
+    };
+  }
+  const inputs: BuildInputs = { options, release, tensorrt, fp16, ioFp16, tritonModel, enginePath, shapes };
+  const tritonConfig = tritonConfigText(inputs, config, batch);
+  const bridgeConfig = bridgeConfigText(inputs, config, bridgeModel);
+  const ensembleConfig = ensembleConfigText(ensemble, ensembleModel, config, bridgeModel, step);
 
   return {
     release,
     tensorrt,
-    command,
-    args,
-    steps: buildSteps,
-    docker,
+    ...buildCommands(inputs),
     enginePath,
     shapes,
     files: [
