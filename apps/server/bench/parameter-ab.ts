@@ -1,0 +1,112 @@
+/**
+ * A/B of one model parameter (docs/bench-history.md; @trellis/inference-onnx's README,
+ * "CPU time-sharing"): two servers side by side on the seed repository, A with the configs as
+ * committed, B with AB_PARAMETER (default `exclusive_cpu=false`) added to AB_MODEL's config
+ * (default resnet50_inference). Measured in interleaved rounds, the order alternating, each
+ * server idle while the other runs: AB_CONCURRENCY (8) grpc-js callers of 1920x1080 JPEGs for
+ * AB_SECONDS (10) after 2 s of warm-up, then AB_LATENCY_N (40) calls one at a time for the p50.
+ * Reported: req/s and p50 per round, and B/A throughput per round with its median. The model is
+ * the synthetic ResNet-50 (ResNet-50's cost), or the shared MobileNetV2 with BENCH_MODEL=mobilenet.
+ * Run (after pnpm build): node --enable-source-maps dist/bench/parameter-ab.js
+ */
+import { join } from "node:path";
+import {
+  closedLoop,
+  grpcJsInferenceClient,
+  makeSeedRepository,
+  median,
+  removeDir,
+  type ServerProcess,
+  startServerProcess,
+} from "@trellis/testing";
+import { synthesizeResNet50 } from "@trellis/tooling";
+import { fullHdPhotos } from "./photos.js";
+
+const [KEY, VALUE] = (process.env.AB_PARAMETER ?? "exclusive_cpu=false").split("=") as [string, string];
+const MODEL = process.env.AB_MODEL ?? "resnet50_inference";
+const SECONDS = Number(process.env.AB_SECONDS ?? 10);
+const ROUNDS = Number(process.env.AB_ROUNDS ?? 4);
+const CONCURRENCY = Number(process.env.AB_CONCURRENCY ?? 8);
+const LATENCY_N = Number(process.env.AB_LATENCY_N ?? 40);
+
+const parameter = (key: string, value: string) =>
+  `\nparameters { key: "${key}" value: { string_value: "${value}" } }\n`;
+
+async function repository(edit: boolean): Promise<string> {
+  const repo = await makeSeedRepository({
+    prefix: "trellis-parameter-ab-",
+    editConfig: (name, text) => (edit && name === MODEL ? text + parameter(KEY, VALUE) : text),
+  });
+  if (process.env.BENCH_MODEL !== "mobilenet")
+    await synthesizeResNet50({ seed: 7, path: join(repo, "resnet50_inference", "1", "model.onnx") });
+  return repo;
+}
+
+interface Subject {
+  label: string;
+  repo: string;
+  server: ServerProcess;
+  infer: (photo: Uint8Array) => Promise<unknown>;
+  close: () => void;
+  rates: number[];
+  p50s: number[];
+}
+
+async function subject(label: string, edit: boolean): Promise<Subject> {
+  const repo = await repository(edit);
+  const server = await startServerProcess(["--model-repository", repo]);
+  const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
+  const infer = (photo: Uint8Array) => {
+    const length = Buffer.alloc(4);
+    length.writeUInt32LE(photo.length);
+    return client.modelInfer({
+      model_name: "resnet50_ensemble",
+      inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }],
+      raw_input_contents: [Buffer.concat([length, photo])],
+    });
+  };
+  return { label, repo, server, infer, close: () => client.close(), rates: [], p50s: [] };
+}
+
+const photos = await fullHdPhotos();
+const subjects = [await subject("A (as committed)", false), await subject(`B (${KEY}=${VALUE})`, true)];
+try {
+  for (let round = 0; round < ROUNDS; round++) {
+    const order = round % 2 === 0 ? subjects : [...subjects].reverse();
+    for (const s of order) {
+      const r = await closedLoop((k) => s.infer(photos[k % photos.length]!), CONCURRENCY, SECONDS, {
+        warmupSeconds: 2,
+      });
+      const latencies: number[] = [];
+      for (let i = 0; i < LATENCY_N; i++) {
+        const t = performance.now();
+        await s.infer(photos[i % photos.length]!);
+        latencies.push(performance.now() - t);
+      }
+      s.rates.push(r.calls / r.seconds);
+      s.p50s.push(median(latencies));
+      console.log(
+        `round ${round + 1} ${s.label}: ${(r.calls / r.seconds).toFixed(1)} req/s, p50 ${median(latencies).toFixed(1)} ms`,
+      );
+    }
+  }
+  const spread = (xs: number[]) => `${Math.min(...xs).toFixed(1)}-${Math.max(...xs).toFixed(1)}`;
+  console.log(
+    `\n${MODEL} ${KEY}=${VALUE}; concurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s; model ${process.env.BENCH_MODEL ?? "resnet50 (synthetic)"}`,
+  );
+  for (const s of subjects) {
+    console.log(
+      `${s.label}: ${median(s.rates).toFixed(1)} req/s (rounds ${spread(s.rates)}), p50 ${median(s.p50s).toFixed(1)} ms (rounds ${spread(s.p50s)})`,
+    );
+  }
+  const ratios = subjects[0]!.rates.map((a, i) => a / subjects[1]!.rates[i]!);
+  console.log(
+    `A/B throughput per round: ${ratios.map((r) => r.toFixed(3)).join(", ")}; median ${median(ratios).toFixed(3)}`,
+  );
+} finally {
+  for (const s of subjects) {
+    s.close();
+    await s.server.stop();
+    await removeDir(s.repo);
+  }
+}
