@@ -17,14 +17,14 @@ import {
   readEndpointsFile,
   scanRepository,
 } from "@trellis/model-loader";
-import { importInInstanceThreads, ResponseCache } from "@trellis/runtime";
+import { importInInstanceThreads, ResponseCache, type ResponseStore } from "@trellis/runtime";
 import { prepareSeedModels } from "./cli/bootstrap.js";
 import { type Flags, program, readCommandLine, UsageError } from "./cli/cli.js";
 import { createServerLogger, defaultLogStyle } from "./cli/logging.js";
 import { startupFailure } from "./cli/usage.js";
 import type { RedisResponseCache } from "./integrations/redis-cache.js";
 import { Tracer } from "./observability/tracing.js";
-import { startServer } from "./server.js";
+import { type RunningServer, type ServerOptions, startServer } from "./server.js";
 
 // Every request allocates megabytes of ArrayBuffers (encoded image, decoded pixels, tensors)
 // around a small, steady JS heap. V8's adaptive heap growth then keeps the old-generation
@@ -52,33 +52,25 @@ function grpcConnectionOptions(flags: Flags): GrpcConnectionOptions {
   };
 }
 
-async function main(): Promise<void> {
-  const settings = await readCommandLine();
-  const { flags, repositories } = settings;
-  const { logger, settings: logSettings } = createServerLogger({
-    file: settings.logFile,
-    verboseLevel: flags.logVerbose,
-    info: flags.logInfo,
-    warning: flags.logWarning,
-    error: flags.logError,
-    format: flags.logFormat,
-    style: flags.logStyle ?? defaultLogStyle(settings.logFile),
-  });
-  for (const warning of settings.warnings) logger.warn(warning);
+type Settings = Awaited<ReturnType<typeof readCommandLine>>;
+type Logger = ReturnType<typeof createServerLogger>["logger"];
 
-  await prepareSeedModels(repositories, logger, flags.fetchModels);
-  const endpoints = flags.endpoints ? await readEndpointsFile(resolve(flags.endpoints)) : undefined;
+/** The response cache --cache-config asks for: Redis (connected now), in-process, or none. */
+async function responseCacheOf(settings: Settings, logger: Logger) {
   const cache = settings.responseCache;
-  let redisCache: RedisResponseCache | undefined;
   if (cache?.kind === "redis") {
     const { RedisResponseCache } = await import("./integrations/redis-cache.js");
-    redisCache = await RedisResponseCache.connect(cache.settings, logger).catch((err: Error) => {
+    const redis: RedisResponseCache = await RedisResponseCache.connect(cache.settings, logger).catch((err: Error) => {
       throw new UsageError(`--cache-config redis: ${err.message}`);
     });
+    return { store: redis, close: () => redis.close() };
   }
-  const responseCache = redisCache ?? (cache?.kind === "local" ? new ResponseCache(cache.size) : undefined);
+  return { store: cache?.kind === "local" ? new ResponseCache(cache.size) : undefined, close: () => {} };
+}
 
-  const manager = new RepositoryManager({
+async function repositoryManager(settings: Settings, logger: Logger, responseCache: ResponseStore | undefined) {
+  const { flags, repositories } = settings;
+  return new RepositoryManager({
     repositories,
     loader: modelLoader(settings.endpointsTls, {
       timeoutMs: flags.endpointsTimeoutSecs * 1000,
@@ -94,7 +86,7 @@ async function main(): Promise<void> {
     rateLimiter: settings.rateLimiter,
     defaultMaxBatchSize: settings.defaultMaxBatchSize,
     defaultMaxQueueSize: flags.defaultMaxQueueSize,
-    endpoints,
+    endpoints: flags.endpoints ? await readEndpointsFile(resolve(flags.endpoints)) : undefined,
     responseCache,
     strictReadiness: flags.strictReadiness,
     allowUnsafeLoadOverrides: flags.allowUnsafeLoadOverrides,
@@ -104,14 +96,22 @@ async function main(): Promise<void> {
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });
+}
+
+/** SageMaker's and Vertex AI's listeners, where their flags switch them on (their modules only then). */
+async function cloudEndpoints(settings: Settings, manager: RepositoryManager) {
+  const { flags } = settings;
   let sagemaker: { port: number; options: SageMakerOptions } | undefined;
+  let vertexAi: { port: number; options: Omit<VertexAiOptions, "metrics"> } | undefined;
+  if (!flags.allowSagemaker && !flags.allowVertexAi) return { sagemaker, vertexAi };
+  const cloud = await import("@trellis/frontends/cloud");
   if (flags.allowSagemaker) {
-    const { sageMakerOptionsFromEnv } = await import("@trellis/frontends/cloud");
     try {
+      const fromEnv = cloud.sageMakerOptionsFromEnv(process.env, () => manager.isReady());
       sagemaker = {
         port: flags.sagemakerPort,
         options: {
-          ...sageMakerOptionsFromEnv(process.env, () => manager.isReady()),
+          ...fromEnv,
           models: sageMakerModels(manager),
           modelRoot: resolve(flags.sagemakerModelRoot),
           ...(settings.httpRestrictions ? { restrictions: settings.httpRestrictions } : {}),
@@ -121,16 +121,15 @@ async function main(): Promise<void> {
       throw new UsageError(`--allow-sagemaker: ${(err as Error).message}`);
     }
   }
-  let vertexAi: { port: number; options: Omit<VertexAiOptions, "metrics"> } | undefined;
   if (flags.allowVertexAi) {
-    const { vertexAiRoutes } = await import("@trellis/frontends/cloud");
     try {
+      const routes = cloud.vertexAiRoutes(process.env);
       vertexAi = {
         port: flags.vertexAiPort,
         options: {
-          ...vertexAiRoutes(process.env),
+          ...routes,
           ready: () => manager.isReady(),
-          // Checked once loading is done (below); the one model loaded when none is named.
+          // Checked once loading is done (see vertexAiProblem); the one model loaded when none is named.
           model: () => flags.vertexAiDefaultModel ?? manager.index(true)[0]?.name ?? "",
         },
       };
@@ -138,7 +137,18 @@ async function main(): Promise<void> {
       throw new UsageError(`--allow-vertex-ai: ${(err as Error).message}`);
     }
   }
-  const server = await startServer(manager, {
+  return { sagemaker, vertexAi };
+}
+
+/** The listeners' options, from the flags. */
+async function serverOptions(
+  settings: Settings,
+  logger: Logger,
+  logSettings: ReturnType<typeof createServerLogger>["settings"],
+  cloud: Awaited<ReturnType<typeof cloudEndpoints>>,
+): Promise<ServerOptions> {
+  const { flags } = settings;
+  return {
     serverName: flags.id,
     host: flags.host,
     addresses: { http: flags.httpAddress, grpc: flags.grpcAddress, metrics: flags.metricsAddress },
@@ -163,8 +173,8 @@ async function main(): Promise<void> {
     metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
     forwardHeaders: { http: flags.httpHeaderForwardPattern, grpc: flags.grpcHeaderForwardPattern },
     grpcResponseCompression: flags.grpcInferResponseCompressionLevel,
-    ...(sagemaker ? { sagemaker } : {}),
-    ...(vertexAi ? { vertexAi } : {}),
+    ...(cloud.sagemaker ? { sagemaker: cloud.sagemaker } : {}),
+    ...(cloud.vertexAi ? { vertexAi: cloud.vertexAi } : {}),
     grpcConnections: grpcConnectionOptions(flags),
     httpTimeouts: {
       headersMs: flags.httpHeadersTimeout,
@@ -172,8 +182,11 @@ async function main(): Promise<void> {
       keepAliveMs: flags.httpKeepaliveTimeout,
     },
     sharedMemory: flags.allowClientShm ? new SystemSharedMemory() : undefined,
-  });
+  };
+}
 
+/** SIGINT/SIGTERM: a graceful shutdown (at most --exit-timeout-secs); a second signal exits at once. */
+function stopOnSignals(server: RunningServer, exitTimeoutMs: number, logger: Logger, closeCache: () => void): void {
   let shuttingDown = false;
   const stop = (signal: string) => {
     if (shuttingDown) {
@@ -182,9 +195,9 @@ async function main(): Promise<void> {
     }
     shuttingDown = true;
     logger.info({ signal }, "shutting down");
-    server.shutdown(flags.exitTimeoutSecs * 1000).then(
+    server.shutdown(exitTimeoutMs).then(
       ({ timedOut }) => {
-        redisCache?.close();
+        closeCache();
         logger.info({ timedOut }, "stopped");
         process.exit(0);
       },
@@ -196,45 +209,79 @@ async function main(): Promise<void> {
   };
   process.on("SIGINT", () => stop("SIGINT"));
   process.on("SIGTERM", () => stop("SIGTERM"));
+}
+
+/** As Triton: the Vertex AI endpoint needs its default model loaded, or a single model to default to. */
+function vertexAiProblem(ready: string[], named: string | undefined): string | undefined {
+  if (named) return ready.includes(named) ? undefined : `the default model '${named}' is not loaded`;
+  const models = new Set(ready).size;
+  return models === 1
+    ? undefined
+    : `with ${models} models loaded, name the one predictions go to: --vertex-ai-default-model <name>`;
+}
+
+/** Why the server must stop now that loading is done (--exit-on-error, the Vertex AI default model), if it must. */
+function reasonToStop(settings: Settings, manager: RepositoryManager, vertexAi: boolean) {
+  const { flags } = settings;
+  const ready = manager
+    .index(false)
+    .filter((m) => m.state === "READY")
+    .map((m) => m.name);
+  const problem = vertexAi ? vertexAiProblem(ready, flags.vertexAiDefaultModel) : undefined;
+  if (problem) {
+    return {
+      log: "the Vertex AI endpoint cannot serve: exiting",
+      detail: { problem },
+      message: `--allow-vertex-ai: ${problem}`,
+    };
+  }
+  // Models asked for that failed (in explicit mode, a model not asked for does not count, as Triton's).
+  const names = manager.failedModels();
+  if (!flags.exitOnError || names.length === 0) return undefined;
+  return {
+    log: "a model failed to load and --exit-on-error is set: exiting",
+    detail: { failed: names },
+    message: `${names.length === 1 ? "model" : "models"} ${names.map((n) => `'${n}'`).join(", ")} failed to load (reason logged above); exiting as --exit-on-error is true (Triton's default; --exit-on-error=false serves the rest, not ready)`,
+  };
+}
+
+async function main(): Promise<void> {
+  const settings = await readCommandLine();
+  const { flags, repositories } = settings;
+  const { logger, settings: logSettings } = createServerLogger({
+    file: settings.logFile,
+    verboseLevel: flags.logVerbose,
+    info: flags.logInfo,
+    warning: flags.logWarning,
+    error: flags.logError,
+    format: flags.logFormat,
+    style: flags.logStyle ?? defaultLogStyle(settings.logFile),
+  });
+  for (const warning of settings.warnings) logger.warn(warning);
+
+  await prepareSeedModels(repositories, logger, flags.fetchModels);
+  const cache = await responseCacheOf(settings, logger);
+  const manager = await repositoryManager(settings, logger, cache.store);
+  const cloud = await cloudEndpoints(settings, manager);
+  const server = await startServer(manager, await serverOptions(settings, logger, logSettings, cloud));
+  stopOnSignals(server, flags.exitTimeoutSecs * 1000, logger, cache.close);
 
   await manager.start();
   const index = manager.index(false);
   // The state of each; a failure's reason was logged once, when it failed.
   for (const m of index) logger.info({ model: m.name, version: m.version, state: m.state }, "model status");
-  // Models asked for that failed (in explicit mode, a model not asked for does not count, as Triton's).
-  const failed = manager.failedModels();
-  if (vertexAi) {
-    // As Triton: the Vertex AI endpoint needs its default model loaded, or a single model to default to.
-    const ready = index.filter((m) => m.state === "READY").map((m) => m.name);
-    const named = flags.vertexAiDefaultModel;
-    const problem = named
-      ? ready.includes(named)
-        ? undefined
-        : `the default model '${named}' is not loaded`
-      : new Set(ready).size === 1
-        ? undefined
-        : `with ${new Set(ready).size} models loaded, name the one predictions go to: --vertex-ai-default-model <name>`;
-    if (problem) {
-      logger.error({ problem }, "the Vertex AI endpoint cannot serve: exiting");
-      await server.shutdown(0);
-      console.error(`trellis-server: --allow-vertex-ai: ${problem}`);
-      process.exit(1);
-    }
-  }
-  if (flags.exitOnError && failed.length > 0) {
-    const names = failed;
-    logger.error({ failed: names }, "a model failed to load and --exit-on-error is set: exiting");
+  const stopping = reasonToStop(settings, manager, cloud.vertexAi !== undefined);
+  if (stopping) {
+    logger.error(stopping.detail, stopping.log);
     await server.shutdown(0);
-    console.error(
-      `trellis-server: ${names.length === 1 ? "model" : "models"} ${names.map((n) => `'${n}'`).join(", ")} failed to load (reason logged above); exiting as --exit-on-error is true (Triton's default; --exit-on-error=false serves the rest, not ready)`,
-    );
+    console.error(`trellis-server: ${stopping.message}`);
     process.exit(1);
   }
   logger.info(
     {
       ready: await manager.isReady(),
       models: index.filter((m) => m.state === "READY").length,
-      failed: failed.length,
+      failed: manager.failedModels().length,
       http: server.httpPort,
       grpc: server.grpcPort,
       metrics: server.metricsPort,

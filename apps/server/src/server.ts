@@ -198,12 +198,85 @@ function listen(server: http.Server | http2.Http2Server, port: number, host: str
   });
 }
 
-export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
-  const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
-  // Triton lists system_shared_memory (and cuda_shared_memory) with client shared memory off too.
-  const extensions = [...EXTENSIONS];
-  const serverName = options.serverName ?? SERVER_NAME;
-  const serveOptions = {
+/**
+ * Counts requests in flight on every listener (a gRPC stream, an HTTP request) and, at shutdown,
+ * drains them: new requests on open keep-alive connections are told `Connection: close`, and
+ * `drain` resolves once none is left (or the deadline passes).
+ */
+class RequestsInFlight {
+  active = 0;
+  stopping = false;
+  /** The open connections of the HTTP listeners that count requests, for shutdown to drain. */
+  readonly httpSockets = new Set<net.Socket>();
+  // While shutdown drains: called whenever a request finishes or an HTTP connection closes.
+  private onChange: (() => void) | undefined;
+  private readonly done = () => {
+    this.active--;
+    this.onChange?.();
+  };
+
+  countGrpc(grpc: http2.Http2Server | http2.Http2SecureServer): void {
+    grpc.on("stream", (stream, headers) => {
+      if (headers[":path"] === HEALTH_WATCH) return;
+      this.active++;
+      stream.on("close", this.done);
+    });
+  }
+
+  countHttp(server: http.Server): void {
+    // Before the handler (prepended), so the header is set before any answer is written.
+    server.prependListener("request", (req, res) => {
+      if (req.url === HEALTH_WATCH) return;
+      this.active++;
+      // Keep-alive connections would otherwise keep bringing new requests during shutdown.
+      if (this.stopping) res.setHeader("connection", "close");
+      res.on("close", this.done);
+    });
+    server.on("connection", (socket: net.Socket) => {
+      this.httpSockets.add(socket);
+      socket.once("close", () => {
+        this.httpSockets.delete(socket);
+        this.onChange?.();
+      });
+    });
+  }
+
+  /**
+   * Waits until no request is in flight and no HTTP connection is open (one with no request is
+   * kept only until `graceEnd`, a request its client just sent may be on the wire), or until
+   * `timeoutMs` has passed; true when it timed out.
+   */
+  drain(began: number, graceEnd: number, timeoutMs: number): Promise<boolean> {
+    return new Promise<boolean>((resolve) => {
+      const finish = (timedOut: boolean) => {
+        clearTimeout(grace);
+        clearTimeout(deadline);
+        this.onChange = undefined;
+        resolve(timedOut);
+      };
+      this.onChange = () => {
+        if (this.active === 0 && (this.httpSockets.size === 0 || Date.now() >= graceEnd)) finish(false);
+      };
+      const grace = setTimeout(() => this.onChange?.(), graceEnd - began);
+      const deadline = setTimeout(() => finish(true), timeoutMs);
+      this.onChange();
+    });
+  }
+}
+
+/** What the listeners share: the server's identity for metadata, its logger and its bounds. */
+interface Shared {
+  manager: RepositoryManager;
+  options: ServerOptions;
+  serverName: string;
+  extensions: string[];
+  decompressionBudget: DecompressionBudget;
+  timeouts: HttpTimeouts;
+}
+
+/** The gRPC and health services, as the gRPC port and the HTTP port's Connect routes serve them. */
+function serveOptionsOf({ options, serverName, extensions }: Shared) {
+  return {
     serverName,
     serverVersion: SERVER_VERSION,
     extensions,
@@ -213,24 +286,15 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     // gRPC-Web and Connect calls on the HTTP port are the gRPC protocol: the gRPC pattern holds for them.
     forwardHeaders: options.forwardHeaders?.grpc,
     // Error detail withheld from clients (paths, addresses) goes to the log.
-    logger,
+    logger: options.logger,
   };
-  const routes = serveStage(manager, serveOptions);
-  let active = 0;
-  let stopping = false;
-  // While shutdown drains: called whenever a request finishes or an HTTP connection closes.
-  let onChange: (() => void) | undefined;
-  const done = () => {
-    active--;
-    onChange?.();
-  };
+}
 
-  // One budget for decompressed requests, whichever port they come in on.
-  const decompressionBudget = decompressionBudgetOf(options);
-
-  // gRPC: each HTTP/2 stream is one call.
-  const { server: grpc, sessions } = createGrpcServer(manager, {
-    ...serveOptions,
+/** gRPC: each HTTP/2 stream is one call. A session opened while stopping gets GOAWAY straight away. */
+function grpcListener(shared: Shared, inFlight: RequestsInFlight) {
+  const { options, manager, decompressionBudget } = shared;
+  const grpc = createGrpcServer(manager, {
+    ...serveOptionsOf(shared),
     maxInputBytes: options.grpcMaxInputBytes,
     maxInputFlag: "--grpc-max-input-size",
     decompressionBudget,
@@ -238,24 +302,22 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     restrictions: options.grpcRestrictions,
     responseCompression: options.grpcResponseCompression,
   });
-  grpc.on("session", (s) => {
-    // A session opened while stopping gets GOAWAY straight away.
-    if (stopping) s.close();
-    else manageGrpcConnection(s, options.grpcConnections ?? {}, logger);
+  grpc.server.on("session", (s) => {
+    if (inFlight.stopping) s.close();
+    else manageGrpcConnection(s, options.grpcConnections ?? {}, options.logger);
   });
-  grpc.on("stream", (stream, headers) => {
-    if (headers[":path"] === HEALTH_WATCH) return;
-    active++;
-    stream.on("close", done);
-  });
+  inFlight.countGrpc(grpc.server);
+  return grpc;
+}
 
-  // HTTP/1.1: REST, with the Connect routes mounted too (gRPC-Web / Connect over HTTP/1.1).
-  const restContext: RestContext = {
+function restContextOf(shared: Shared): RestContext {
+  const { manager, options, serverName, extensions, decompressionBudget } = shared;
+  return {
     registry: manager,
     serverName,
     serverVersion: SERVER_VERSION,
     extensions,
-    logger,
+    logger: options.logger,
     maxInputBytes: options.httpMaxInputBytes,
     decompressionBudget,
     logSettings: options.logSettings,
@@ -264,59 +326,75 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     restrictions: options.httpRestrictions,
     forwardHeaders: options.forwardHeaders?.http,
   };
-  const rest = restHandler(restContext);
-  // The page (/ui): off with --ui false, and whenever --http-restricted-api guards any part of the API.
+}
+
+/** The page (/ui): off with --ui false, and whenever --http-restricted-api guards any part of the API. */
+function pageHandler(options: ServerOptions): ReturnType<typeof uiHandler> | undefined {
   const uiAssets = options.ui === false ? undefined : readUiAssets();
   const restricted = Object.keys(options.httpRestrictions ?? {}).length > 0;
-  if (uiAssets && restricted) logger.info("the page (/ui) is off: the HTTP API is restricted (--http-restricted-api)");
-  else if (uiAssets?.size === 0) logger.debug("the page (/ui) is off: it was not built (dist/ui)");
-  const ui = uiAssets && uiAssets.size > 0 && !restricted ? uiHandler(uiAssets) : undefined;
-  const httpFallback: typeof rest = ui
+  if (uiAssets && restricted) {
+    options.logger.info("the page (/ui) is off: the HTTP API is restricted (--http-restricted-api)");
+  } else if (uiAssets?.size === 0) options.logger.debug("the page (/ui) is off: it was not built (dist/ui)");
+  return uiAssets && uiAssets.size > 0 && !restricted ? uiHandler(uiAssets) : undefined;
+}
+
+/** HTTP/1.1: REST and the page, with the Connect routes mounted too (gRPC-Web / Connect over HTTP/1.1). */
+function httpListener(shared: Shared, ui: ReturnType<typeof uiHandler> | undefined): http.Server {
+  const { options, manager, decompressionBudget, timeouts } = shared;
+  const rest = restHandler(restContextOf(shared));
+  const fallback: typeof rest = ui
     ? (req, res) => {
         if (!ui(req, res)) rest(req, res);
       }
     : rest;
-  // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too.
-  const timeouts = options.httpTimeouts ?? {};
-  const httpServer = httpServerWith(
+  return httpServerWith(
     timeouts,
     connectNodeAdapter({
-      routes,
-      fallback: httpFallback as NodeHandlerFn,
+      routes: serveStage(manager, serveOptionsOf(shared)),
+      fallback: fallback as NodeHandlerFn,
+      // gRPC-Web and Connect calls on this port are HTTP request bodies: --http-max-input-size holds for them too,
       readMaxBytes: options.httpMaxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES,
-      // gRPC-Web and Connect calls on the HTTP port come under the HTTP port's restrictions.
+      // and the HTTP port's restrictions.
       interceptors: options.httpRestrictions ? [restrictionInterceptor(options.httpRestrictions)] : [],
       ...serverCompression("--http-max-input-size", decompressionBudget),
     }),
     decompressionBudget,
   );
-  // Before the handler (prepended), so the header is set before any answer is written.
-  httpServer.prependListener("request", (req, res) => {
-    if (req.url === HEALTH_WATCH) return;
-    active++;
-    // Keep-alive connections would otherwise keep bringing new requests during shutdown.
-    if (stopping) res.setHeader("connection", "close");
-    res.on("close", done);
-  });
+}
 
-  // SageMaker's routes, answered by the same REST handler, counted in flight like HTTP's.
-  let sagemakerServer: http.Server | undefined;
-  if (options.sagemaker) {
-    const { SAGEMAKER_BINARY_MIME, sageMakerHandler } = await import("@trellis/frontends/cloud");
-    const handler = sageMakerHandler(
-      restHandler({ ...restContext, binaryMime: SAGEMAKER_BINARY_MIME }),
-      options.sagemaker.options,
-    );
-    sagemakerServer = httpServerWith(timeouts, handler, decompressionBudget);
-  }
-  sagemakerServer?.prependListener("request", (_req, res) => {
-    active++;
-    if (stopping) res.setHeader("connection", "close");
-    res.on("close", done);
-  });
+/** SageMaker's and Vertex AI's listeners, answered by the REST handler with their binary content types. */
+async function cloudListeners(
+  shared: Shared,
+  metrics: ReturnType<typeof createMetrics>,
+): Promise<{ sagemaker?: http.Server; vertexAi?: http.Server }> {
+  const { options, decompressionBudget, timeouts } = shared;
+  if (!options.sagemaker && !options.vertexAi) return {};
+  const cloud = await import("@trellis/frontends/cloud");
+  const rest = (binaryMime: string) => restHandler({ ...restContextOf(shared), binaryMime });
+  return {
+    sagemaker: options.sagemaker
+      ? httpServerWith(
+          timeouts,
+          cloud.sageMakerHandler(rest(cloud.SAGEMAKER_BINARY_MIME), options.sagemaker.options),
+          decompressionBudget,
+        )
+      : undefined,
+    vertexAi: options.vertexAi
+      ? httpServerWith(
+          timeouts,
+          cloud.vertexAiHandler(rest(cloud.VERTEX_AI_BINARY_MIME), {
+            ...options.vertexAi.options,
+            metrics: () => metrics.scrape(),
+          }),
+          decompressionBudget,
+        )
+      : undefined,
+  };
+}
 
-  const metrics = createMetrics(manager, logger, options.metrics);
-  const metricsServer = httpServerWith(timeouts, (req, res) => {
+/** Prometheus's scrape endpoint, GET /metrics. */
+function metricsListener(metrics: ReturnType<typeof createMetrics>, timeouts: HttpTimeouts): http.Server {
+  return httpServerWith(timeouts, (req, res) => {
     if (req.method === "GET" && (req.url ?? "").split("?")[0] === "/metrics") {
       metrics.scrape().then(
         (text) => {
@@ -333,50 +411,32 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     res.writeHead(404, { "content-type": "text/plain" });
     res.end("Not Found");
   });
+}
 
-  let vertexAiServer: http.Server | undefined;
-  if (options.vertexAi) {
-    const { VERTEX_AI_BINARY_MIME, vertexAiHandler } = await import("@trellis/frontends/cloud");
-    const handler = vertexAiHandler(restHandler({ ...restContext, binaryMime: VERTEX_AI_BINARY_MIME }), {
-      ...options.vertexAi.options,
-      metrics: () => metrics.scrape(),
-    });
-    vertexAiServer = httpServerWith(timeouts, handler, decompressionBudget);
-  }
-  vertexAiServer?.prependListener("request", (_req, res) => {
-    active++;
-    if (stopping) res.setHeader("connection", "close");
-    res.on("close", done);
-  });
-  // The cloud endpoints' listeners, closed with HTTP's at shutdown.
-  const cloudServers = [sagemakerServer, vertexAiServer].filter((x): x is http.Server => x !== undefined);
-  // The open connections of the HTTP listeners that count requests in flight, for shutdown to drain.
-  const httpSockets = new Set<net.Socket>();
-  for (const s of [httpServer, ...cloudServers]) {
-    s.on("connection", (socket: net.Socket) => {
-      httpSockets.add(socket);
-      socket.once("close", () => {
-        httpSockets.delete(socket);
-        onChange?.();
-      });
-    });
-  }
+interface Listeners {
+  grpc: ReturnType<typeof createGrpcServer>;
+  http: http.Server;
+  metrics: http.Server;
+  sagemaker?: http.Server;
+  vertexAi?: http.Server;
+}
 
-  // A listener that is not allowed is never opened (closing it at shutdown is then a no-op).
+/** Opens the listeners allowed (one not allowed is never opened; closing it at shutdown is a no-op) and logs each. */
+async function openListeners(options: ServerOptions, listeners: Listeners) {
+  const { logger, host = "127.0.0.1", httpPort = 8000, grpcPort = 8001, metricsPort = 8002 } = options;
   const allow = { http: true, grpc: true, metrics: true, ...options.allow };
   const at = {
     http: options.addresses?.http ?? host,
     grpc: options.addresses?.grpc ?? host,
     metrics: options.addresses?.metrics ?? host,
   };
+  const { sagemaker, vertexAi } = listeners;
   const ports = {
-    grpcPort: allow.grpc ? await listen(grpc, grpcPort, at.grpc) : undefined,
-    httpPort: allow.http ? await listen(httpServer, httpPort, at.http) : undefined,
-    metricsPort: allow.metrics ? await listen(metricsServer, metricsPort, at.metrics) : undefined,
-    sagemakerPort:
-      sagemakerServer && options.sagemaker ? await listen(sagemakerServer, options.sagemaker.port, host) : undefined,
-    vertexAiPort:
-      vertexAiServer && options.vertexAi ? await listen(vertexAiServer, options.vertexAi.port, host) : undefined,
+    grpcPort: allow.grpc ? await listen(listeners.grpc.server, grpcPort, at.grpc) : undefined,
+    httpPort: allow.http ? await listen(listeners.http, httpPort, at.http) : undefined,
+    metricsPort: allow.metrics ? await listen(listeners.metrics, metricsPort, at.metrics) : undefined,
+    sagemakerPort: sagemaker && options.sagemaker ? await listen(sagemaker, options.sagemaker.port, host) : undefined,
+    vertexAiPort: vertexAi && options.vertexAi ? await listen(vertexAi, options.vertexAi.port, host) : undefined,
   };
   if (allow.grpc) {
     const tls = options.grpcTls !== undefined;
@@ -384,64 +444,91 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
   }
   if (allow.http) logger.info({ protocol: "http", host: at.http, port: ports.httpPort }, "listening");
   if (allow.metrics) logger.info({ protocol: "metrics", host: at.metrics, port: ports.metricsPort }, "listening");
-  if (sagemakerServer) logger.info({ protocol: "sagemaker", host, port: ports.sagemakerPort }, "listening");
-  if (vertexAiServer) logger.info({ protocol: "vertex-ai", host, port: ports.vertexAiPort }, "listening");
+  if (sagemaker) logger.info({ protocol: "sagemaker", host, port: ports.sagemakerPort }, "listening");
+  if (vertexAi) logger.info({ protocol: "vertex-ai", host, port: ports.vertexAiPort }, "listening");
+  return { ports, httpAddress: at.http };
+}
 
-  const close = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
+const closeServer = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
 
+/**
+ * Stops accepting, lets requests in flight finish (at most `timeoutMs`), then closes every
+ * connection, unloads every model and flushes traces.
+ */
+async function shutDown(
+  shared: Shared,
+  listeners: Listeners,
+  inFlight: RequestsInFlight,
+  metrics: ReturnType<typeof createMetrics>,
+  timeoutMs: number,
+): Promise<{ timedOut: boolean }> {
+  const { manager, options } = shared;
+  const { logger } = options;
+  inFlight.stopping = true;
+  manager.beginShutdown();
+  const began = Date.now();
+  const httpServers = [listeners.http, listeners.sagemaker, listeners.vertexAi].filter(
+    (x): x is http.Server => x !== undefined,
+  );
+  // Stop accepting. http.Server's close() would also close its idle keep-alive connections
+  // at once, and a connection idle here may already carry a request its client has sent:
+  // closing it resets that request. So only the listeners close (net.Server's close), and
+  // the HTTP connections are drained below.
+  const stopListening = (s: http.Server) =>
+    new Promise<void>((resolve) => net.Server.prototype.close.call(s, () => resolve()));
+  const closed = Promise.all([closeServer(listeners.grpc.server), ...httpServers.map(stopListening)]);
+  // GOAWAY: calls in flight finish, new ones go elsewhere.
+  for (const s of listeners.grpc.sessions) s.close();
+  if (inFlight.active > 0) {
+    logger.info(
+      { inflight: inFlight.active, timeoutSecs: timeoutMs / 1000 },
+      "waiting for in-flight requests to complete",
+    );
+  }
+  const graceEnd = began + Math.min(SHUTDOWN_IDLE_GRACE_MS, timeoutMs);
+  const timedOut = await inFlight.drain(began, graceEnd, timeoutMs);
+  if (timedOut)
+    logger.warn({ inflight: inFlight.active }, "exit timeout expired; closing with requests still in flight");
+  for (const s of listeners.grpc.sessions) s.destroy();
+  for (const socket of inFlight.httpSockets) socket.destroy();
+  await closed;
+  // http.Server's own close() now, with no connection left, only stops its timeout checks.
+  for (const s of httpServers) s.close();
+  await manager.close();
+  await options.tracing?.flush();
+  metrics.close();
+  options.sharedMemory?.close();
+  await closeServer(listeners.metrics);
+  return { timedOut };
+}
+
+export async function startServer(manager: RepositoryManager, options: ServerOptions): Promise<RunningServer> {
+  const shared: Shared = {
+    manager,
+    options,
+    serverName: options.serverName ?? SERVER_NAME,
+    // Triton lists system_shared_memory (and cuda_shared_memory) with client shared memory off too.
+    extensions: [...EXTENSIONS],
+    // One budget for decompressed requests, whichever port they come in on.
+    decompressionBudget: decompressionBudgetOf(options),
+    timeouts: options.httpTimeouts ?? {},
+  };
+  const inFlight = new RequestsInFlight();
+  const metrics = createMetrics(manager, options.logger, options.metrics);
+  const ui = pageHandler(options);
+  const listeners: Listeners = {
+    grpc: grpcListener(shared, inFlight),
+    http: httpListener(shared, ui),
+    metrics: metricsListener(metrics, shared.timeouts),
+    ...(await cloudListeners(shared, metrics)),
+  };
+  // SageMaker's and Vertex AI's requests are counted in flight like HTTP's.
+  for (const s of [listeners.http, listeners.sagemaker, listeners.vertexAi]) if (s) inFlight.countHttp(s);
+  const { ports, httpAddress } = await openListeners(options, listeners);
   return {
     ...ports,
-    uiUrl: ui && ports.httpPort !== undefined ? pageUrl(at.http, ports.httpPort) : undefined,
-    inflight: () => active,
-    async shutdown(timeoutMs) {
-      stopping = true;
-      manager.beginShutdown();
-      const began = Date.now();
-      // Stop accepting. http.Server's close() would also close its idle keep-alive connections
-      // at once, and a connection idle here may already carry a request its client has sent:
-      // closing it resets that request. So only the listeners close (net.Server's close), and
-      // the HTTP connections are drained below.
-      const stopListening = (s: http.Server) =>
-        new Promise<void>((resolve) => net.Server.prototype.close.call(s, () => resolve()));
-      const closed = Promise.all([close(grpc), ...[httpServer, ...cloudServers].map(stopListening)]);
-      // GOAWAY: calls in flight finish, new ones go elsewhere.
-      for (const s of sessions) s.close();
-      // Requests in flight finish (their responses, and any request that still comes on an open
-      // connection, say `Connection: close`); a connection with none is kept for a short grace.
-      const graceEnd = began + Math.min(SHUTDOWN_IDLE_GRACE_MS, timeoutMs);
-      if (active > 0) {
-        logger.info({ inflight: active, timeoutSecs: timeoutMs / 1000 }, "waiting for in-flight requests to complete");
-      }
-      let timedOut = false;
-      await new Promise<void>((resolve) => {
-        const finish = () => {
-          clearTimeout(grace);
-          clearTimeout(deadline);
-          onChange = undefined;
-          resolve();
-        };
-        onChange = () => {
-          if (active === 0 && (httpSockets.size === 0 || Date.now() >= graceEnd)) finish();
-        };
-        const grace = setTimeout(() => onChange?.(), graceEnd - began);
-        const deadline = setTimeout(() => {
-          timedOut = true;
-          finish();
-        }, timeoutMs);
-        onChange();
-      });
-      if (timedOut) logger.warn({ inflight: active }, "exit timeout expired; closing with requests still in flight");
-      for (const s of sessions) s.destroy();
-      for (const socket of httpSockets) socket.destroy();
-      await closed;
-      // http.Server's own close() now, with no connection left, only stops its timeout checks.
-      for (const s of [httpServer, ...cloudServers]) s.close();
-      await manager.close();
-      await options.tracing?.flush();
-      metrics.close();
-      options.sharedMemory?.close();
-      await close(metricsServer);
-      return { timedOut };
-    },
+    uiUrl: ui && ports.httpPort !== undefined ? pageUrl(httpAddress, ports.httpPort) : undefined,
+    inflight: () => inFlight.active,
+    shutdown: (timeoutMs) => shutDown(shared, listeners, inFlight, metrics, timeoutMs),
   };
 }
