@@ -15,7 +15,7 @@ import { join } from "node:path";
 import { createStage } from "@trellis/preprocess";
 import { type ModelConfig, parseModelConfig } from "@trellis/protocol";
 import { startWorkerInstances } from "@trellis/runtime";
-import { bytesTensor, type Stage } from "@trellis/stage";
+import { bytesTensor, defineStage, type Stage } from "@trellis/stage";
 import { fixtureImagesDir, modelsDir } from "@trellis/testing";
 import sharp from "sharp";
 
@@ -80,10 +80,10 @@ function oneAtATime(stage: Stage): Stage {
 }
 
 const runs: [string, () => Promise<Stage>][] = [
-  ["main thread, 1 instance", async () => oneAtATime(createStage(factoryOptions))],
+  ["main thread, 1 instance", async () => oneAtATime(defineStage(createStage(factoryOptions)))],
   ["1 worker instance", () => startWorkerInstances({ specifier, factoryOptions, instances: 1 })],
   ["2 worker instances", () => startWorkerInstances({ specifier, factoryOptions, instances: 2 })],
-  ["main thread, unbounded", async () => createStage(factoryOptions)],
+  ["main thread, unbounded", async () => defineStage(createStage(factoryOptions))],
 ];
 console.log(
   `preprocess seed mode, 1920x1080 JPEG, concurrency ${CONCURRENCY}: ${ROUNDS} rounds of ${SLICE} s per setup, interleaved`,

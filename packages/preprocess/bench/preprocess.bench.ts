@@ -12,7 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { bytesTensor } from "@trellis/stage";
 import sharp from "sharp";
-import { createPreprocess } from "../index.js";
+import { createPreprocess } from "@trellis/preprocess";
 
 const here = import.meta.dirname; // dist/bench
 const shared = process.env.TRELLIS_SHARED ?? join(here, "../../../../../shared");
