@@ -185,6 +185,117 @@ function tritonParameters(parameters: Parameters | undefined, stage: string): Pa
   return kept.length > 0 ? Object.fromEntries(kept) : undefined;
 }
 
+/** The bridge's settled link to the remote model: what each of its calls needs. */
+interface Link {
+  name: string;
+  version: string;
+  config: ModelConfig;
+  endpoint: string;
+  remote: Stage;
+  remoteName: string;
+  remoteLabel: string;
+  timeoutMs: number;
+  retries: { max: number; baseDelayMs: number };
+  plan: BridgePlan;
+  inputPlan: Map<string, TensorPlan>;
+  outputPlan: Map<string, TensorPlan>;
+  stats: StatisticsRecorder;
+}
+
+function abortError(link: Link, signal: AbortSignal): StageError {
+  const reason = signal.reason;
+  if (reason instanceof StageError) return reason;
+  return new StageError(Code.Canceled, link.name, `request to ${link.remoteLabel} cancelled`, { cause: reason });
+}
+
+/** Sends once; resends only what provably never left (connection refused and the like). */
+async function send(link: Link, request: InferRequest, signal: AbortSignal, started: number): Promise<InferResponse> {
+  const { retries, remoteName, remoteLabel } = link;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await link.remote.infer(request, { signal });
+    } catch (err) {
+      if (signal.aborted) throw abortError(link, signal);
+      if (neverSent(err) && attempt < retries.max) {
+        const delay = retries.baseDelayMs * 2 ** attempt;
+        if (Date.now() - started + delay < link.timeoutMs) {
+          await sleep(delay, signal);
+          if (signal.aborted) throw abortError(link, signal);
+          continue;
+        }
+      }
+      if (neverSent(err)) {
+        throw new StageError(
+          Code.Unavailable,
+          remoteName,
+          `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describeTransportError(err)}${
+            connectionRefused(err) ? "; nothing listens there. Is Triton running? Triton's log says why it stopped" : ""
+          }`,
+          { cause: err },
+        );
+      }
+      throw err instanceof StageError ? err : remoteError(err, remoteName, link.endpoint);
+    }
+  }
+}
+
+/** One request through the bridge: converted, sent under the bridge's deadline, converted back, recorded. */
+async function inferThrough(link: Link, request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
+  const { name, version, config, plan, stats, timeoutMs } = link;
+  const start = nowNs();
+  const started = Date.now();
+  const ctl = new AbortController();
+  const deadline = setTimeout(
+    () =>
+      ctl.abort(
+        new StageError(
+          Code.DeadlineExceeded,
+          name,
+          `${link.remoteLabel}: no response within ${timeoutMs} ms (timeout_ms)`,
+        ),
+      ),
+    timeoutMs,
+  );
+  const cancel = () => ctl.abort(opts?.signal?.reason);
+  if (opts?.signal?.aborted) cancel();
+  opts?.signal?.addEventListener("abort", cancel, { once: true });
+  try {
+    const inputs = request.inputs.map((t) => {
+      const p = link.inputPlan.get(t.name);
+      return p ? convert(t, p.local, p.remote) : t;
+    });
+    // Ask for the local outputs only: the engine may expose more than the step maps.
+    const outputs = request.outputs?.length ? request.outputs : plan.outputs.map((p) => ({ name: p.name }));
+    const t1 = nowNs();
+    const parameters = tritonParameters(request.parameters, name);
+    const res = await send(link, { ...request, inputs, outputs, parameters }, ctl.signal, started);
+    const t2 = nowNs();
+    const outs = res.outputs.map((t) => {
+      const p = link.outputPlan.get(t.name);
+      return p ? convert(t, p.remote, p.local) : t;
+    });
+    const t3 = nowNs();
+    const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
+    const times = { computeInputNs: t1 - start, computeInferNs: t2 - t1, computeOutputNs: t3 - t2 };
+    stats.executed(batch, times);
+    stats.requestSucceeded(t3 - start, batch, 0, times);
+    traceExecution(opts?.trace, start, start, t3, times);
+    return {
+      id: res.id ?? request.id,
+      modelName: name,
+      modelVersion: version,
+      outputs: outs,
+      parameters: res.parameters,
+    };
+  } catch (err) {
+    stats.requestFailed(nowNs() - start);
+    throw err;
+  } finally {
+    clearTimeout(deadline);
+    opts?.signal?.removeEventListener("abort", cancel);
+  }
+}
+
 /**
  * Connects to the remote model, waits for it, checks it against the local
  * config and returns the bridge stage. Load errors name the remote model,
@@ -197,7 +308,6 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
   const remoteName = options.modelName || name;
   const remoteVersion = options.modelVersion ?? "";
   const timeoutMs = options.timeoutMs ?? DEFAULTS.timeoutMs;
-  const retries = options.retries ?? DEFAULTS.retries;
   const remoteLabel = `remote model ${remoteName}${remoteVersion ? ` version ${remoteVersion}` : ""} at ${endpoint}`;
   if (!endpoint) throw new StageError(Code.InvalidArgument, name, "no endpoint: set parameter endpoint");
 
@@ -244,47 +354,21 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
       "converting FP32 <-> FP16 at the bridge",
     );
   }
-  const inputPlan = new Map(plan.inputs.map((p) => [p.name, p]));
-  const outputPlan = new Map(plan.outputs.map((p) => [p.name, p]));
-  const stats = new StatisticsRecorder(name, version);
-
-  /** Sends once; resends only what provably never left (connection refused and the like). */
-  async function send(request: InferRequest, signal: AbortSignal, started: number): Promise<InferResponse> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await remote.infer(request, { signal });
-      } catch (err) {
-        if (signal.aborted) throw abortError(signal);
-        if (neverSent(err) && attempt < retries.max) {
-          const delay = retries.baseDelayMs * 2 ** attempt;
-          if (Date.now() - started + delay < timeoutMs) {
-            await sleep(delay, signal);
-            if (signal.aborted) throw abortError(signal);
-            continue;
-          }
-        }
-        if (neverSent(err)) {
-          throw new StageError(
-            Code.Unavailable,
-            remoteName,
-            `${remoteLabel}: unreachable after ${attempt + 1} attempt(s): ${describeTransportError(err)}${
-              connectionRefused(err)
-                ? "; nothing listens there. Is Triton running? Triton's log says why it stopped"
-                : ""
-            }`,
-            { cause: err },
-          );
-        }
-        throw err instanceof StageError ? err : remoteError(err, remoteName, endpoint);
-      }
-    }
-  }
-
-  function abortError(signal: AbortSignal): StageError {
-    const reason = signal.reason;
-    if (reason instanceof StageError) return reason;
-    return new StageError(Code.Canceled, name, `request to ${remoteLabel} cancelled`, { cause: reason });
-  }
+  const link: Link = {
+    name,
+    version,
+    config,
+    endpoint,
+    remote,
+    remoteName,
+    remoteLabel,
+    timeoutMs,
+    retries: options.retries ?? DEFAULTS.retries,
+    plan,
+    inputPlan: new Map(plan.inputs.map((p) => [p.name, p])),
+    outputPlan: new Map(plan.outputs.map((p) => [p.name, p])),
+    stats: new StatisticsRecorder(name, version),
+  };
 
   return {
     name,
@@ -298,61 +382,8 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
       }
     },
     metadata: () => localMetadata,
-    async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
-      const start = nowNs();
-      const started = Date.now();
-      const ctl = new AbortController();
-      const deadline = setTimeout(
-        () =>
-          ctl.abort(
-            new StageError(
-              Code.DeadlineExceeded,
-              name,
-              `${remoteLabel}: no response within ${timeoutMs} ms (timeout_ms)`,
-            ),
-          ),
-        timeoutMs,
-      );
-      const cancel = () => ctl.abort(opts?.signal?.reason);
-      if (opts?.signal?.aborted) cancel();
-      opts?.signal?.addEventListener("abort", cancel, { once: true });
-      try {
-        const inputs = request.inputs.map((t) => {
-          const p = inputPlan.get(t.name);
-          return p ? convert(t, p.local, p.remote) : t;
-        });
-        // Ask for the local outputs only: the engine may expose more than the step maps.
-        const outputs = request.outputs?.length ? request.outputs : plan.outputs.map((p) => ({ name: p.name }));
-        const t1 = nowNs();
-        const parameters = tritonParameters(request.parameters, name);
-        const res = await send({ ...request, inputs, outputs, parameters }, ctl.signal, started);
-        const t2 = nowNs();
-        const outs = res.outputs.map((t) => {
-          const p = outputPlan.get(t.name);
-          return p ? convert(t, p.remote, p.local) : t;
-        });
-        const t3 = nowNs();
-        const batch = config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1;
-        const times = { computeInputNs: t1 - start, computeInferNs: t2 - t1, computeOutputNs: t3 - t2 };
-        stats.executed(batch, times);
-        stats.requestSucceeded(t3 - start, batch, 0, times);
-        traceExecution(opts?.trace, start, start, t3, times);
-        return {
-          id: res.id ?? request.id,
-          modelName: name,
-          modelVersion: version,
-          outputs: outs,
-          parameters: res.parameters,
-        };
-      } catch (err) {
-        stats.requestFailed(nowNs() - start);
-        throw err;
-      } finally {
-        clearTimeout(deadline);
-        opts?.signal?.removeEventListener("abort", cancel);
-      }
-    },
-    statistics: (): ModelStatistics => stats.snapshot(),
+    infer: (request: InferRequest, opts?: InferOptions): Promise<InferResponse> => inferThrough(link, request, opts),
+    statistics: (): ModelStatistics => link.stats.snapshot(),
     close: async () => transport.close(),
   };
 }
