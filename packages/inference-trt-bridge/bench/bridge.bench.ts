@@ -2,10 +2,10 @@
 // loopback gRPC against an echo stage (no model work, so the figure is the bridge + transport).
 
 import { listenStage } from "@trellis/frontends";
+import { createTrtBridge } from "@trellis/inference-trt-bridge";
 import { parseModelConfig } from "@trellis/protocol";
 import { defineStage, type Stage, tensor } from "@trellis/stage";
 import { float16ArrayToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "@trellis/stage/backend";
-import { createTrtBridge } from "../bridge.js";
 
 const config = parseModelConfig(`
 name: "echo" max_batch_size: 256
