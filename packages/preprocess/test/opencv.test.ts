@@ -26,6 +26,8 @@ function pythonWithCv2(): { python: string; version: string } | undefined {
 }
 
 const cv2 = pythonWithCv2();
+// CI installs python3-opencv (.ci/run): there a missing cv2 is a failure, not a skip.
+if (!cv2 && process.env.CI) throw new Error("python3 with cv2 not found in CI (apt-get install python3-opencv)");
 if (!cv2)
   console.log("python3 with cv2 not found: the OpenCV comparisons are skipped (apt-get install python3-opencv)");
 
