@@ -38,7 +38,7 @@ const LAYERS = {
   "@trellis/frontends": [...CONTRACT, "@trellis/kserve"],
   "@trellis/inference-onnx": SERVING,
   "@trellis/inference-trt-bridge": SERVING,
-  "@trellis/model-loader": [
+  "@trellis/model-repository": [
     ...SERVING,
     "@trellis/inference-onnx",
     "@trellis/inference-trt-bridge",

@@ -16,7 +16,7 @@ import {
   RepositoryManager,
   readEndpointsFile,
   scanRepository,
-} from "@trellis/model-loader";
+} from "@trellis/model-repository";
 import { importInInstanceThreads, ResponseCache, type ResponseStore } from "@trellis/runtime";
 import { prepareSeedModels } from "./cli/bootstrap.js";
 import { type Flags, program, readCommandLine, UsageError } from "./cli/cli.js";

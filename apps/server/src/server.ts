@@ -33,7 +33,7 @@ import {
   holdDecompressedUntilClose,
   type SystemSharedMemory,
 } from "@trellis/kserve/wire";
-import type { RepositoryManager } from "@trellis/model-loader";
+import type { RepositoryManager } from "@trellis/model-repository";
 import { createMetrics, type MetricsOptions } from "./observability/metrics.js";
 import { readUiAssets, uiHandler } from "./web-page.js";
 

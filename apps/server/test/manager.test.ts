@@ -7,7 +7,7 @@ import { gzipSync } from "node:zlib";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { httpStatus, listenStage } from "@trellis/frontends";
 import { grpcTransport } from "@trellis/kserve";
-import { ManagedStage, modelLoader, RepositoryManager } from "@trellis/model-loader";
+import { ManagedStage, modelLoader, RepositoryManager } from "@trellis/model-repository";
 import { GRPCInferenceService, parseModelConfig } from "@trellis/protocol";
 import { Code, type Stage, tensor } from "@trellis/stage";
 import { removeDir } from "@trellis/testing";

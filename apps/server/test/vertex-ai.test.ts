@@ -7,7 +7,7 @@
  * shutdown closes its listener.
  */
 import net from "node:net";
-import { modelLoader, RepositoryManager } from "@trellis/model-loader";
+import { modelLoader, RepositoryManager } from "@trellis/model-repository";
 import { removeDir, type ServerProcess, startServerProcess, startupRefusal } from "@trellis/testing";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startServer } from "../src/server.js";

@@ -24,7 +24,7 @@ import {
   DEFAULT_MAX_LOAD_FILES,
   DEFAULT_MAX_QUEUE_SIZE,
   defaultMaxInstancesPerModel,
-} from "@trellis/model-loader";
+} from "@trellis/model-repository";
 import { RateLimiter } from "@trellis/runtime";
 import { Command, InvalidArgumentError, Option } from "commander";
 import type { MetricsOptions } from "../observability/metrics.js";

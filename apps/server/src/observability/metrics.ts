@@ -4,7 +4,7 @@
  * metrics and the statistics API can never disagree.
  */
 import { cpus, freemem, totalmem } from "node:os";
-import type { ManagedStage } from "@trellis/model-loader";
+import type { ManagedStage } from "@trellis/model-repository";
 import type { ModelStatistics } from "@trellis/protocol";
 import { observeFirstResponses, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";

@@ -12,10 +12,10 @@
  */
 import { cpus } from "node:os";
 import { createEnsemble } from "@trellis/ensemble-runner";
+import { loadStage, scanRepository } from "@trellis/model-repository";
 import { parseModelConfig } from "@trellis/protocol";
 import { defineStage, type InferRequest, type Stage, type Tensor, tensor } from "@trellis/stage";
 import { closedLoop, fixturePhotos, makeSeedRepository, median, readFixtureImage, removeDir } from "@trellis/testing";
-import { loadStage, scanRepository } from "../index.js";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 32);
