@@ -93,8 +93,9 @@ it("a process serving one TypeScript stage loads no ioredis, OpenTelemetry, onnx
   for (const module of [
     "/apps/server/dist/observability/otel.js",
     "/apps/server/dist/integrations/redis-cache.js",
-    "/apps/server/dist/frontends/sagemaker.js",
-    "/apps/server/dist/frontends/vertex-ai.js",
+    "/packages/frontends/dist/cloud-index.js",
+    "/packages/frontends/dist/http/sagemaker.js",
+    "/packages/frontends/dist/http/vertex-ai.js",
     "/tooling/dist/index.js",
   ]) {
     expect(urlsWith(loaded, module)).toEqual([]);
