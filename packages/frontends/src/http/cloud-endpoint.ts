@@ -5,7 +5,7 @@
  * HTTP/REST frontend does, as {"error": ...}.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { sendJson } from "./handler.js";
+import { sendJson } from "./body.js";
 
 export type Handler = (req: IncomingMessage, res: ServerResponse) => void;
 

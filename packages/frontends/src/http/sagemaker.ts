@@ -33,8 +33,8 @@ import { basename, dirname, join, relative, resolve, sep } from "node:path";
 import { Code } from "@trellis/stage";
 import { toConnectError } from "@trellis/stage/backend";
 import { type ApiRestrictions, restrictionError } from "../restrictions.js";
+import { sendJson } from "./body.js";
 import { forwardTo, type Handler, sendError } from "./cloud-endpoint.js";
-import { sendJson } from "./handler.js";
 
 /** What /invocations runs (SAGEMAKER_TRITON_INFERENCE_TYPE): KServe v2 infer, or the generate extension's routes. */
 const INFERENCE_TYPES = ["infer", "generate", "generate_stream"] as const;
