@@ -6,7 +6,12 @@
 import type http2 from "node:http2";
 import { type Client, ConnectError, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { GRPCInferenceService, type ModelConfig, type ModelStreamInferResponse } from "@trellis/protocol";
+import {
+  GRPCInferenceService,
+  type ModelConfig,
+  type ModelStatistics,
+  type ModelStreamInferResponse,
+} from "@trellis/protocol";
 import {
   Code,
   type InferOptions,
@@ -268,61 +273,68 @@ function pingUnanswered(err: unknown): boolean {
 /** "2 s", "0.5 s", "30 s". */
 const seconds = (ms: number) => `${Number((ms / 1000).toFixed(3))} s`;
 
-/**
- * Reads the remote model's config and metadata, then returns a Stage whose
- * infer() is a ModelInfer call (and, for a decoupled model, whose inferStream()
- * is a ModelStreamInfer stream). Tensors travel as raw_* contents.
- */
-export async function connectStage(
-  transport: Transport,
-  name: string,
-  options: ConnectStageOptions = {},
-): Promise<Stage> {
-  const client: InferenceClient = createClient(GRPCInferenceService, transport);
-  const version = options.version ?? "";
-  const label = options.remoteLabel ?? "";
-  const where = label ? `remote model ${name} at ${label}` : `remote model ${name}`;
-  const call = async <T>(fn: () => Promise<T>): Promise<T> => {
+/** How a connected stage reaches its remote model: its calls, and how their failures read and are logged. */
+class RemoteModel {
+  readonly client: InferenceClient;
+  /** "remote model NAME at LABEL": how errors name the remote. */
+  private readonly where: string;
+  private readonly label: string;
+  private readonly logged: { model: string; endpoint?: string };
+  /** Whether requests are failing for want of the remote: the log hears when this changes, not each request. */
+  private failing = false;
+
+  constructor(
+    transport: Transport,
+    readonly name: string,
+    readonly version: string,
+    private readonly options: ConnectStageOptions,
+  ) {
+    this.client = createClient(GRPCInferenceService, transport);
+    this.label = options.remoteLabel ?? "";
+    this.where = this.label ? `remote model ${name} at ${this.label}` : `remote model ${name}`;
+    this.logged = { model: name, ...(options.endpoint ? { endpoint: options.endpoint } : {}) };
+  }
+
+  /** Runs a unary call, re-raising its failure as the remote model's. */
+  async call<T>(fn: () => Promise<T>): Promise<T> {
     try {
       return await fn();
     } catch (err) {
-      throw remoteError(err, name, label);
+      throw remoteError(err, this.name, this.label);
     }
-  };
-  // Bounded by the request deadline too: a load must not hang on a remote that does not answer.
-  const bounded = options.timeoutMs ? { timeoutMs: options.timeoutMs } : {};
-  const configResponse = await call(() => client.modelConfig({ name, version }, bounded));
-  const config: ModelConfig | undefined = configResponse.config;
-  if (!config) throw new StageError(Code.Internal, name, `remote model ${name} returned no config`);
-  const metadata: StageMetadata = metadataFromWire(await call(() => client.modelMetadata({ name, version }, bounded)));
-  const servedVersion = version || metadata.versions.at(-1) || "1";
-  const { timeoutMs, logger } = options;
-  const logged = { model: name, ...(options.endpoint ? { endpoint: options.endpoint } : {}) };
+  }
 
-  // The log hears when requests start failing for want of the remote, and when it answers again; not each request.
-  let failing = false;
-  const answered = () => {
-    if (!failing) return;
-    failing = false;
-    logger?.info(logged, "remote model answering again");
-  };
-  const unreachable = (err: StageError, detail: unknown) => {
-    if (failing) return;
-    failing = true;
-    logger?.warn({ ...logged, error: err.rawMessage, detail: describeTransportError(detail) }, "remote model failing");
-  };
+  /** The remote answered: the log hears it if requests were failing. */
+  answered(): void {
+    if (!this.failing) return;
+    this.failing = false;
+    this.options.logger?.info(this.logged, "remote model answering again");
+  }
+
+  private unreachable(err: StageError, detail: unknown): void {
+    if (this.failing) return;
+    this.failing = true;
+    this.options.logger?.warn(
+      { ...this.logged, error: err.rawMessage, detail: describeTransportError(detail) },
+      "remote model failing",
+    );
+  }
 
   /** Why a call failed, as its caller should see it. */
-  const failure = (err: unknown, outer: AbortSignal | undefined, expired: boolean): StageError => {
+  failure(err: unknown, outer: AbortSignal | undefined, expired: boolean): StageError {
+    const { name, where } = this;
     if (expired) {
-      const e = new StageError(Code.DeadlineExceeded, name, `${where}: no answer within ${seconds(timeoutMs ?? 0)}`, {
-        cause: err,
-      });
-      unreachable(e, err);
+      const e = new StageError(
+        Code.DeadlineExceeded,
+        name,
+        `${where}: no answer within ${seconds(this.options.timeoutMs ?? 0)}`,
+        { cause: err },
+      );
+      this.unreachable(e, err);
       return e;
     }
     // The caller's own cancellation or deadline: the caller reports it.
-    if (outer?.aborted) return remoteError(err, name, label);
+    if (outer?.aborted) return remoteError(err, name, this.label);
     const ce = ConnectError.from(err);
     if (sentByServer(ce)) {
       // Its server is up but does not have the model (yet: it is starting, or reloading): not ours to call unknown.
@@ -330,51 +342,66 @@ export async function connectStage(
         const e = new StageError(Code.Unavailable, name, `${where} is not available on its server: ${ce.rawMessage}`, {
           cause: err,
         });
-        unreachable(e, err);
+        this.unreachable(e, err);
         return e;
       }
-      answered();
-      return remoteError(err, name, label);
+      this.answered();
+      return remoteError(err, name, this.label);
     }
-    const detail = options.redactTransportErrors ? "" : `: ${describeTransportError(err)}`;
-    let e: StageError;
+    const e = this.transportFailure(err);
+    this.unreachable(e, err);
+    return e;
+  }
+
+  /** A call that failed in transport (no status from the remote's server), named by how. */
+  private transportFailure(err: unknown): StageError {
+    const { name, where } = this;
+    const redact = this.options.redactTransportErrors;
+    const detail = redact ? "" : `: ${describeTransportError(err)}`;
     if (refusedBeforeProcessing(err)) {
       const sent = refusedAttemptCount(err);
-      e = new StageError(
+      return new StageError(
         Code.Unavailable,
         name,
         `${where}: refused by its server before processing (not run; sent ${sent} time${sent === 1 ? "" : "s"})${detail}`,
         { cause: err },
       );
-    } else if (neverSent(err)) {
-      e = new StageError(Code.Unavailable, name, `${where}: unreachable${detail}`, { cause: err });
-    } else if (pingUnanswered(err)) {
-      e = new StageError(
+    }
+    if (neverSent(err)) return new StageError(Code.Unavailable, name, `${where}: unreachable${detail}`, { cause: err });
+    if (pingUnanswered(err)) {
+      return new StageError(
         Code.Unavailable,
         name,
         `${where}: connection closed, its keepalive ping went unanswered (not resent: the request may have reached the server)`,
         { cause: err },
       );
-    } else if (isConnectionLost(err)) {
+    }
+    if (isConnectionLost(err)) {
       // A dropped connection is the remote going away, not our caller cancelling.
-      e = new StageError(
+      return new StageError(
         Code.Unavailable,
         name,
         `${where}: connection lost with the request in flight (not resent: it may have reached the server)${detail}`,
         { cause: err },
       );
-    } else if (options.redactTransportErrors) {
-      e = new StageError(Code.Unavailable, name, `${where}: unreachable or not answering`, { cause: err });
-    } else {
-      e = remoteError(err, name, label);
     }
-    unreachable(e, err);
-    return e;
-  };
+    if (redact) return new StageError(Code.Unavailable, name, `${where}: unreachable or not answering`, { cause: err });
+    return remoteError(err, name, this.label);
+  }
 
-  let isReady: () => boolean | Promise<boolean>;
-  const cached = options.cachedReadiness;
-  if (cached) {
+  /** isReady for the stage: the cached state (its first check made here), or a ModelReady call each time. */
+  async readiness(): Promise<() => boolean | Promise<boolean>> {
+    const { client, name, version, logged } = this;
+    const { cachedReadiness: cached, timeoutMs, logger } = this.options;
+    if (!cached) {
+      return async () => {
+        try {
+          return (await client.modelReady({ name, version })).ready;
+        } catch {
+          return false;
+        }
+      };
+    }
     const checkMs = cached.timeoutMs ?? Math.min(5000, timeoutMs || 5000);
     let known = false;
     const readiness = new ReadinessCache(
@@ -393,16 +420,93 @@ export async function connectStage(
     );
     await readiness.refresh();
     known = true;
-    isReady = () => readiness.get();
-  } else {
-    isReady = async () => {
-      try {
-        return (await client.modelReady({ name, version })).ready;
-      } catch {
-        return false;
-      }
-    };
+    return () => readiness.get();
   }
+
+  /** A ModelInfer call under the request's deadline. */
+  async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
+    const deadline = callDeadline(opts?.signal, this.options.timeoutMs);
+    let res: Awaited<ReturnType<InferenceClient["modelInfer"]>>;
+    try {
+      res = await this.client.modelInfer(inferRequestToWire(request, this.name, this.version), {
+        signal: deadline.signal,
+      });
+    } catch (err) {
+      throw this.failure(err, opts?.signal, deadline.expired());
+    } finally {
+      deadline.clear();
+    }
+    this.answered();
+    return inferResponseFromWire(res, this.name);
+  }
+
+  /**
+   * A decoupled model's responses over ModelStreamInfer: the request alone on a stream of its
+   * own, half-closed at once, so the stream ends with the model's last response.
+   */
+  async *inferStream(request: InferRequest, opts?: InferOptions): AsyncGenerator<InferResponse> {
+    const wire = inferRequestToWire(request, this.name, this.version);
+    async function* alone() {
+      yield wire;
+    }
+    // The deadline is each response's: a stream may run long, but not go silent that long.
+    const deadline = callDeadline(opts?.signal, this.options.timeoutMs);
+    let modelError: ConnectError | undefined;
+    try {
+      const answers: AsyncIterable<ModelStreamInferResponse> = this.client.modelStreamInfer(alone(), {
+        signal: deadline.signal,
+      });
+      for await (const answer of answers) {
+        deadline.restart();
+        // A stream answer's error carries no code (KServe v2 sends only its message).
+        if (answer.errorMessage) {
+          modelError = new ConnectError(answer.errorMessage, Code.Unknown);
+          throw modelError;
+        }
+        if (answer.inferResponse) yield inferResponseFromWire(answer.inferResponse, this.name);
+      }
+      this.answered();
+    } catch (err) {
+      // The model's own error, sent in a stream answer.
+      if (err === modelError) throw remoteError(err, this.name, this.label);
+      throw this.failure(err, opts?.signal, deadline.expired());
+    } finally {
+      deadline.clear();
+    }
+  }
+
+  async statistics(): Promise<ModelStatistics> {
+    const { client, name, version } = this;
+    const res = await this.call(() => client.modelStatistics({ name, version }));
+    const stats = res.modelStats[0];
+    if (!stats) throw new StageError(Code.NotFound, name, `remote model ${name} reported no statistics`);
+    return stats;
+  }
+}
+
+/**
+ * Reads the remote model's config and metadata, then returns a Stage whose
+ * infer() is a ModelInfer call (and, for a decoupled model, whose inferStream()
+ * is a ModelStreamInfer stream). Tensors travel as raw_* contents.
+ */
+export async function connectStage(
+  transport: Transport,
+  name: string,
+  options: ConnectStageOptions = {},
+): Promise<Stage> {
+  const version = options.version ?? "";
+  const remote = new RemoteModel(transport, name, version, options);
+  const { client } = remote;
+  // Bounded by the request deadline too: a load must not hang on a remote that does not answer.
+  const bounded = options.timeoutMs ? { timeoutMs: options.timeoutMs } : {};
+  const configResponse = await remote.call(() => client.modelConfig({ name, version }, bounded));
+  const config: ModelConfig | undefined = configResponse.config;
+  if (!config) throw new StageError(Code.Internal, name, `remote model ${name} returned no config`);
+  const metadata: StageMetadata = metadataFromWire(
+    await remote.call(() => client.modelMetadata({ name, version }, bounded)),
+  );
+  const servedVersion = version || metadata.versions.at(-1) || "1";
+  const isReady = await remote.readiness();
 
   const stage: Stage = {
     name,
@@ -410,60 +514,12 @@ export async function connectStage(
     config,
     isReady,
     metadata: () => metadata,
-    async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
-      const deadline = callDeadline(opts?.signal, timeoutMs);
-      let res: Awaited<ReturnType<InferenceClient["modelInfer"]>>;
-      try {
-        res = await client.modelInfer(inferRequestToWire(request, name, version), { signal: deadline.signal });
-      } catch (err) {
-        throw failure(err, opts?.signal, deadline.expired());
-      } finally {
-        deadline.clear();
-      }
-      answered();
-      return inferResponseFromWire(res, name);
-    },
-    statistics: async () => {
-      const res = await call(() => client.modelStatistics({ name, version }));
-      const stats = res.modelStats[0];
-      if (!stats) throw new StageError(Code.NotFound, name, `remote model ${name} reported no statistics`);
-      return stats;
-    },
+    infer: (request: InferRequest, opts?: InferOptions) => remote.infer(request, opts),
+    statistics: () => remote.statistics(),
     close: async () => {},
   };
   if (isDecoupled(config)) {
-    // A decoupled model's responses come over ModelStreamInfer: the request alone on a stream of
-    // its own, half-closed at once, so the stream ends with the model's last response.
-    stage.inferStream = async function* (request: InferRequest, opts?: InferOptions) {
-      const wire = inferRequestToWire(request, name, version);
-      async function* alone() {
-        yield wire;
-      }
-      // The deadline is each response's: a stream may run long, but not go silent that long.
-      const deadline = callDeadline(opts?.signal, timeoutMs);
-      let modelError: ConnectError | undefined;
-      try {
-        const answers: AsyncIterable<ModelStreamInferResponse> = client.modelStreamInfer(alone(), {
-          signal: deadline.signal,
-        });
-        for await (const answer of answers) {
-          deadline.restart();
-          // A stream answer's error carries no code (KServe v2 sends only its message).
-          if (answer.errorMessage) {
-            modelError = new ConnectError(answer.errorMessage, Code.Unknown);
-            throw modelError;
-          }
-          if (answer.inferResponse) yield inferResponseFromWire(answer.inferResponse, name);
-        }
-        answered();
-      } catch (err) {
-        // The model's own error, sent in a stream answer.
-        if (err === modelError) throw remoteError(err, name, label);
-        throw failure(err, opts?.signal, deadline.expired());
-      } finally {
-        deadline.clear();
-      }
-    };
+    stage.inferStream = (request: InferRequest, opts?: InferOptions) => remote.inferStream(request, opts);
   }
   return stage;
 }
