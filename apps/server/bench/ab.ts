@@ -26,6 +26,7 @@ import {
 } from "@trellis/testing";
 import { synthesizeResNet50 } from "@trellis/tooling";
 import { fullHdPhotos, PHOTOS } from "./photos.js";
+import { printRounds } from "./rounds.js";
 
 const BASELINE = process.env.AB_BASELINE;
 /** B: this checkout's server, unless AB_CANDIDATE names another build (AB_CANDIDATE=$AB_BASELINE: an A/A run, the bias of the method). */
@@ -94,18 +95,13 @@ try {
       );
     }
   }
-  const spread = (xs: number[]) => `${Math.min(...xs).toFixed(1)}-${Math.max(...xs).toFixed(1)}`;
-  console.log(
-    `\nconcurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s, model ${process.env.BENCH_MODEL ?? "mobilenet"}`,
-  );
-  for (const s of subjects) {
-    console.log(
-      `${s.label}: ${median(s.rates).toFixed(1)} req/s (rounds ${spread(s.rates)}), p50 ${median(s.p50s).toFixed(1)} ms (rounds ${spread(s.p50s)})`,
-    );
-  }
-  const ratios = subjects[1]!.rates.map((b, i) => b / subjects[0]!.rates[i]!);
-  console.log(
-    `B/A throughput per round: ${ratios.map((r) => r.toFixed(3)).join(", ")}; median ${median(ratios).toFixed(3)}`,
+  printRounds(
+    `concurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s, model ${process.env.BENCH_MODEL ?? "mobilenet"}`,
+    subjects,
+    {
+      name: "B/A",
+      values: subjects[1]!.rates.map((b, i) => b / subjects[0]!.rates[i]!),
+    },
   );
 } finally {
   for (const s of subjects) {

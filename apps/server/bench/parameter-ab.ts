@@ -21,6 +21,7 @@ import {
 } from "@trellis/testing";
 import { synthesizeResNet50 } from "@trellis/tooling";
 import { fullHdPhotos } from "./photos.js";
+import { printRounds } from "./rounds.js";
 
 const [KEY, VALUE] = (process.env.AB_PARAMETER ?? "exclusive_cpu=false").split("=") as [string, string];
 const MODEL = process.env.AB_MODEL ?? "resnet50_inference";
@@ -90,18 +91,13 @@ try {
       );
     }
   }
-  const spread = (xs: number[]) => `${Math.min(...xs).toFixed(1)}-${Math.max(...xs).toFixed(1)}`;
-  console.log(
-    `\n${MODEL} ${KEY}=${VALUE}; concurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s; model ${process.env.BENCH_MODEL ?? "resnet50 (synthetic)"}`,
-  );
-  for (const s of subjects) {
-    console.log(
-      `${s.label}: ${median(s.rates).toFixed(1)} req/s (rounds ${spread(s.rates)}), p50 ${median(s.p50s).toFixed(1)} ms (rounds ${spread(s.p50s)})`,
-    );
-  }
-  const ratios = subjects[0]!.rates.map((a, i) => a / subjects[1]!.rates[i]!);
-  console.log(
-    `A/B throughput per round: ${ratios.map((r) => r.toFixed(3)).join(", ")}; median ${median(ratios).toFixed(3)}`,
+  printRounds(
+    `${MODEL} ${KEY}=${VALUE}; concurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s; model ${process.env.BENCH_MODEL ?? "resnet50 (synthetic)"}`,
+    subjects,
+    {
+      name: "A/B",
+      values: subjects[0]!.rates.map((a, i) => a / subjects[1]!.rates[i]!),
+    },
   );
 } finally {
   for (const s of subjects) {
