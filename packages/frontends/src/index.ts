@@ -2,7 +2,8 @@
  * @trellis/frontends: the KServe v2 servers in front of a model registry. The gRPC frontend
  * (GRPCInferenceService plus health) and the HTTP/REST one (with Triton's binary tensors,
  * classification and generate) side by side, answering control calls
- * through one module (control.ts) so both give the same messages and codes. SageMaker's and
+ * through one module (control.ts) and inference through one path (infer.ts: each frontend
+ * supplies only its wire's decoder and encoder), so both give the same messages and codes. SageMaker's and
  * Vertex AI's routes over the HTTP frontend are under "@trellis/frontends/cloud".
  */
 export {

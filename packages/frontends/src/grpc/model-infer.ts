@@ -134,17 +134,22 @@ function decode(message: Uint8Array): ModelInferRequest {
   }
 }
 
-/**
- * The fast path for `infer`, refusing messages over `readMaxBytes` like Connect's readMaxBytes does
- * (naming `maxInputFlag`, the setting that raises it, when given), and calls `refuse` says are not
- * allowed (restricted APIs) before reading them.
- */
+/** How the fast path reads calls and answers them. */
+export interface ModelInferHandlerOptions {
+  /** Messages over it are refused, as Connect's readMaxBytes does. */
+  readMaxBytes: number;
+  /** Refuses calls that are not allowed (restricted APIs) before reading them. */
+  refuse?: (headers: http2.IncomingHttpHeaders) => ConnectError | undefined;
+  /** Response compression (default none). */
+  compression?: ResponseCompressionLevel;
+  /** The setting that raises readMaxBytes, named in its refusals. */
+  maxInputFlag?: string;
+}
+
+/** The fast path for `infer` (see ModelInferHandlerOptions). */
 export function grpcModelInferHandler(
   infer: ModelInferFn,
-  readMaxBytes: number,
-  refuse?: (headers: http2.IncomingHttpHeaders) => ConnectError | undefined,
-  compression: ResponseCompressionLevel = "none",
-  maxInputFlag?: string,
+  { readMaxBytes, refuse, compression = "none", maxInputFlag }: ModelInferHandlerOptions,
 ): FastPath {
   const oversize = (size: number) => inputTooLarge(readMaxBytes, size, maxInputFlag);
   return (req, res) => {

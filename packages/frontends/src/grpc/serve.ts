@@ -190,11 +190,14 @@ export function createGrpcServer(
         forwarded: options.forwardHeaders && forwardedHeaders(options.forwardHeaders, call.headers()),
         withheld: loggingWithheld(options.logger),
       }),
-    maxInputBytes,
-    restrictions &&
-      ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined, "grpc")),
-    responseCompression,
-    maxInputFlag,
+    {
+      readMaxBytes: maxInputBytes,
+      refuse:
+        restrictions &&
+        ((headers) => restrictionError(restrictions, "inference", (h) => headers[h] as string | undefined, "grpc")),
+      compression: responseCompression,
+      maxInputFlag,
+    },
   );
   const loadLimits = registry.repository?.loadLimits;
   const loadGuard: LoadGuardOptions | undefined = loadLimits && {
