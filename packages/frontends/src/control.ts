@@ -1,5 +1,5 @@
 /**
- * The control calls both KServe frontends answer (gRPC in serve.ts, HTTP/REST in the server):
+ * The control calls both KServe frontends answer (gRPC in grpc/service.ts, HTTP/REST in http/routes.ts):
  * the extension list, readiness, statistics lookup, shared memory, repository load/unload with
  * their parameters, trace and log settings. Written once here, so both answer with the same
  * messages and codes; each frontend only translates its wire (JSON, paths and status codes, or
