@@ -1,0 +1,103 @@
+/**
+ * The search: coordinate descent from the shipped config. Step by step, dimension by dimension
+ * (instances, batch, queue delay, ONNX threads), each other value of that one dimension is
+ * served and swept; the best beats the incumbent only by a clear margin, and then becomes it.
+ * Every sweep is pruned against the incumbent's score (see `sweep`), so a branch stops as soon
+ * as it cannot win.
+ */
+import { type Subject, type Sweep, startSubject, sweep, type WindowOptions } from "./measure.js";
+import type { EnsembleRepository } from "./repository.js";
+import { type Candidate, DIMENSIONS, describeChange, type SearchSpace, valuesOf } from "./space.js";
+
+export interface Trial {
+  /** "baseline" for the shipped config, else c1, c2, … in the order measured. */
+  id: string;
+  candidate: Candidate;
+  /** What differs from the shipped config ("" for the baseline). */
+  change: string;
+  sweep: Sweep;
+}
+
+export interface SearchOptions extends WindowOptions {
+  concurrencies: number[];
+  budgetMs: number;
+  space: SearchSpace;
+  /** A candidate replaces the incumbent only when its score is higher by this fraction (the noise between windows). */
+  minGain: number;
+  /** Stop starting new candidates after this long (the search keeps what it has). */
+  deadlineMs?: number;
+  log?: (line: string) => void;
+}
+
+export interface SearchResult {
+  trials: Trial[];
+  /** The incumbent at the end: the search's pick before the final rounds. */
+  best: Trial;
+}
+
+async function trial(
+  repo: EnsembleRepository,
+  id: string,
+  candidate: Candidate,
+  options: SearchOptions,
+  incumbent: number,
+): Promise<Trial> {
+  const subject: Subject = await startSubject(repo, candidate);
+  try {
+    const measured = await sweep(subject, { ...options, incumbent });
+    return { id, candidate, change: describeChange(repo.shipped, candidate), sweep: measured };
+  } finally {
+    await subject.stop();
+  }
+}
+
+function describeTrial(t: Trial): string {
+  const points = t.sweep.points
+    .map((p) => `c${p.concurrency} ${p.throughput.toFixed(1)}/s p99 ${p.p99Ms.toFixed(0)} ms`)
+    .join(", ");
+  return `${t.id} [${t.change || "shipped"}] ${points} -> ${t.sweep.end}, score ${t.sweep.score.toFixed(1)}/s`;
+}
+
+/** Candidates one dimension away from `incumbent`: each other value of `dimension` in `step`. */
+function neighbours(
+  repo: EnsembleRepository,
+  incumbent: Candidate,
+  step: string,
+  dimension: keyof Candidate[string],
+  space: SearchSpace,
+) {
+  const config = repo.steps.find((s) => s.name === step)?.config;
+  const current = incumbent[step];
+  if (!config || !current) return [];
+  return valuesOf(dimension, space, config, current)
+    .filter((v) => v !== current[dimension])
+    .map((v): Candidate => ({ ...incumbent, [step]: { ...current, [dimension]: v } }));
+}
+
+export async function search(repo: EnsembleRepository, options: SearchOptions): Promise<SearchResult> {
+  const log = options.log ?? (() => {});
+  const started = performance.now();
+  const trials: Trial[] = [];
+  let best = await trial(repo, "baseline", repo.shipped, options, 0);
+  trials.push(best);
+  log(describeTrial(best));
+  for (const step of repo.steps.map((s) => s.name)) {
+    for (const dimension of DIMENSIONS) {
+      let bestHere = best;
+      for (const candidate of neighbours(repo, best.candidate, step, dimension, options.space)) {
+        if (options.deadlineMs !== undefined && performance.now() - started > options.deadlineMs) {
+          log(`deadline reached after ${trials.length} candidates: keeping the best so far`);
+          return { trials, best };
+        }
+        // Pruned against the better of the incumbent and this dimension's best so far, plus the margin.
+        const bar = Math.max(best.sweep.score * (1 + options.minGain), bestHere.sweep.score);
+        const t = await trial(repo, `c${trials.length}`, candidate, options, bar);
+        trials.push(t);
+        log(describeTrial(t));
+        if (t.sweep.score > bar) bestHere = t;
+      }
+      best = bestHere;
+    }
+  }
+  return { trials, best };
+}
