@@ -6,7 +6,7 @@
 import { readdir, readFile, writeFile } from "node:fs/promises";
 import { availableParallelism } from "node:os";
 import { extname, join } from "node:path";
-import { connectEndpoint, imageInput, imageRequests } from "@trellis/client";
+import { connectEndpoint, imageInput, imageRequests, measure } from "@trellis/client";
 import type { InferRequest } from "@trellis/stage";
 import { startServerProcess } from "@trellis/testing";
 import { renderReport } from "./report.js";
@@ -39,42 +39,66 @@ export interface AnalyzeOptions {
 
 const IMAGE_TYPES = new Set([".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"]);
 
-/** The folder's images as requests to the ensemble's BYTES input (its name from a server's metadata). */
-async function imageFolderRequests(repository: string, ensemble: string, folder: string): Promise<InferRequest[]> {
+/** A window long enough for this many answers at the shipped config's rate: fewer make p99 the maximum. */
+const ANSWERS_PER_WINDOW = { quick: 30, full: 100 };
+
+/**
+ * The folder's images as requests to the ensemble's BYTES input (its name from a server of the
+ * shipped config's metadata), each answered once before anything is timed (a bad input fails
+ * here, not mid-search), and the shipped config's rate at concurrency 1, to size the windows.
+ */
+async function prepareInputs(repository: string, ensemble: string, folder: string) {
   const files = (await readdir(folder)).filter((f) => IMAGE_TYPES.has(extname(f).toLowerCase())).sort();
   if (files.length === 0) throw new Error(`--input-data ${folder}: no images (jpg, png, webp, …)`);
   const images = await Promise.all(files.map(async (f) => new Uint8Array(await readFile(join(folder, f)))));
-  // The input's name and shape as the server reports them, from a short-lived server of the shipped config.
   const server = await startServerProcess(["--model-repository", repository]);
   const endpoint = connectEndpoint(server.grpc, "grpc");
   try {
     const input = imageInput(ensemble, await endpoint.metadata(ensemble));
-    const requests = imageRequests(input, images, 1);
-    // Every image answers before anything is timed: a bad input fails here, not mid-search.
+    const requests: InferRequest[] = imageRequests(input, images, 1);
     for (const request of requests) await endpoint.infer(ensemble, request);
-    return requests;
+    const probe = await measure(endpoint, {
+      model: ensemble,
+      requests,
+      batch: 1,
+      concurrency: 1,
+      windowMs: 1000,
+      warmupMs: 200,
+    });
+    return { requests, rate: probe.throughput };
   } finally {
     endpoint.close();
     await server.stop();
   }
 }
 
+/** The measurement settings: the options given, else quick or full defaults, windows sized by `rate`. */
+function measurementSettings(options: AnalyzeOptions, rate: number) {
+  const quick = options.quick ?? false;
+  const answers = quick ? ANSWERS_PER_WINDOW.quick : ANSWERS_PER_WINDOW.full;
+  const sized = Math.ceil((answers / Math.max(rate, 0.1)) * 1000);
+  return {
+    concurrencies: options.concurrencies ?? (quick ? [1, 2, 4] : [1, 2, 4, 8, 16]),
+    windowMs: options.windowMs ?? Math.min(quick ? 3000 : 15_000, Math.max(quick ? 1000 : 5000, sized)),
+    warmupMs: options.warmupMs ?? (quick ? 300 : 2000),
+    // The rounds decide: their windows are half again as long as the search's.
+    roundWindowMs: 0,
+    rounds: options.rounds ?? (quick ? 3 : 5),
+    cores: options.cores ?? availableParallelism(),
+    quick,
+  };
+}
+
 export type { AnalyzeResult };
 
 export async function analyze(options: AnalyzeOptions): Promise<AnalyzeResult> {
   const log = options.log ?? (() => {});
-  const quick = options.quick ?? false;
-  const cores = options.cores ?? availableParallelism();
-  const settings = {
-    concurrencies: options.concurrencies ?? (quick ? [1, 2, 4, 8] : [1, 2, 4, 8, 16, 32]),
-    windowMs: options.windowMs ?? (quick ? 1500 : 5000),
-    warmupMs: options.warmupMs ?? (quick ? 500 : 2000),
-    rounds: options.rounds ?? (quick ? 3 : 5),
-    cores,
-    quick,
-  };
   const repo = await readEnsemble(options.repository, options.ensemble);
-  const requests = await imageFolderRequests(repo.root, repo.ensemble, options.inputData);
+  const { requests, rate } = await prepareInputs(repo.root, repo.ensemble, options.inputData);
+  const settings = measurementSettings(options, rate);
+  settings.roundWindowMs = Math.round(settings.windowMs * 1.5);
+  const { quick, cores } = settings;
+  log(`shipped config at concurrency 1: ${rate.toFixed(1)}/s; windows of ${settings.windowMs} ms`);
   const window = { model: repo.ensemble, requests, windowMs: settings.windowMs, warmupMs: settings.warmupMs };
   const found = await search(repo, {
     ...window,
@@ -82,11 +106,13 @@ export async function analyze(options: AnalyzeOptions): Promise<AnalyzeResult> {
     budgetMs: options.budgetMs,
     space: searchSpace(cores, quick),
     minGain: options.minGain ?? 0.05,
-    ...(options.searchDeadlineMs !== undefined ? { deadlineMs: options.searchDeadlineMs } : {}),
+    // Quick mode keeps to its 3 minutes: no new candidate after 100 s (the bottleneck step goes first).
+    ...(options.searchDeadlineMs !== undefined || quick ? { deadlineMs: options.searchDeadlineMs ?? 100_000 } : {}),
     log,
   });
   const finalists = await measureRounds(repo, pickFinalists(found.trials, found.best), {
     ...window,
+    windowMs: settings.roundWindowMs,
     rounds: settings.rounds,
     budgetMs: options.budgetMs,
     log,

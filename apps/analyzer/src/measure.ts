@@ -56,6 +56,8 @@ export interface SweepPoint {
   throughput: number;
   p99Ms: number;
   p50Ms: number;
+  /** Each model's mean time per request in the window (queue + compute), from the server's statistics. */
+  modelMs: Record<string, number>;
 }
 
 export type SweepEnd = "done" | "over budget" | "pruned";
@@ -73,6 +75,7 @@ export const toPoint = (r: PerfResult): SweepPoint => ({
   throughput: r.throughput,
   p99Ms: r.latencyUs.p99 / 1000,
   p50Ms: r.latencyUs.p50 / 1000,
+  modelMs: Object.fromEntries(r.server.map((s) => [s.model, s.requestUs / 1000])),
 });
 
 /** The best throughput among `points` whose p99 is within the budget (0 when none is). */

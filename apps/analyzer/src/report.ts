@@ -143,7 +143,7 @@ tr.win{background:#fff6d5}small{color:#666}code{background:#f3f3f3;padding:1px 4
 </style></head><body>
 <h1>Model analysis: <code>${escapeHtml(result.ensemble)}</code></h1>
 <p>${verdict}</p>
-<p>p99 budget ${result.budgetMs} ms; ${s.cores} cores; concurrencies ${s.concurrencies.join(", ")}; windows ${s.windowMs} ms after ${s.warmupMs} ms warm-up; ${s.quick ? "quick mode" : "full search"}. Tuned copy of the repository: <code>${escapeHtml(result.output)}</code> (rewritten: ${escapeHtml(result.rewritten.join(", ") || "none")}).</p>
+<p>p99 budget ${result.budgetMs} ms; ${s.cores} cores; concurrencies ${s.concurrencies.join(", ")}; search windows ${s.windowMs} ms, rounds ${s.roundWindowMs} ms, each after ${s.warmupMs} ms warm-up; ${s.quick ? "quick mode" : "full search"}. Tuned copy of the repository: <code>${escapeHtml(result.output)}</code> (rewritten: ${escapeHtml(result.rewritten.join(", ") || "none")}).</p>
 <h2>Chosen settings</h2>${settingsList(result)}
 <h2>Throughput against p99, per candidate</h2>
 <p><small>One curve per candidate (points: concurrencies, in order); dashed red: the budget; the thick curve and ★ (its median over the rounds): the winner; dashed: the shipped config.</small></p>

@@ -17,6 +17,7 @@ export interface AnalyzeResult {
   settings: {
     concurrencies: number[];
     windowMs: number;
+    roundWindowMs: number;
     warmupMs: number;
     rounds: number;
     cores: number;

@@ -69,9 +69,25 @@ function neighbours(
   const config = repo.steps.find((s) => s.name === step)?.config;
   const current = incumbent[step];
   if (!config || !current) return [];
+  // Threads 0 means the backend's default, cores / instances: trying that number again is no change.
+  const effective =
+    dimension === "threads"
+      ? current.threads || Math.max(1, Math.floor(space.cores / current.count))
+      : current[dimension];
   return valuesOf(dimension, space, config, current)
-    .filter((v) => v !== current[dimension])
+    .filter((v) => v !== effective)
     .map((v): Candidate => ({ ...incumbent, [step]: { ...current, [dimension]: v } }));
+}
+
+/**
+ * The steps in the order searched: where the baseline's requests spent the most time first (its
+ * highest concurrency measured, from the server's statistics), so a search cut short by its
+ * deadline has tuned the bottleneck.
+ */
+export function stepsByTime(repo: EnsembleRepository, baseline: Trial): string[] {
+  const last = baseline.sweep.points.at(-1);
+  const time = (step: string) => last?.modelMs[step] ?? 0;
+  return repo.steps.map((s) => s.name).sort((a, b) => time(b) - time(a));
 }
 
 export async function search(repo: EnsembleRepository, options: SearchOptions): Promise<SearchResult> {
@@ -81,7 +97,7 @@ export async function search(repo: EnsembleRepository, options: SearchOptions): 
   let best = await trial(repo, "baseline", repo.shipped, options, 0);
   trials.push(best);
   log(describeTrial(best));
-  for (const step of repo.steps.map((s) => s.name)) {
+  for (const step of stepsByTime(repo, best)) {
     for (const dimension of DIMENSIONS) {
       let bestHere = best;
       for (const candidate of neighbours(repo, best.candidate, step, dimension, options.space)) {

@@ -35,6 +35,7 @@ export type Dimension = keyof StepSettings;
 
 /** The values tried per dimension; `count` and `threads` go 1..cores. */
 export interface SearchSpace {
+  cores: number;
   counts: number[];
   maxBatches: number[];
   delaysUs: number[];
@@ -44,8 +45,8 @@ export interface SearchSpace {
 export function searchSpace(cores: number, quick: boolean): SearchSpace {
   const upTo = Array.from({ length: Math.max(1, cores) }, (_, i) => i + 1);
   return quick
-    ? { counts: upTo, maxBatches: [0, 4], delaysUs: [0, 2000], threads: upTo }
-    : { counts: upTo, maxBatches: [0, 2, 4, 8, 16], delaysUs: [0, 1000, 5000, 20000, 100000], threads: upTo };
+    ? { cores, counts: upTo, maxBatches: [0, 4], delaysUs: [0, 2000], threads: upTo }
+    : { cores, counts: upTo, maxBatches: [0, 2, 4, 8, 16], delaysUs: [0, 1000, 5000, 20000, 100000], threads: upTo };
 }
 
 export const isOnnx = (config: ModelConfig) =>
