@@ -2,11 +2,14 @@
  * The page on the HTTP port (/ui, built from apps/web and copied into dist/ui at
  * build). The files are read once at start into a table keyed by their URL; a
  * request is answered from that table only, so nothing a client sends reaches
- * the file system.
+ * the file system. The one file taken from elsewhere is the last model analysis
+ * (`pnpm analyze` writes `analysis.html` at the root of the repository it tunes):
+ * that fixed name, from the root of a repository the server serves, at the fixed
+ * URL /ui/analysis.html.
  */
-import { readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { extname, join, relative, sep } from "node:path";
+import { extname, join, relative, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** Where the build puts the page: dist/ui beside this module. */
@@ -28,11 +31,46 @@ const CSP =
   "default-src 'self'; img-src 'self' blob: data:; connect-src 'self'; style-src 'self'; script-src 'self'; " +
   "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'";
 
+// The analysis report is one self-contained document: inline styles and an inline SVG, no script, nothing fetched.
+const REPORT_CSP =
+  "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; frame-ancestors 'none'; form-action 'none'";
+
+/** The URL of the last model analysis, and the one file name it is read from. */
+export const ANALYSIS_PATH = `${UI_PATH}analysis.html`;
+export const ANALYSIS_FILE = "analysis.html";
+
 interface Asset {
   body: Buffer;
   type: string;
   /** Vite's hashed file names never change content: cache them; index.html is revalidated. */
   immutable: boolean;
+  /** The page's policy unless set (the analysis report has its own). */
+  csp?: string;
+}
+
+/**
+ * The repositories this server process serves, from its command line (--model-repository and
+ * --model-store, else --default-model-repository, as the CLI reads them), resolved.
+ */
+export function servedRepositories(argv: readonly string[] = process.argv): string[] {
+  const values = (flag: string) =>
+    argv.flatMap((arg, i) => {
+      if (arg === flag && argv[i + 1] !== undefined) return [argv[i + 1]!];
+      return arg.startsWith(`${flag}=`) ? [arg.slice(flag.length + 1)] : [];
+    });
+  const given = [...values("--model-repository"), ...values("--model-store")];
+  return (given.length > 0 ? given : values("--default-model-repository")).map((r) => resolve(r));
+}
+
+/** analysis.html from the root of the first of `repositories` that has one, read now; undefined when none does. */
+export function readAnalysisReport(repositories: readonly string[]): Asset | undefined {
+  const file = repositories.map((r) => join(r, ANALYSIS_FILE)).find((f) => existsSync(f));
+  if (!file) return undefined;
+  try {
+    return { body: readFileSync(file), type: TYPES[".html"]!, immutable: false, csp: REPORT_CSP };
+  } catch {
+    return undefined;
+  }
 }
 
 function files(dir: string): string[] {
@@ -41,8 +79,14 @@ function files(dir: string): string[] {
     .map((e) => join(e.parentPath, e.name));
 }
 
-/** The built page's files by URL path (/ui/, /ui/assets/…); empty when none was built. */
-export function readUiAssets(dir: string = UI_DIR): Map<string, Asset> {
+/**
+ * The built page's files by URL path (/ui/, /ui/assets/…), and the last analysis report of
+ * `repositories` at ANALYSIS_PATH; empty when no page was built.
+ */
+export function readUiAssets(
+  dir: string = UI_DIR,
+  repositories: readonly string[] = servedRepositories(),
+): Map<string, Asset> {
   const assets = new Map<string, Asset>();
   let found: string[];
   try {
@@ -58,6 +102,8 @@ export function readUiAssets(dir: string = UI_DIR): Map<string, Asset> {
     assets.set(`${UI_PATH}${rel}`, asset);
     if (rel === "index.html") assets.set(UI_PATH, asset);
   }
+  const report = assets.size > 0 ? readAnalysisReport(repositories) : undefined;
+  if (report) assets.set(ANALYSIS_PATH, report);
   return assets;
 }
 
@@ -87,7 +133,7 @@ export function uiHandler(assets: Map<string, Asset>) {
       "content-type": asset.type,
       "content-length": asset.body.length,
       "cache-control": asset.immutable ? "public, max-age=31536000, immutable" : "no-cache",
-      "content-security-policy": CSP,
+      "content-security-policy": asset.csp ?? CSP,
       "x-content-type-options": "nosniff",
       "referrer-policy": "no-referrer",
     });

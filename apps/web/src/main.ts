@@ -237,3 +237,11 @@ function poll(): void {
 }
 document.addEventListener("visibilitychange", poll);
 poll();
+
+// The last `pnpm analyze` report, when the served repository has one (the server serves only that fixed file).
+fetch("./analysis.html", { method: "HEAD" }).then(
+  (res) => {
+    $<HTMLAnchorElement>("analysis").hidden = !res.ok;
+  },
+  () => {},
+);
