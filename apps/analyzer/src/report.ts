@@ -35,11 +35,11 @@ function ticks(max: number): number[] {
 function chart(result: AnalyzeResult): string {
   const [width, height, left, bottom, top, right] = [860, 420, 64, 48, 16, 200];
   const points = result.trials.flatMap((t) => t.sweep.points);
-  const winnerRounds = result.winner.rounds;
+  const roundPoints = result.finalists.flatMap((f) => f.rounds);
   const xTicks = ticks(
-    Math.max(result.budgetMs * 1.15, ...points.map((p) => p.p99Ms), ...winnerRounds.map((r) => r.p99Ms)),
+    Math.max(result.budgetMs * 1.15, ...points.map((p) => p.p99Ms), ...roundPoints.map((r) => r.p99Ms)),
   );
-  const yTicks = ticks(Math.max(...points.map((p) => p.throughput), ...winnerRounds.map((r) => r.throughput)));
+  const yTicks = ticks(Math.max(...points.map((p) => p.throughput), ...roundPoints.map((r) => r.throughput)));
   const [xMax, yMax] = [xTicks.at(-1)!, yTicks.at(-1)!];
   const plotW = width - left - right;
   const plotH = height - top - bottom;
@@ -84,6 +84,15 @@ function chart(result: AnalyzeResult): string {
       parts.push(`<text x="${left + plotW + 38}" y="${legendY}">${escapeHtml(label)}</text>`);
     }
   });
+  // The finalists' round measurements: hollow squares in their curve's colour.
+  for (const f of result.finalists) {
+    const color = PALETTE[result.trials.indexOf(f.trial) % PALETTE.length]!;
+    for (const [k, r] of f.rounds.entries()) {
+      parts.push(
+        `<rect x="${x(r.p99Ms) - 4}" y="${y(r.throughput) - 4}" width="8" height="8" fill="#fff" stroke="${color}" stroke-width="1.5"><title>${f.trial.id} round ${k + 1}: ${r.throughput.toFixed(1)}/s, p99 ${r.p99Ms.toFixed(1)} ms</title></rect>`,
+      );
+    }
+  }
   const w = result.winner;
   parts.push(
     `<text x="${x(w.p99Ms.median)}" y="${y(w.throughput.median) + 7}" text-anchor="middle" font-size="22" fill="#000" stroke="#fff" stroke-width="0.8">★</text>`,
@@ -146,7 +155,7 @@ tr.win{background:#fff6d5}small{color:#666}code{background:#f3f3f3;padding:1px 4
 <p>p99 budget ${result.budgetMs} ms; ${s.cores} cores; concurrencies ${s.concurrencies.join(", ")}; search windows ${s.windowMs} ms, rounds ${s.roundWindowMs} ms, each after ${s.warmupMs} ms warm-up; ${s.quick ? "quick mode" : "full search"}. Tuned copy of the repository: <code>${escapeHtml(result.output)}</code> (rewritten: ${escapeHtml(result.rewritten.join(", ") || "none")}).</p>
 <h2>Chosen settings</h2>${settingsList(result)}
 <h2>Throughput against p99, per candidate</h2>
-<p><small>One curve per candidate (points: concurrencies, in order); dashed red: the budget; the thick curve and ★ (its median over the rounds): the winner; dashed: the shipped config.</small></p>
+<p><small>One curve per candidate (points: concurrencies, in order); dashed red: the budget; hollow squares: the finalists' final rounds; the thick curve and ★ (its medians over the rounds): the winner; dashed: the shipped config.</small></p>
 ${chart(result)}
 <h2>Final rounds (interleaved, order reversed each round)</h2>${roundsTable(result)}
 <h2>Every candidate's sweep</h2>${trialsTable(result)}
