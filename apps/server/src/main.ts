@@ -163,6 +163,7 @@ async function serverOptions(
     grpcTls: settings.grpcTls,
     allow: { http: flags.allowHttp, grpc: flags.allowGrpc, metrics: flags.allowMetrics },
     ui: flags.ui,
+    repositories: settings.repositories,
     httpRestrictions: settings.httpRestrictions,
     grpcRestrictions: settings.grpcRestrictions,
     tracing: new Tracer(

@@ -103,6 +103,8 @@ export interface ServerOptions {
   httpTimeouts?: HttpTimeouts;
   /** The page on the HTTP port (/ui, `--ui`); default on, always off when the HTTP API is restricted. */
   ui?: boolean;
+  /** The repositories served (--model-repository): the page links the last model analysis found at one's root. */
+  repositories?: readonly string[];
 }
 
 /** Limits on slow or silent HTTP/1.1 clients, in milliseconds; 0: no limit. */
@@ -330,7 +332,7 @@ function restContextOf(shared: Shared): RestContext {
 
 /** The page (/ui): off with --ui false, and whenever --http-restricted-api guards any part of the API. */
 function pageHandler(options: ServerOptions): ReturnType<typeof uiHandler> | undefined {
-  const uiAssets = options.ui === false ? undefined : readUiAssets();
+  const uiAssets = options.ui === false ? undefined : readUiAssets(undefined, options.repositories);
   const restricted = Object.keys(options.httpRestrictions ?? {}).length > 0;
   if (uiAssets && restricted) {
     options.logger.info("the page (/ui) is off: the HTTP API is restricted (--http-restricted-api)");

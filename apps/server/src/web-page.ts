@@ -9,7 +9,7 @@
  */
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { extname, join, relative, resolve, sep } from "node:path";
+import { extname, join, relative, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** Where the build puts the page: dist/ui beside this module. */
@@ -48,20 +48,6 @@ interface Asset {
   csp?: string;
 }
 
-/**
- * The repositories this server process serves, from its command line (--model-repository and
- * --model-store, else --default-model-repository, as the CLI reads them), resolved.
- */
-export function servedRepositories(argv: readonly string[] = process.argv): string[] {
-  const values = (flag: string) =>
-    argv.flatMap((arg, i) => {
-      if (arg === flag && argv[i + 1] !== undefined) return [argv[i + 1]!];
-      return arg.startsWith(`${flag}=`) ? [arg.slice(flag.length + 1)] : [];
-    });
-  const given = [...values("--model-repository"), ...values("--model-store")];
-  return (given.length > 0 ? given : values("--default-model-repository")).map((r) => resolve(r));
-}
-
 /** analysis.html from the root of the first of `repositories` that has one, read now; undefined when none does. */
 export function readAnalysisReport(repositories: readonly string[]): Asset | undefined {
   const file = repositories.map((r) => join(r, ANALYSIS_FILE)).find((f) => existsSync(f));
@@ -83,10 +69,7 @@ function files(dir: string): string[] {
  * The built page's files by URL path (/ui/, /ui/assets/…), and the last analysis report of
  * `repositories` at ANALYSIS_PATH; empty when no page was built.
  */
-export function readUiAssets(
-  dir: string = UI_DIR,
-  repositories: readonly string[] = servedRepositories(),
-): Map<string, Asset> {
+export function readUiAssets(dir: string = UI_DIR, repositories: readonly string[] = []): Map<string, Asset> {
   const assets = new Map<string, Asset>();
   let found: string[];
   try {

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { makeSeedRepository, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ANALYSIS_PATH, readUiAssets, servedRepositories } from "../src/web-page.js";
+import { ANALYSIS_PATH, readUiAssets } from "../src/web-page.js";
 
 /** The built page (apps/server build copies apps/web into dist/ui). */
 const BUILT_UI = fileURLToPath(new URL("../dist/ui/", import.meta.url));
@@ -61,16 +61,5 @@ describe("/ui/analysis.html", () => {
     } finally {
       await removeDir(empty);
     }
-  });
-
-  it("reads the repositories from the command line as the CLI does", () => {
-    expect(servedRepositories(["node", "main.js", "--model-repository", "/a", "--model-store=/b"])).toEqual([
-      "/a",
-      "/b",
-    ]);
-    expect(servedRepositories(["node", "main.js", "--default-model-repository", "/m"])).toEqual(["/m"]);
-    expect(
-      servedRepositories(["node", "main.js", "--default-model-repository", "/m", "--model-repository", "/x"]),
-    ).toEqual(["/x"]);
   });
 });
