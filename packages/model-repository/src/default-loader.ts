@@ -3,7 +3,7 @@
 import type { GrpcTlsOptions } from "@trellis/kserve";
 import { connectRemote, loadStage, type RemoteOptions } from "./loader.js";
 import type { ModelLoader } from "./manager.js";
-import { readEndpointsFile, scanRepository } from "./scan.js";
+import { scanRepository } from "./scan.js";
 
 /**
  * `remoteTls`: how to reach https:// --endpoints (the CA to trust, a client certificate);

@@ -10,9 +10,9 @@ import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { createPreprocess } from "@trellis/preprocess";
 import { bytesTensor } from "@trellis/stage";
 import sharp from "sharp";
-import { createPreprocess } from "@trellis/preprocess";
 
 const here = import.meta.dirname; // dist/bench
 const shared = process.env.TRELLIS_SHARED ?? join(here, "../../../../../shared");
