@@ -196,13 +196,6 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
   return new Batcher(options, executeRequests);
 }
 
-/** A request checked and placed: how many items it carries, its level, and its queue timeout. */
-interface Placement {
-  size: number;
-  level: Level;
-  timeoutUs: number;
-}
-
 class Batcher implements DynamicBatcher {
   private readonly name: string;
   private readonly version: string;
@@ -222,6 +215,8 @@ class Batcher implements DynamicBatcher {
   private closed = false;
   /** An admission is being awaited (options.admit): batches wait for it. */
   private admitting = false;
+  /** schedule() as the delay timer's callback, made once: the timer is re-armed as requests arrive. */
+  private readonly scheduleLater = () => this.schedule();
 
   constructor(
     private readonly options: DynamicBatcherOptions,
@@ -261,14 +256,22 @@ class Batcher implements DynamicBatcher {
 
   async infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
     const startNs = nowNs();
-    let placed: Placement;
+    let size: number;
+    let level: Level;
+    let timeoutUs: number;
     try {
-      placed = this.place(request, opts);
+      // Checked before it queues: its size, its level, its timeout there.
+      if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloading");
+      this.options.validate?.(request);
+      size = this.requestSize(request);
+      if (opts.signal?.aborted) throw abortError(this.name, opts.signal);
+      level = this.levelOf(opts.priority);
+      const override = opts.timeoutMicroseconds ?? 0;
+      timeoutUs = level.policy.allowOverride && override > 0 ? override : level.policy.timeoutUs;
     } catch (err) {
       this.recorder.requestFailed(nowNs() - startNs);
       throw toConnectError(err, this.name);
     }
-    const { size, level, timeoutUs } = placed;
     return new Promise<InferResponse>((resolve, reject) => {
       const p: Pending = {
         request,
@@ -312,18 +315,6 @@ class Batcher implements DynamicBatcher {
       }
     }
     await Promise.allSettled([...this.inFlight]);
-  }
-
-  /** Checks a request before it queues: its size, its level, its timeout there. */
-  private place(request: InferRequest, opts: InferOptions): Placement {
-    if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloading");
-    this.options.validate?.(request);
-    const size = this.requestSize(request);
-    if (opts.signal?.aborted) throw abortError(this.name, opts.signal);
-    const level = this.levelOf(opts.priority);
-    const override = opts.timeoutMicroseconds ?? 0;
-    const timeoutUs = level.policy.allowOverride && override > 0 ? override : level.policy.timeoutUs;
-    return { size, level, timeoutUs };
   }
 
   private timedOut(p: Pending, timeoutUs: number): void {
@@ -445,7 +436,7 @@ class Batcher implements DynamicBatcher {
       const next = this.nextBatch();
       if (!next) return;
       if ("waitNs" in next) {
-        this.delayTimer = setTimeout(() => this.schedule(), Math.max(1, Math.ceil(next.waitNs / 1e6)));
+        this.delayTimer = setTimeout(this.scheduleLater, Math.max(1, Math.ceil(next.waitNs / 1e6)));
         return;
       }
       const slot = this.free.pop()!;

@@ -322,22 +322,22 @@ class ServedModel {
   }
 
   private async infer(request: InferRequest, opts?: InferOptions): Promise<InferResponse> {
-    const { spec, check, recorder, batcher, sequencer } = this.parts;
     if (this.decoupled) throw decoupledRefusal(this.name);
     this.admitOne(opts?.priority);
+    const parts = this.parts;
     try {
-      if (spec.emptyBatch && this.config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
+      if (parts.spec.emptyBatch && this.config.maxBatchSize > 0 && request.inputs[0]?.shape[0] === 0) {
         const start = nowNs();
         try {
           if (this.closed) throw this.closedError();
-          check(request);
+          parts.check(request);
           return await this.emptyBatch(request, opts, start);
         } catch (err) {
-          recorder.requestFailed(nowNs() - start);
+          parts.recorder.requestFailed(nowNs() - start);
           throw toConnectError(err, this.name);
         }
       }
-      return await (sequencer ?? batcher).infer(request, opts);
+      return await (parts.sequencer ?? parts.batcher).infer(request, opts);
     } finally {
       this.inflight--;
     }

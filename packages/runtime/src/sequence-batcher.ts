@@ -321,23 +321,20 @@ class Sequencer implements SequenceBatcher {
 
   infer(request: InferRequest, inferOptions?: InferOptions): Promise<InferResponse> {
     const startNs = nowNs();
-    const refuse = (err: ConnectError) => {
-      this.options.onRefused?.(nowNs() - startNs);
-      return Promise.reject(err);
-    };
-    if (this.closed) return refuse(new StageError(Code.Unavailable, this.model, "stage is closed"));
+    if (this.closed) return this.refuse(startNs, new StageError(Code.Unavailable, this.model, "stage is closed"));
     let flags: SequenceFlags;
     try {
       flags = this.checkRequest(request);
     } catch (err) {
-      return refuse(toConnectError(err, this.model));
+      return this.refuse(startNs, toConnectError(err, this.model));
     }
     const { id, start, end } = flags;
     const key = `${typeof id}:${id}`;
     let seq = this.open.get(key);
     if (!seq) {
       if (!start) {
-        return refuse(
+        return this.refuse(
+          startNs,
           this.bad(
             `inference request for sequence ${id} to model '${this.model}' must specify the START flag on the first request of the sequence`,
           ),
@@ -387,6 +384,12 @@ class Sequencer implements SequenceBatcher {
     }
     this.open.clear();
     this.backlog.length = 0;
+  }
+
+  /** Refuses a request before it queues, counting the failure. */
+  private refuse(startNs: number, err: ConnectError): Promise<never> {
+    this.options.onRefused?.(nowNs() - startNs);
+    return Promise.reject(err);
   }
 
   private bad(msg: string): StageError {
@@ -465,17 +468,19 @@ class Sequencer implements SequenceBatcher {
    */
   private watchIdle(key: string, seq: Sequence): void {
     if (seq.timer) return;
-    seq.timer = setTimeout(() => this.idleCheck(key, seq), this.layout.idleMs).unref();
+    const check = () => this.idleCheck(key, seq, check);
+    seq.timer = setTimeout(check, this.layout.idleMs).unref();
   }
 
-  private idleCheck(key: string, seq: Sequence): void {
+  /** `check` is this call itself, re-armed while the sequence is busy or not yet idle long enough. */
+  private idleCheck(key: string, seq: Sequence, check: () => void): void {
     const { idleMs } = this.layout;
     seq.timer = undefined;
     if (this.closed) return;
     const idleFor = performance.now() - seq.lastArrival;
     const busy = seq.running || seq.queue.length > 0;
     if (busy || idleFor < idleMs) {
-      seq.timer = setTimeout(() => this.idleCheck(key, seq), busy ? idleMs : idleMs - idleFor).unref();
+      seq.timer = setTimeout(check, busy ? idleMs : idleMs - idleFor).unref();
       return;
     }
     // Idle past max_sequence_idle_microseconds: the sequence is forgotten and its slot goes to another.
@@ -601,11 +606,12 @@ function controlTensor(c: BooleanControl, on: boolean, lead: number[]): Tensor {
 
 /** The CORRID control's tensor: the sequence's ID, refused when it does not fit the control's datatype. */
 function corridTensor(model: string, c: CorridControl, id: bigint | string, lead: number[]): Tensor {
-  const bad = (msg: string) => new StageError(Code.InvalidArgument, model, msg);
   const shape = [...lead, 1];
   if (c.datatype === "BYTES") return { name: c.name, datatype: "BYTES", shape, data: [encoder.encode(String(id))] };
   if (typeof id === "string") {
-    throw bad(
+    throw new StageError(
+      Code.InvalidArgument,
+      model,
       `sequence_id "${id}" is a string, but control input ${c.name} (CONTROL_SEQUENCE_CORRID) takes ${c.datatype}: send an unsigned integer`,
     );
   }
@@ -618,7 +624,11 @@ function corridTensor(model: string, c: CorridControl, id: bigint | string, lead
           ? 2n ** 63n
           : 2n ** 64n;
   if (id >= limit)
-    throw bad(`sequence_id ${id} does not fit control input ${c.name} (CONTROL_SEQUENCE_CORRID, ${c.datatype})`);
+    throw new StageError(
+      Code.InvalidArgument,
+      model,
+      `sequence_id ${id} does not fit control input ${c.name} (CONTROL_SEQUENCE_CORRID, ${c.datatype})`,
+    );
   const data =
     c.datatype === "UINT64"
       ? BigUint64Array.of(id)

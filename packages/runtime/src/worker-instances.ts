@@ -196,24 +196,6 @@ interface Instance {
   closed?: () => void;
 }
 
-/** One call to run on a thread: its responses go to `onResponse` (one, or a stream's several). */
-interface CallOptions {
-  request: InferRequest;
-  options: InferOptions | undefined;
-  stream: boolean;
-  onResponse(response: InferResponse): void;
-}
-
-/** A call ready to post to the thread that will run it. */
-interface Posting {
-  instance: Instance;
-  /** The request as it crosses, its buffers in `transfer`. */
-  wire: InferRequest;
-  transfer: ArrayBuffer[];
-  call: CallOptions;
-  releaseCpu: (() => void) | undefined;
-}
-
 const WORKER_URL = new URL("./instance-worker.js", import.meta.url);
 /** How long close() lets a thread close its stage before terminating it. */
 const CLOSE_GRACE_MS = 5_000;
@@ -245,13 +227,8 @@ export async function startWorkerInstances(options: WorkerInstancesOptions): Pro
       const start = nowNs();
       let response: InferResponse | undefined;
       try {
-        await pool.run({
-          request,
-          options: opts,
-          stream: false,
-          onResponse: (r) => {
-            response = r;
-          },
+        await pool.run(request, opts, false, (r) => {
+          response = r;
         });
       } catch (err) {
         recorder.requestFailed(nowNs() - start);
@@ -288,7 +265,7 @@ async function* streamCall(
     responses.push(r);
     wake?.();
   };
-  pool.run({ request, options: { ...opts, signal: own.signal }, stream: true, onResponse }).then(
+  pool.run(request, { ...opts, signal: own.signal }, true, onResponse).then(
     () => {
       done = true;
       wake?.();
@@ -381,10 +358,18 @@ class InstancePool {
     return this.waiting.length;
   }
 
-  /** Runs one call on an idle thread; resolves when the thread is done with it (rejects at once when aborted). */
-  async run(call: CallOptions): Promise<void> {
+  /**
+   * Runs one call on an idle thread, its responses to `onResponse` (one, or a stream's several);
+   * resolves when the thread is done with it (rejects at once when aborted).
+   */
+  async run(
+    request: InferRequest,
+    opts: InferOptions | undefined,
+    stream: boolean,
+    onResponse: (r: InferResponse) => void,
+  ): Promise<void> {
     if (this.closing) throw this.unavailable("the model is being unloaded");
-    const signal = call.options?.signal;
+    const signal = opts?.signal;
     if (signal?.aborted) throw this.canceled();
     const instance = await this.acquire(signal);
     const cpuGate = this.cpuGate;
@@ -395,38 +380,12 @@ class InstancePool {
       if (cpuGate) releaseCpu = cpuGate.tryAcquireShared() ?? (await cpuGate.acquireShared());
       if (signal?.aborted) throw this.canceled();
       if (this.closing) throw this.unavailable("the model is being unloaded");
-      wire = portableRequest(call.request, transfer, this.move);
+      wire = portableRequest(request, transfer, this.move);
     } catch (err) {
       releaseCpu?.();
       this.release(instance);
       throw err;
     }
-    return this.post({ instance, wire, transfer, call, releaseCpu });
-  }
-
-  close(): Promise<void> {
-    this.closed ??= (async () => {
-      this.closing = true;
-      const gone = this.unavailable("the model is being unloaded");
-      for (const w of this.waiting.splice(0)) w.reject(gone);
-      this.idle.length = 0;
-      await Promise.all(this.instances.map((instance) => instance && closeInstance(instance, gone)));
-    })();
-    return this.closed;
-  }
-
-  private unavailable(why: string): StageError {
-    return new StageError(Code.Unavailable, this.model, why);
-  }
-
-  private canceled(): StageError {
-    return new StageError(Code.Canceled, this.model, "request cancelled");
-  }
-
-  /** Sends the call to its thread; resolves when the thread is done with it, rejects at once when aborted. */
-  private post({ instance, wire, transfer, call, releaseCpu }: Posting): Promise<void> {
-    const { options: opts, stream } = call;
-    const signal = opts?.signal;
     const id = this.nextId++;
     return new Promise<void>((resolve, reject) => {
       let settled = false;
@@ -440,7 +399,7 @@ class InstancePool {
         id,
         stream,
         onResponse: (r) => {
-          if (!settled) call.onResponse(r);
+          if (!settled) onResponse(r);
         },
         settle: (err) => {
           releaseCpu?.();
@@ -472,6 +431,25 @@ class InstancePool {
         );
       }
     });
+  }
+
+  close(): Promise<void> {
+    this.closed ??= (async () => {
+      this.closing = true;
+      const gone = this.unavailable("the model is being unloaded");
+      for (const w of this.waiting.splice(0)) w.reject(gone);
+      this.idle.length = 0;
+      await Promise.all(this.instances.map((instance) => instance && closeInstance(instance, gone)));
+    })();
+    return this.closed;
+  }
+
+  private unavailable(why: string): StageError {
+    return new StageError(Code.Unavailable, this.model, why);
+  }
+
+  private canceled(): StageError {
+    return new StageError(Code.Canceled, this.model, "request cancelled");
   }
 
   private acquire(signal: AbortSignal | undefined): Instance | Promise<Instance> {
