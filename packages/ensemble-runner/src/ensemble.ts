@@ -21,7 +21,7 @@ import {
 import { decoupledRefusal } from "@trellis/stage/backend";
 import { stepError } from "./errors.js";
 import { type EnsemblePlan, ensembling, planEnsemble } from "./plan.js";
-import { EnsembleRunner, type Served } from "./runner.js";
+import { EnsembleRunner, type EnsembleRunnerOptions, type Served } from "./runner.js";
 import { type EnsembleTimes, type StepStatistics, stepStatistics } from "./steps.js";
 
 export { EnsembleStepError } from "./errors.js";
@@ -58,13 +58,14 @@ export interface EnsembleStage extends Stage {
   readonly plan: EnsemblePlan;
 }
 
-type Answers = (request: InferRequest, options?: InferOptions, served?: Served) => AsyncIterable<InferResponse>;
+/** Served by a model runtime that records the request itself: the steps' times are not wanted. */
+const ignoreTimes: Served = () => {};
 
 /** A coupled ensemble's one answer to a request, served (not recorded here), with its steps' times. */
-async function answerWithTimes(answers: Answers, request: InferRequest, options?: InferOptions) {
+async function answerWithTimes(runner: EnsembleRunner, request: InferRequest, options?: InferOptions) {
   let times: EnsembleTimes = { queueNs: 0, computeInputNs: 0, computeInferNs: 0, computeOutputNs: 0 };
   let answer: InferResponse | undefined;
-  for await (const response of answers(request, options, (t) => {
+  for await (const response of runner.answers(request, options, (t) => {
     times = t;
   }))
     answer = response;
@@ -123,17 +124,10 @@ export async function createEnsemble(options: CreateEnsembleOptions): Promise<En
   }
 }
 
-interface BuildEnsembleOptions {
-  config: ModelConfig;
-  version: string;
-  plan: EnsemblePlan;
-  /** Each step's max_inflight_requests (0: unbounded). */
-  maxInflight: number;
+interface BuildEnsembleOptions extends EnsembleRunnerOptions {
   /** Close the step stages when the ensemble closes. */
   ownsSteps: boolean;
   logger: StageLogger | undefined;
-  /** The decoupled step's index, -1 for none. */
-  decoupledStep: number;
 }
 
 /** The Stage over a validated plan: its requests are the runner's. */
@@ -145,7 +139,8 @@ function buildEnsemble(options: BuildEnsembleOptions): EnsembleStage {
     if (!plan.consumers.has(input.name))
       logger?.warn({ ensemble: name, input: input.name }, "ensemble input is unused");
   }
-  const answers: Answers = (request, options, served) => runner.answers(request, options, served);
+  // One bound method for every entry point: no wrapper between a request and the runner.
+  const answers = runner.answers.bind(runner);
   const stage: EnsembleStage = {
     name,
     version,
@@ -157,17 +152,15 @@ function buildEnsemble(options: BuildEnsembleOptions): EnsembleStage {
       // A decoupled ensemble answers over a stream (inferStream), as Triton's.
       if (decoupled) throw decoupledRefusal(name);
       let answer: InferResponse | undefined;
-      for await (const response of runner.answers(request, options)) answer = response;
+      for await (const response of answers(request, options)) answer = response;
       return answer!;
     },
     statistics: () => runner.recorder.snapshot(),
     maxQueueSize: () => runner.entryBound.get().bound,
     queueBound: () => runner.entryBound.described(),
-    execute: (request: InferRequest, options?: InferOptions) => answerWithTimes(answers, request, options),
-    executeStream: (request: InferRequest, options?: InferOptions) => runner.answers(request, options, () => {}),
-    ...(decoupled
-      ? { inferStream: (request: InferRequest, options?: InferOptions) => runner.answers(request, options) }
-      : {}),
+    execute: (request: InferRequest, options?: InferOptions) => answerWithTimes(runner, request, options),
+    executeStream: (request: InferRequest, options?: InferOptions) => answers(request, options, ignoreTimes),
+    ...(decoupled ? { inferStream: answers } : {}),
     stepStatistics: () => stepStatistics(runner.steps),
     async close() {
       runner.closed = true;
