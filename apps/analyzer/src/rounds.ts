@@ -1,9 +1,11 @@
 /**
  * The honest comparison: the finalists (the shipped config, the search's pick and its
  * runner-up) served side by side and measured in interleaved rounds, the order reversed every
- * round (A B C, C B A, …), as apps/server/bench/ab.ts does, so a slow spell on a shared machine
- * falls on all of them. The winner is chosen from these rounds' medians.
+ * round (A B C, C B A, …: @trellis/testing's interleavedRounds, as the server's A/B benches),
+ * so a slow spell on a shared machine falls on all of them. The winner is chosen from these
+ * rounds' medians.
  */
+import { interleavedRounds, median } from "@trellis/testing";
 import { measureAt, type Subject, type SweepPoint, startSubject, toPoint, type WindowOptions } from "./measure.js";
 import type { EnsembleRepository } from "./repository.js";
 import type { Trial } from "./search.js";
@@ -16,13 +18,6 @@ export interface Finalist {
   /** Medians over the rounds, and the spread (min–max) between rounds. */
   throughput: { median: number; min: number; max: number };
   p99Ms: { median: number; min: number; max: number };
-}
-
-export function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  if (s.length === 0) return Number.NaN;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
 }
 
 const spread = (xs: number[]) => ({ median: median(xs), min: Math.min(...xs), max: Math.max(...xs) });
@@ -65,16 +60,13 @@ export async function measureRounds(
       const subject = await startSubject(repo, trial.candidate);
       subjects.push({ trial, subject, concurrency: comparisonConcurrency(trial, options.budgetMs), rounds: [] });
     }
-    for (let round = 0; round < options.rounds; round++) {
-      const order = round % 2 === 0 ? subjects : [...subjects].reverse();
-      for (const s of order) {
-        const point = toPoint(await measureAt(s.subject, options, s.concurrency));
-        s.rounds.push(point);
-        options.log?.(
-          `round ${round + 1} ${s.trial.id} c${s.concurrency}: ${point.throughput.toFixed(1)}/s p99 ${point.p99Ms.toFixed(0)} ms`,
-        );
-      }
-    }
+    await interleavedRounds(subjects, options.rounds, async (s, round) => {
+      const point = toPoint(await measureAt(s.subject, options, s.concurrency));
+      s.rounds.push(point);
+      options.log?.(
+        `round ${round + 1} ${s.trial.id} c${s.concurrency}: ${point.throughput.toFixed(1)}/s p99 ${point.p99Ms.toFixed(0)} ms`,
+      );
+    });
   } finally {
     for (const s of subjects) await s.subject.stop();
   }

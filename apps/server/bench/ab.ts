@@ -16,17 +16,10 @@ import { createClient } from "@connectrpc/connect";
 import { grpcTransport } from "@trellis/kserve";
 import { frameBytes } from "@trellis/kserve/wire";
 import { GRPCInferenceService, ModelInferRequestSchema } from "@trellis/protocol";
-import {
-  closedLoop,
-  makeSeedRepository,
-  median,
-  removeDir,
-  type ServerProcess,
-  startServerProcess,
-} from "@trellis/testing";
+import { makeSeedRepository, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { synthesizeResNet50 } from "@trellis/tooling";
 import { fullHdPhotos, PHOTOS } from "./photos.js";
-import { printRounds } from "./rounds.js";
+import { measureRounds, printRounds, type RoundSubject } from "./rounds.js";
 
 const BASELINE = process.env.AB_BASELINE;
 /** B: this checkout's server, unless AB_CANDIDATE names another build (AB_CANDIDATE=$AB_BASELINE: an A/A run, the bias of the method). */
@@ -45,13 +38,10 @@ if (process.env.BENCH_MODEL === "resnet50") {
   await synthesizeResNet50({ seed: 7, path: join(repo, "resnet50_inference", "1", "model.onnx") });
 }
 
-interface Subject {
-  label: string;
+interface Subject extends RoundSubject {
   server: ServerProcess;
   infer: (photo: Uint8Array) => Promise<string>;
   close: () => void;
-  rates: number[];
-  p50s: number[];
 }
 
 async function subject(label: string, main: string | undefined): Promise<Subject> {
@@ -82,19 +72,7 @@ try {
     if (a !== b) throw new Error(`${PHOTOS[i]}: the two servers answer differently:\n${a}\n${b}`);
   }
   console.log(`answers identical for ${photos.length} photos`);
-  for (let round = 0; round < ROUNDS; round++) {
-    const order = round % 2 === 0 ? subjects : [...subjects].reverse();
-    for (const s of order) {
-      const r = await closedLoop((k) => s.infer(photos[k % photos.length]!), CONCURRENCY, SECONDS, {
-        warmupSeconds: 2,
-      });
-      s.rates.push(r.calls / r.seconds);
-      s.p50s.push(median(r.latencies));
-      console.log(
-        `round ${round + 1} ${s.label}: ${(r.calls / r.seconds).toFixed(1)} req/s, p50 ${median(r.latencies).toFixed(1)} ms`,
-      );
-    }
-  }
+  await measureRounds(subjects, photos, { rounds: ROUNDS, concurrency: CONCURRENCY, seconds: SECONDS });
   printRounds(
     `concurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s, model ${process.env.BENCH_MODEL ?? "mobilenet"}`,
     subjects,

@@ -11,17 +11,15 @@
  */
 import { join } from "node:path";
 import {
-  closedLoop,
   grpcJsInferenceClient,
   makeSeedRepository,
-  median,
   removeDir,
   type ServerProcess,
   startServerProcess,
 } from "@trellis/testing";
 import { synthesizeResNet50 } from "@trellis/tooling";
 import { fullHdPhotos } from "./photos.js";
-import { printRounds } from "./rounds.js";
+import { measureRounds, printRounds, type RoundSubject } from "./rounds.js";
 
 const [KEY, VALUE] = (process.env.AB_PARAMETER ?? "exclusive_cpu=false").split("=") as [string, string];
 const MODEL = process.env.AB_MODEL ?? "resnet50_inference";
@@ -43,14 +41,10 @@ async function repository(edit: boolean): Promise<string> {
   return repo;
 }
 
-interface Subject {
-  label: string;
+interface Subject extends RoundSubject {
   repo: string;
   server: ServerProcess;
-  infer: (photo: Uint8Array) => Promise<unknown>;
   close: () => void;
-  rates: number[];
-  p50s: number[];
 }
 
 async function subject(label: string, edit: boolean): Promise<Subject> {
@@ -72,25 +66,12 @@ async function subject(label: string, edit: boolean): Promise<Subject> {
 const photos = await fullHdPhotos();
 const subjects = [await subject("A (as committed)", false), await subject(`B (${KEY}=${VALUE})`, true)];
 try {
-  for (let round = 0; round < ROUNDS; round++) {
-    const order = round % 2 === 0 ? subjects : [...subjects].reverse();
-    for (const s of order) {
-      const r = await closedLoop((k) => s.infer(photos[k % photos.length]!), CONCURRENCY, SECONDS, {
-        warmupSeconds: 2,
-      });
-      const latencies: number[] = [];
-      for (let i = 0; i < LATENCY_N; i++) {
-        const t = performance.now();
-        await s.infer(photos[i % photos.length]!);
-        latencies.push(performance.now() - t);
-      }
-      s.rates.push(r.calls / r.seconds);
-      s.p50s.push(median(latencies));
-      console.log(
-        `round ${round + 1} ${s.label}: ${(r.calls / r.seconds).toFixed(1)} req/s, p50 ${median(latencies).toFixed(1)} ms`,
-      );
-    }
-  }
+  await measureRounds(subjects, photos, {
+    rounds: ROUNDS,
+    concurrency: CONCURRENCY,
+    seconds: SECONDS,
+    latencyN: LATENCY_N,
+  });
   printRounds(
     `${MODEL} ${KEY}=${VALUE}; concurrency ${CONCURRENCY}, ${ROUNDS} rounds of ${SECONDS} s; model ${process.env.BENCH_MODEL ?? "resnet50 (synthetic)"}`,
     subjects,

@@ -49,6 +49,22 @@ export async function closedLoop(
   return { calls: latencies.length, seconds, latencies };
 }
 
+/**
+ * Interleaved rounds, as the A/B benches and the analyzer compare: `rounds` times, `each` on
+ * every subject in turn, in order on even rounds and reversed on odd ones (A B, B A, …), so a
+ * slow spell on a shared machine falls on all of them.
+ */
+export async function interleavedRounds<S>(
+  subjects: readonly S[],
+  rounds: number,
+  each: (subject: S, round: number) => Promise<void>,
+): Promise<void> {
+  for (let round = 0; round < rounds; round++) {
+    const order = round % 2 === 0 ? subjects : [...subjects].reverse();
+    for (const s of order) await each(s, round);
+  }
+}
+
 /** The median of `xs` (the mean of the middle two for an even count); NaN when empty. */
 export function median(xs: readonly number[]): number {
   const s = [...xs].sort((a, b) => a - b);

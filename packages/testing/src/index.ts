@@ -1,4 +1,11 @@
-export { type ClosedLoopOptions, type ClosedLoopResult, closedLoop, median, percentile } from "./bench.js";
+export {
+  type ClosedLoopOptions,
+  type ClosedLoopResult,
+  closedLoop,
+  interleavedRounds,
+  median,
+  percentile,
+} from "./bench.js";
 export { type CpuTop5, referenceTop5OnThisCpu, STABLE_TOP1, softmaxTop5 } from "./cpu-baseline.js";
 export { rejectionOf } from "./errors.js";
 export {
