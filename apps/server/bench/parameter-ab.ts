@@ -5,7 +5,7 @@
  * (default resnet50_inference). Measured in interleaved rounds, the order alternating, each
  * server idle while the other runs: AB_CONCURRENCY (8) grpc-js callers of 1920x1080 JPEGs for
  * AB_SECONDS (10) after 2 s of warm-up, then AB_LATENCY_N (40) calls one at a time for the p50.
- * Reported: req/s and p50 per round, and B/A throughput per round with its median. The model is
+ * Reported: req/s and p50 per round, and A/B throughput per round (the config as committed over the parameter) with its median. The model is
  * the synthetic ResNet-50 (ResNet-50's cost), or the shared MobileNetV2 with BENCH_MODEL=mobilenet.
  * Run (after pnpm build): node --enable-source-maps dist/bench/parameter-ab.js
  */
