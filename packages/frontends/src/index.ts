@@ -21,7 +21,9 @@ export {
   serveStage,
 } from "./grpc/serve.js";
 export { headerForwardPattern } from "./header-forwarding.js";
-export { DEFAULT_HTTP_MAX_INPUT_BYTES, httpStatus, type RestContext, restHandler } from "./http/handler.js";
+export { DEFAULT_HTTP_MAX_INPUT_BYTES, httpStatus } from "./http/body.js";
+export type { RestContext } from "./http/context.js";
+export { restHandler } from "./http/handler.js";
 export type { LogSettings, LogSettingsControl } from "./log-settings.js";
 export {
   API_CATEGORIES,

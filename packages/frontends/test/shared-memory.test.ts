@@ -12,7 +12,7 @@ import { parametersToWire, SystemSharedMemory } from "@trellis/kserve/wire";
 import { ModelInferRequestSchema, parseModelConfig } from "@trellis/protocol";
 import { defineStage, tensor } from "@trellis/stage";
 import { afterAll, describe, expect, it } from "vitest";
-import { handleModelInfer } from "../src/grpc/serve.js";
+import { handleModelInfer } from "../src/grpc/infer.js";
 
 const dir = mkdtempSync(join(tmpdir(), "trellis-shm-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

@@ -21,8 +21,9 @@ import {
   withoutSharedMemory,
 } from "@trellis/kserve/wire";
 import { type ModelInferRequest, ModelInferRequestSchema, type ModelInferResponse } from "@trellis/protocol";
-import { Code, type InferRequest, type InferResponse, type Parameters, type Stage, StageError } from "@trellis/stage";
-import { type DecodedInfer, type InferCall, inferAnswers, inferOnce } from "../infer.js";
+import { Code, type InferRequest, type InferResponse, type Parameters, StageError } from "@trellis/stage";
+import { withForwardedHeaders } from "../header-forwarding.js";
+import { type InferCall, type InferDecoder, inferAnswers, inferOnce } from "../infer.js";
 import type { TraceControl } from "../trace-settings.js";
 import type { GrpcCallTimes } from "./model-infer.js";
 
@@ -68,7 +69,7 @@ function grpcCall(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
-  { tracing, call, header, forwarded, withheld }: ModelInferContext,
+  { tracing, call, header, withheld }: ModelInferContext,
 ): InferCall {
   return {
     registry,
@@ -77,7 +78,6 @@ function grpcCall(
     signal,
     tracing,
     header: header ?? call?.header,
-    forwarded,
     withheld,
     // The direct path stamps the send and ends the trace once the answer is out.
     traced:
@@ -92,21 +92,24 @@ function grpcCall(
 
 /**
  * The ModelInfer decoder: the message read for its stage (shared memory inputs, the stream's
- * final-response flag taken off), its options read from its parameters (forwarded headers
- * among them), and its answers as ModelInferResponses (shared memory outputs written).
+ * final-response flag taken off, forwarded headers joining its parameters), its options read
+ * from those parameters, and its answers as ModelInferResponses (shared memory outputs written).
  */
-function decodeModelInfer(msg: ModelInferRequest, sharedMemory: SystemSharedMemory | undefined) {
-  return (stage: Stage): DecodedInfer<ModelInferResponse> => {
+function decodeModelInfer(
+  msg: ModelInferRequest,
+  { sharedMemory, forwarded }: ModelInferContext,
+): InferDecoder<ModelInferResponse> {
+  return (stage) => {
     const shm = withSharedMemoryInputs(msg, sharedMemory);
     const request = inferRequestFromWire(shm.msg, stage.name);
     dropFinalResponseFlag(request, stage.name);
-    const encode = (answer: InferResponse) => {
-      const response = inferResponseToWire(answer);
-      if (sharedMemory && shm.outputs.size > 0) writeSharedMemoryOutputs(response, shm.outputs, sharedMemory);
-      return response;
-    };
+    if (forwarded) request.parameters = withForwardedHeaders(request.parameters, forwarded);
+    const encode =
+      sharedMemory && shm.outputs.size > 0
+        ? (answer: InferResponse) => writeSharedMemoryOutputs(inferResponseToWire(answer), shm.outputs, sharedMemory)
+        : inferResponseToWire;
     // Priority, timeout, sequence_id, sequence_start and sequence_end refused when of the wrong type.
-    return { request, options: (r) => inferOptionsFromParameters(r.parameters, stage.name), encode };
+    return { request, options: inferOptionsFromParameters(request.parameters, stage.name), encode };
   };
 }
 
@@ -120,7 +123,7 @@ export function handleModelInfer(
   signal: AbortSignal,
   context: ModelInferContext = {},
 ): Promise<ModelInferResponse> {
-  return inferOnce(grpcCall(registry, msg, signal, context), decodeModelInfer(msg, context.sharedMemory));
+  return inferOnce(grpcCall(registry, msg, signal, context), decodeModelInfer(msg, context));
 }
 
 /**
@@ -128,14 +131,14 @@ export function handleModelInfer(
  * (Stage.inferStream), else its one answer. Whether the model is decoupled is known before
  * the first answer, for the stream's final-response flags.
  */
-export async function streamModelInfer(
+export function streamModelInfer(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
   context: ModelInferContext,
-): Promise<{ decoupled: boolean; responses: AsyncGenerator<ModelInferResponse> }> {
+): { decoupled: boolean; responses: AsyncGenerator<ModelInferResponse> } {
   const call = grpcCall(registry, msg, signal, context);
-  const { decoupled, answers } = await inferAnswers(call, decodeModelInfer(msg, context.sharedMemory));
+  const { decoupled, answers } = inferAnswers(call, decodeModelInfer(msg, context));
   return { decoupled, responses: answers };
 }
 
@@ -230,7 +233,7 @@ function writeSharedMemoryOutputs(
   response: ModelInferResponse,
   refs: Map<string, SharedMemoryRef>,
   sharedMemory: SystemSharedMemory,
-): void {
+): ModelInferResponse {
   response.outputs.forEach((output, i) => {
     const ref = refs.get(output.name);
     if (!ref) return;
@@ -243,4 +246,5 @@ function writeSharedMemoryOutputs(
     // Kept in place (empty), so raw_output_contents stays one entry per output.
     response.rawOutputContents[i] = new Uint8Array(0);
   });
+  return response;
 }

@@ -22,16 +22,14 @@ import {
 import { GRPCInferenceService, Health } from "@trellis/protocol";
 import { Code, type Stage } from "@trellis/stage";
 import { forwardedHeaders } from "../header-forwarding.js";
+import { loggingWithheld } from "../infer.js";
 import { type ApiRestrictions, restrictionError, restrictionInterceptor } from "../restrictions.js";
 import { closeOnResetDrift, GRPC_SESSION_MEMORY_MB, ignoreIdleStreamFrames } from "./http2-resets.js";
 import { handleModelInfer } from "./infer.js";
 import { guardRepositoryLoad, type LoadGuardOptions } from "./load-guard.js";
 import { grpcModelInferHandler, MODEL_INFER_PATH, withReadableGrpcMessage } from "./model-infer.js";
 import { type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
-import { healthService, inferenceService, loggingWithheld, type ServeOptions } from "./service.js";
-
-export { handleModelInfer, type ModelInferContext, streamModelInfer } from "./infer.js";
-export { healthService, inferenceService, loggingWithheld, type ServeOptions } from "./service.js";
+import { healthService, inferenceService, type ServeOptions } from "./service.js";
 
 function asRegistry(x: Stage | ModelRegistry): ModelRegistry {
   return typeof (x as ModelRegistry).resolve === "function" ? (x as ModelRegistry) : stageRegistry(x as Stage);
@@ -181,6 +179,7 @@ export function createGrpcServer(
   // Inference responses through Connect (streams, compressed requests) compress at the level
   // set, the rest never: a second handler, told which algorithm to answer with.
   const connectInfer = responseCompression === "none" ? connect : adapter(0);
+  const withheld = loggingWithheld(options.logger);
   const modelInfer = grpcModelInferHandler(
     (msg, signal, call) =>
       handleModelInfer(registry, msg, signal, {
@@ -188,7 +187,7 @@ export function createGrpcServer(
         sharedMemory: options.sharedMemory,
         call,
         forwarded: options.forwardHeaders && forwardedHeaders(options.forwardHeaders, call.headers()),
-        withheld: loggingWithheld(options.logger),
+        withheld,
       }),
     {
       readMaxBytes: maxInputBytes,

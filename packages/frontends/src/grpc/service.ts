@@ -52,6 +52,7 @@ import {
   unregisterSharedMemory,
 } from "../control.js";
 import { forwardedHeaders } from "../header-forwarding.js";
+import { loggingWithheld } from "../infer.js";
 import type { LogSettingsControl, LogSettingValue } from "../log-settings.js";
 import type { TraceControl } from "../trace-settings.js";
 import {
@@ -76,13 +77,6 @@ export interface ServeOptions {
   forwardHeaders?: RegExp;
   /** Hears of error detail withheld from a client (paths, addresses; see clientError), to log it. */
   logger?: { warn(obj: object, msg?: string): void };
-}
-
-/** A logger's report of error detail withheld from a client. */
-export function loggingWithheld(
-  logger: { warn(obj: object, msg?: string): void } | undefined,
-): ((detail: string, sent: string) => void) | undefined {
-  return logger && ((detail, sent) => logger.warn({ detail, sent }, "error detail withheld from the client"));
 }
 
 /** What every method reads: the registry, the server's options, the withheld-detail log. */
@@ -186,7 +180,7 @@ class InferStream {
     const { registry, withheld } = this.served;
     try {
       const context = callContext(this.served, this.ctx);
-      const { decoupled, responses } = await streamModelInfer(registry, msg, this.ctx.signal, context);
+      const { decoupled, responses } = streamModelInfer(registry, msg, this.ctx.signal, context);
       for await (const inferResponse of responses) {
         // The client went away: stop the model's responses (its iterator is returned) rather than queue them unread.
         if (this.ctx.signal.aborted) return;

@@ -2,6 +2,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { ModelRegistry } from "@trellis/kserve";
 import type { DecompressionBudget, SystemSharedMemory } from "@trellis/kserve/wire";
+import { loggingWithheld } from "../infer.js";
 import type { LogSettingsControl } from "../log-settings.js";
 import type { ApiRestrictions } from "../restrictions.js";
 import type { TraceControl } from "../trace-settings.js";
@@ -45,9 +46,7 @@ export class RestFrontend {
   constructor(readonly ctx: RestContext) {
     this.registry = ctx.registry;
     this.limits = { maxBytes: ctx.maxInputBytes ?? DEFAULT_HTTP_MAX_INPUT_BYTES, budget: ctx.decompressionBudget };
-    const { logger } = ctx;
-    this.withheld =
-      logger.warn && ((detail, sent) => logger.warn?.({ detail, sent }, "error detail withheld from the client"));
+    this.withheld = loggingWithheld(ctx.logger);
   }
 
   /** The request's body, within the frontend's limits. */

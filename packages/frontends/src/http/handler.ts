@@ -9,16 +9,6 @@ import { HttpError, headerOf, sendError } from "./body.js";
 import { type RestContext, RestFrontend } from "./context.js";
 import { findRoute } from "./routes.js";
 
-export {
-  DEFAULT_HTTP_MAX_INPUT_BYTES,
-  HttpError,
-  httpStatus,
-  sendEmpty,
-  sendJson,
-} from "./body.js";
-export type { Exchange, RestContext } from "./context.js";
-export { configToJson, ROUTES, type Route } from "./routes.js";
-
 /** The request's path, percent-decoded (400 for a malformed escape). */
 function decodedPath(req: IncomingMessage): string {
   const rawPath = (req.url ?? "/").split("?")[0] ?? "/";

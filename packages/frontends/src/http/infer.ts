@@ -14,6 +14,7 @@ import {
   sharedMemoryNotTaken,
   sharedMemoryOutputParameters,
   sharedMemoryRef,
+  tensorToRaw,
   withoutSharedMemory,
 } from "@trellis/kserve/wire";
 import {
@@ -28,7 +29,7 @@ import {
   StageError,
   type Tensor,
 } from "@trellis/stage";
-import { forwardedHeaders } from "../header-forwarding.js";
+import { forwardedHeaders, withForwardedHeaders } from "../header-forwarding.js";
 import { type DecodedInfer, type InferCall, inferAnswers, inferOnce } from "../infer.js";
 import { badRequest, headerOf, parseJson, parseObject, sendError, sendJson } from "./body.js";
 import type { Exchange, RestFrontend } from "./context.js";
@@ -41,7 +42,6 @@ import {
   tensorFromBinary,
   tensorFromJson,
   tensorToJsonData,
-  tensorToRaw,
 } from "./json.js";
 
 const HEADER_LENGTH = "inference-header-content-length";
@@ -115,7 +115,6 @@ function httpCall(x: Exchange, received: Receipt): InferCall {
     signal: abort.signal,
     tracing: rest.ctx.tracing,
     header: (h) => headerOf(req, h),
-    forwarded: rest.ctx.forwardHeaders && forwardedHeaders(rest.ctx.forwardHeaders, Object.entries(req.headers)),
     withheld: rest.withheld,
     // A sampled request's receipt stamped; its send end stamped and the trace ended as the answer goes.
     traced: (trace: RequestTrace) => {
@@ -126,6 +125,13 @@ function httpCall(x: Exchange, received: Receipt): InferCall {
       res.once("close", () => trace.end());
     },
   };
+}
+
+/** The request's parameters with its forwarded headers (--http-header-forward-pattern) joining them. */
+function withForwarded({ ctx }: RestFrontend, req: IncomingMessage, parameters: Parameters | undefined) {
+  return ctx.forwardHeaders
+    ? withForwardedHeaders(parameters, forwardedHeaders(ctx.forwardHeaders, Object.entries(req.headers)))
+    : parameters;
 }
 
 /** The model's name from the path, for errors that name it. */
@@ -202,6 +208,7 @@ function decodeInfer(body: InferBody): DecodedInfer<InferAnswer> {
   const shared = body.rest.ctx.sharedMemory;
   const inputs = decodeInputs({ json, binary, model: body.model, sharedMemory: shared });
   const params = parametersFromJson(json.parameters, "request") ?? {};
+  // Read from the request's own parameters, before forwarded headers join them.
   const options: InferOptions = inferOptionsFromParameters(params);
   const { binary_data_output: binaryDefault, priority: _p, timeout: _t, ...stageParams } = params;
   if (binaryDefault !== undefined && typeof binaryDefault !== "boolean") {
@@ -212,15 +219,14 @@ function decodeInfer(body: InferBody): DecodedInfer<InferAnswer> {
     id: typeof json.id === "string" && json.id ? json.id : undefined,
     inputs,
     outputs: wanted.outputs,
-    parameters: Object.keys(stageParams).length > 0 ? stageParams : undefined,
+    parameters: withForwarded(body.rest, body.req, Object.keys(stageParams).length > 0 ? stageParams : undefined),
   };
   const placing: OutputPlacing = { ...wanted, binaryDefault: binaryDefault === true, sharedMemory: shared };
-  // Read from the request's own parameters, before forwarded headers join them.
   const encode = (response: InferResponse) => {
     body.received.trace?.stamp("HTTP_SEND_START");
     return encodeInfer(response, placing, body.rest);
   };
-  return { request, options: () => options, encode };
+  return { request, options, encode };
 }
 
 /** Each input as a tensor: JSON data, its slice of the binary section, or a shared memory region. */
@@ -377,16 +383,19 @@ async function sendInferAnswer(req: IncomingMessage, res: ServerResponse, answer
  */
 export async function generateRoute(x: Exchange, streaming: boolean): Promise<void> {
   const { rest, req } = x;
-  rest.registry.resolve(modelOf(x), x.match[2] ?? "");
+  const stage = rest.registry.resolve(modelOf(x), x.match[2] ?? "");
   const received = receipt();
   const body = parseJson(await rest.body(req), "generate request");
   received.endNs = nowNs();
   const call = httpCall(x, received);
-  const { answers } = await inferAnswers(call, async (stage) => ({
-    request: generateRequest(body, await stage.metadata(), stage.config.maxBatchSize > 0),
-    options: () => ({}),
-    encode: generateAnswer,
-  }));
+  // The model looked up once, before the body, and run as it was then.
+  call.stage = stage;
+  const metadata = await stage.metadata();
+  const { answers } = inferAnswers(call, () => {
+    const request = generateRequest(body, metadata, stage.config.maxBatchSize > 0);
+    request.parameters = withForwarded(rest, req, request.parameters);
+    return { request, options: {}, encode: generateAnswer };
+  });
   const generated = { answers, trace: received.trace, signal: call.signal };
   return streaming ? streamGenerated(x, generated) : sendGenerated(x, generated);
 }

@@ -7,13 +7,7 @@
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { shownValue } from "@trellis/kserve";
-import {
-  contentsFieldOf,
-  tensorFromContents,
-  tensorFromRaw,
-  tensorToContents,
-  tensorToRaw,
-} from "@trellis/kserve/wire";
+import { contentsFieldOf, tensorFromContents, tensorFromRaw, tensorToContents } from "@trellis/kserve/wire";
 import { type InferTensorContents, InferTensorContentsSchema } from "@trellis/protocol";
 import { Code, type DataType, type Parameters, StageError, type Tensor } from "@trellis/stage";
 import { isDataType } from "@trellis/stage/backend";
@@ -183,8 +177,6 @@ export function stringifyJson(body: unknown): string {
   const [head = "", ...rest] = text.split(JSON.stringify(marker).slice(0, -1));
   return head + rest.map((part) => part.replace(/^(-?\d+)"/, "$1")).join("");
 }
-
-export { tensorToRaw };
 
 /** JSON parameters as stage Parameters (strings, numbers, booleans only). */
 export function parametersFromJson(params: Record<string, unknown> | undefined, where: string): Parameters | undefined {
