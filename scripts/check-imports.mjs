@@ -32,8 +32,9 @@ const LAYERS = {
   "@trellis/stage": ["@trellis/protocol"],
   "@trellis/kserve": CONTRACT,
   "@trellis/runtime": [...CONTRACT, "@trellis/kserve"],
-  "@trellis/preprocess": CONTRACT,
-  "@trellis/postprocess": CONTRACT,
+  // Their friendly factories (createPreprocess, createPostprocess) serve them by the model runtime.
+  "@trellis/preprocess": SERVING,
+  "@trellis/postprocess": SERVING,
   "@trellis/ensemble-runner": CONTRACT,
   "@trellis/frontends": [...CONTRACT, "@trellis/kserve"],
   "@trellis/inference-onnx": SERVING,

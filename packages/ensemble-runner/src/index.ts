@@ -7,4 +7,5 @@ export {
   type ResolveStep,
   type StepStatistics,
 } from "./ensemble.js";
+export { createPipeline, type PipelineFromConfig, type PipelineOptions, type PipelineStep } from "./pipeline.js";
 export type { EnsemblePlan, Producer, StepPlan } from "./plan.js";

@@ -15,7 +15,11 @@ export {
 export type { ModelTensorInfo } from "./protocol.js";
 export {
   createOnnxModel,
+  createOnnxStage,
+  createStage,
+  type OnnxDefinition,
   type OnnxModel,
+  type OnnxStage,
   type OnnxStageOptions,
   SYNTHETIC_MARKER_FILE,
   SYNTHETIC_METADATA_KEY,

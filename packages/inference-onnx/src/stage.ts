@@ -9,7 +9,13 @@ import { readFile, stat } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { basename, dirname, join } from "node:path";
 import type { ModelConfig } from "@trellis/protocol";
-import type { BatchingStrategy, ModelBackend } from "@trellis/runtime";
+import {
+  type BatchingStrategy,
+  definitionBackend,
+  type ModelBackend,
+  type ModelRuntime,
+  serveDefinition,
+} from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
@@ -19,13 +25,25 @@ import {
   formatShape,
   metadataFromConfig,
   nowNs,
+  type Stage,
+  type StageDefinition,
   StageError,
+  type StageFactoryOptions,
   type StageLogger,
   type StageMetadata,
   type Tensor,
   type TensorData,
 } from "@trellis/stage";
-import { allocate, bytesOf, elementSize, modelFilePath, randomData, viewAs } from "@trellis/stage/backend";
+import {
+  allocate,
+  bytesOf,
+  elementSize,
+  type ModelConfigSource,
+  modelConfigOf,
+  modelFilePath,
+  randomData,
+  viewAs,
+} from "@trellis/stage/backend";
 import {
   autoCompleteConfig,
   checkConfigAgainstModel,
@@ -38,9 +56,15 @@ import type { WireTensor } from "./protocol.js";
 import { SessionWorker } from "./session-worker.js";
 
 export interface OnnxStageOptions {
-  config: ModelConfig;
-  /** `<repository>/<model>` */
-  modelDir: string;
+  /**
+   * The model's config.pbtxt, parsed or as text; default empty. Sections it leaves out are
+   * completed from the model unless strictModelConfig is true.
+   */
+  config?: ModelConfigSource;
+  /** `<repository>/<model>`, holding `<version>/model.onnx` (or the config's default_model_filename). */
+  modelDir?: string;
+  /** The .onnx file itself, instead of modelDir's layout. */
+  modelPath?: string;
   /** Version being served; default "1". */
   version?: string;
   /** Folder holding the model file; default `<modelDir>/<version>`. */
@@ -57,7 +81,7 @@ export interface OnnxStageOptions {
   cpuGate?: CpuGate;
 }
 
-/** A loaded ONNX model: what the model runtime serves it with. */
+/** A loaded ONNX model: what the model runtime serves it with. @deprecated Use createStage (a StageDefinition) or createOnnxStage (a ready Stage). */
 export interface OnnxModel {
   /** The config served: as given, or completed from the model (strictModelConfig false). */
   readonly config: ModelConfig;
@@ -70,6 +94,29 @@ export interface OnnxModel {
   readonly backend: ModelBackend;
   /** How the runtime's dynamic batcher forms its batches (parameter batching_strategy). */
   readonly strategy: BatchingStrategy;
+}
+
+/** What an ONNX model computes, for the model runtime: one session per instance, each in a worker thread. */
+export interface OnnxDefinition extends StageDefinition {
+  /** The config served: as given, or completed from the model (strictModelConfig false). */
+  readonly config: ModelConfig;
+  readonly version: string;
+  /** One per session started. */
+  readonly instances: number;
+  /** The model carries Trellis's synthetic marker: its weights are random and its predictions meaningless. */
+  readonly synthetic: boolean;
+  /** The ONNX file loaded. */
+  readonly modelPath: string;
+}
+
+/** An ONNX model served in process by the model runtime (request checks, dynamic batching, instances). */
+export interface OnnxStage extends Stage {
+  /** The model carries Trellis's synthetic marker: its weights are random and its predictions meaningless. */
+  readonly synthetic: boolean;
+  /** The ONNX file loaded. */
+  readonly modelPath: string;
+  /** Requests in the dynamic batcher's queue (executing ones not counted). */
+  pendingRequests(): number;
 }
 
 /** ONNX metadata_props key (or version-folder file) that marks a synthetic model (`pnpm models:synth`). */
@@ -209,21 +256,34 @@ async function warmupFeeds(config: ModelConfig, index: number, versionDir: strin
   return feeds;
 }
 
-/** Loads the ONNX model of `options` (sessions started, config checked, warmed up) for the model runtime. */
-export async function createOnnxModel(options: OnnxStageOptions): Promise<OnnxModel> {
+/** Where the model file is, its name, version and version folder, from the options. */
+async function locate(options: OnnxStageOptions, given: ModelConfig) {
   const version = options.version ?? "1";
+  if (options.modelPath) {
+    const versionDir = options.versionDir ?? dirname(options.modelPath);
+    const name = given.name || basename(options.modelPath).replace(/\.onnx$/i, "");
+    // A path the caller gave in its own program (not a repository's config): taken as it is.
+    if (!(await stat(options.modelPath).catch(() => undefined))?.isFile()) {
+      throw new StageError(Code.NotFound, name, `no model file ${basename(options.modelPath)}`);
+    }
+    return { version, versionDir, name, modelPath: options.modelPath };
+  }
+  if (!options.modelDir) {
+    throw new StageError(Code.InvalidArgument, given.name || "onnx", "give modelPath (the .onnx file) or modelDir");
+  }
   const versionDir = options.versionDir ?? join(options.modelDir, version);
-  const given = options.config;
   const name = given.name || basename(options.modelDir);
-  const log = options.logger;
   const modelPath = await resolveModelPath(name, versionDir, given.defaultModelFilename || "model.onnx");
+  return { version, versionDir, name, modelPath };
+}
 
+/** One session per instance_group instance, each in a worker thread; all started, or none. */
+async function startSessions(name: string, given: ModelConfig, modelPath: string) {
   const plans = planInstances(given);
   const cpuInstances = plans.filter((p) => p.kind === "CPU").length;
   const instanceOptions = plans.map((plan) => sessionOptions(given, plan, cpuInstances));
   // Runs hold the CPU gate alone when every instance's threads cover every core.
   const exclusive = plans.every((plan, i) => exclusiveCpu(given, plan, instanceOptions[i]!.intraOpNumThreads));
-  const maxSharedWaitMs = exclusiveCpuMaxWaitMs(given);
   const gpuWithoutProvider = plans.find((p) => p.kind === "GPU" && !executionProvidersInstalled(p.executionProviders));
   if (gpuWithoutProvider) throw noGpu(name, gpuWithoutProvider);
   const started = await Promise.allSettled(
@@ -238,22 +298,68 @@ export async function createOnnxModel(options: OnnxStageOptions): Promise<OnnxMo
     const message = reason instanceof Error ? reason.message : String(reason);
     // One line an operator can act on, not onnxruntime's own words (a shared library it could not load).
     if (plan.kind === "GPU") throw noGpu(name, plan);
-    throw new StageError(Code.Internal, name, `onnxruntime could not load ${modelPath}: ${message}`);
+    throw new StageError(Code.Internal, name, `onnxruntime could not load ${basename(modelPath)}: ${message}`);
   }
+  return { workers, exclusive };
+}
+
+/** The config served: as given, or completed from the model; checked against the model's tensors. */
+function servedConfig(name: string, given: ModelConfig, worker: SessionWorker, options: OnnxStageOptions): ModelConfig {
+  const io = { inputs: worker.inputs, outputs: worker.outputs };
+  const config = options.strictModelConfig ? given : autoCompleteConfig(given, io, options);
+  if (!config.name) config.name = name;
+  if (config.input.length === 0 || config.output.length === 0) {
+    throw new StageError(
+      Code.InvalidArgument,
+      name,
+      "strict model config needs input and output sections (or load with strictModelConfig: false)",
+    );
+  }
+  checkConfigAgainstModel(config, io);
+  return config;
+}
+
+/** Warmup runs on every instance before the model reports ready, outside the statistics (as Triton's). */
+async function warmUp(config: ModelConfig, workers: SessionWorker[], versionDir: string): Promise<void> {
+  const reshape = reshaper(config);
+  const outputNames = config.output.map((o) => o.name);
+  try {
+    for (let i = 0; i < config.modelWarmup.length; i++) {
+      const w = config.modelWarmup[i]!;
+      for (const worker of workers) {
+        for (let n = 0; n < Math.max(1, w.count); n++) {
+          const feeds = await warmupFeeds(config, i, versionDir);
+          await worker.run(
+            feeds.map((f) => ({ ...f, dims: reshape.toModel(f.name, f.dims) })),
+            outputNames,
+          );
+        }
+      }
+    }
+  } catch (err) {
+    const warmupName = config.modelWarmup.map((w) => w.name).join(", ");
+    throw new StageError(
+      Code.Internal,
+      config.name,
+      `warmup (${warmupName}) failed: ${err instanceof Error ? err.message : String(err)}`,
+    );
+  }
+}
+
+/**
+ * Loads the ONNX model of `options` (sessions started, config checked, warmed up): what it
+ * computes, for the model runtime. Each execution is a merged batch run on the session of its
+ * instance; the runtime checks, batches, sequences, rate-limits and counts.
+ */
+async function loadOnnx(options: OnnxStageOptions): Promise<OnnxDefinition> {
+  const given = modelConfigOf(options.config ?? "");
+  const { version, versionDir, name, modelPath } = await locate(options, given);
+  const log = options.logger;
+  const { workers, exclusive } = await startSessions(name, given, modelPath);
 
   let config: ModelConfig;
   try {
-    const io = { inputs: workers[0]!.inputs, outputs: workers[0]!.outputs };
-    config = options.strictModelConfig ? given : autoCompleteConfig(given, io, options);
-    if (!config.name) config.name = name;
-    if (config.input.length === 0 || config.output.length === 0) {
-      throw new StageError(
-        Code.InvalidArgument,
-        name,
-        "strict model config needs input and output sections (or load with strictModelConfig: false)",
-      );
-    }
-    checkConfigAgainstModel(config, io);
+    config = servedConfig(name, given, workers[0]!, options);
   } catch (err) {
     await Promise.all(workers.map((w) => w.close()));
     throw err;
@@ -276,59 +382,48 @@ export async function createOnnxModel(options: OnnxStageOptions): Promise<OnnxMo
   const outputNames = config.output.map((o) => o.name);
   const reshape = reshaper(config);
   const gate = options.cpuGate;
-  const gateAdmit =
-    exclusive && gate ? () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) : undefined;
-  // Each worker is one instance; the model runtime checks, batches, sequences, rate-limits and counts.
-  const backend: ModelBackend = {
+  const maxSharedWaitMs = exclusiveCpuMaxWaitMs(config);
+  const close = async () => {
+    await Promise.all(workers.map((w) => w.close()));
+  };
+  const definition: OnnxDefinition = {
+    config,
+    version,
     instances: workers.length,
-    ...(gateAdmit ? { admit: gateAdmit } : {}),
-    execute: async (batch, ctx) => {
-      const worker = workers[ctx.instance]!;
+    synthetic,
+    modelPath,
+    ...(exclusive && gate ? { admit: () => gate.tryAcquireExclusive() ?? gate.acquireExclusive(maxSharedWaitMs) } : {}),
+    compute: async (batch, _options, execution) => {
+      // Outside the runtime (defineStage), every execution goes to the first session.
+      const worker = workers[execution?.instance ?? 0]!;
       const t0 = nowNs();
       const feeds = batch.inputs.map((t) => {
-        const feed = toWire(t, ctx.ownsInputs, worker);
+        const feed = toWire(t, execution?.ownsInputs ?? false, worker);
         return { ...feed, dims: reshape.toModel(feed.name, feed.dims) };
       });
       const fetches = batch.outputs?.length ? batch.outputs.map((o) => o.name) : outputNames;
       const r = await worker.run(feeds, fetches);
       const outputs = r.outputs.map((w) => fromWire(name, { ...w, dims: reshape.fromModel(w.name, w.dims) }));
-      const t1 = nowNs();
-      return {
-        outputs,
-        times: { computeInputNs: r.startNs - t0, computeInferNs: r.endNs - r.startNs, computeOutputNs: t1 - r.endNs },
-      };
+      if (execution) {
+        Object.assign(execution.times, {
+          computeInputNs: r.startNs - t0,
+          computeInferNs: r.endNs - r.startNs,
+          computeOutputNs: nowNs() - r.endNs,
+        });
+      }
+      return outputs;
     },
     isReady: () => workers.every((w) => w.alive),
     metadata: () => metadata,
-    close: async () => {
-      await Promise.all(workers.map((w) => w.close()));
-    },
+    close,
   };
 
-  // Warmup runs on every instance before the stage reports ready, outside the statistics (as Triton's).
   try {
-    for (let i = 0; i < config.modelWarmup.length; i++) {
-      const w = config.modelWarmup[i]!;
-      for (const worker of workers) {
-        for (let n = 0; n < Math.max(1, w.count); n++) {
-          const feeds = await warmupFeeds(config, i, versionDir);
-          await worker.run(
-            feeds.map((f) => ({ ...f, dims: reshape.toModel(f.name, f.dims) })),
-            outputNames,
-          );
-        }
-      }
-    }
+    await warmUp(config, workers, versionDir);
   } catch (err) {
-    await backend.close();
-    const warmupName = config.modelWarmup.map((w) => w.name).join(", ");
-    throw new StageError(
-      Code.Internal,
-      name,
-      `warmup (${warmupName}) failed: ${err instanceof Error ? err.message : String(err)}`,
-    );
+    await close();
+    throw err;
   }
-
   log?.info(
     {
       model: name,
@@ -342,5 +437,52 @@ export async function createOnnxModel(options: OnnxStageOptions): Promise<OnnxMo
     "onnxruntime model loaded",
   );
   // sequence_batching's control and state tensors are added by the runtime's sequence batcher.
-  return { config, version, synthetic, modelPath, backend, strategy: batchingStrategy(config) };
+  return definition;
+}
+
+/**
+ * The repository loader's entry point, as every stage package's: what the ONNX model of
+ * `options` computes (sessions started, config checked, warmed up), for the model runtime to
+ * serve. `strictModelConfig` defaults to false here (a library caller's config may leave the
+ * tensors out); the server passes its --strict-model-config.
+ */
+export function createStage(
+  options: StageFactoryOptions & { strictModelConfig?: boolean; defaultMaxBatchSize?: number },
+): Promise<OnnxDefinition> {
+  return loadOnnx(options);
+}
+
+/**
+ * The ONNX model of `options`, ready to use in process: served by the model runtime as the
+ * server serves it (request checks, dynamic batching as its config says, one session per
+ * instance_group instance).
+ */
+export async function createOnnxStage(options: OnnxStageOptions): Promise<OnnxStage> {
+  const definition = await loadOnnx(options);
+  const runtime: ModelRuntime = await serveDefinition(definition, {
+    ...(options.modelDir ? { modelDir: options.modelDir } : {}),
+    ...(options.logger ? { logger: options.logger } : {}),
+  });
+  return Object.assign(runtime, {
+    synthetic: definition.synthetic,
+    modelPath: definition.modelPath,
+    pendingRequests: () => runtime.pendingRequests?.() ?? 0,
+  });
+}
+
+/**
+ * Loads the ONNX model of `options` as the model runtime's backend.
+ * @deprecated Use createStage (what the model computes, for serveDefinition or the repository
+ * loader) or createOnnxStage (a ready Stage); this stays for one minor version.
+ */
+export async function createOnnxModel(options: OnnxStageOptions): Promise<OnnxModel> {
+  const definition = await loadOnnx(options);
+  return {
+    config: definition.config,
+    version: definition.version,
+    synthetic: definition.synthetic,
+    modelPath: definition.modelPath,
+    backend: definitionBackend(definition, definition.instances),
+    strategy: batchingStrategy(definition.config),
+  };
 }

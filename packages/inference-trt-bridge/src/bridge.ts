@@ -14,6 +14,7 @@ import {
   remoteError,
 } from "@trellis/kserve";
 import { GRPCInferenceService, type ModelConfig, type ModelStatistics } from "@trellis/protocol";
+import { serveDefinition } from "@trellis/runtime";
 import {
   Code,
   type InferOptions,
@@ -23,6 +24,7 @@ import {
   nowNs,
   type Parameters,
   type Stage,
+  type StageDefinition,
   StageError,
   type StageLogger,
   type StageMetadata,
@@ -31,12 +33,17 @@ import {
   tensor,
   traceExecution,
 } from "@trellis/stage";
-import { float16ArrayToFloat32, float32ArrayToFloat16 } from "@trellis/stage/backend";
+import {
+  float16ArrayToFloat32,
+  float32ArrayToFloat16,
+  type ModelConfigSource,
+  modelConfigOf,
+} from "@trellis/stage/backend";
 import { type BridgePlan, checkRemote, type TensorPlan } from "./check.js";
 
 export interface TrtBridgeOptions {
-  /** The local ensemble step's config (its inputs/outputs are what the ensemble sends and expects). */
-  config: ModelConfig;
+  /** The local ensemble step's config, parsed or as config.pbtxt text (its inputs/outputs are what the ensemble sends and expects). */
+  config: ModelConfigSource;
   /** Local version served, default "1". */
   version?: string;
   /** KServe v2 gRPC endpoint of the Triton hosting the engine, e.g. "http://127.0.0.1:8101" (https:// for TLS). */
@@ -298,11 +305,12 @@ async function inferThrough(link: Link, request: InferRequest, opts?: InferOptio
 
 /**
  * Connects to the remote model, waits for it, checks it against the local
- * config and returns the bridge stage. Load errors name the remote model,
+ * config and returns the bridge's link to it. Load errors name the remote model,
  * the tensor, and expected vs got.
  */
-export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage> {
-  const { config, endpoint } = options;
+async function connectBridge(options: TrtBridgeOptions): Promise<Stage> {
+  const { endpoint } = options;
+  const config = modelConfigOf(options.config);
   const name = config.name;
   const version = options.version ?? "1";
   const remoteName = options.modelName || name;
@@ -386,4 +394,28 @@ export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage>
     statistics: (): ModelStatistics => link.stats.snapshot(),
     close: async () => transport.close(),
   };
+}
+
+/**
+ * What the bridge computes, for the model runtime: each execution one call to the remote model
+ * (connected, waited for and checked against the local config first). Closing it closes the connection.
+ */
+export async function bridgeDefinition(options: TrtBridgeOptions): Promise<StageDefinition> {
+  const link = await connectBridge(options);
+  return {
+    config: link.config,
+    version: link.version,
+    compute: async (request, opts) => (await link.infer(request, opts)).outputs,
+    isReady: () => link.isReady(),
+    metadata: () => link.metadata(),
+    close: () => link.close(),
+  };
+}
+
+/**
+ * The bridge in process, ready to use: the remote model connected and checked, each request
+ * checked against the local config and batched as it says by the model runtime, then sent.
+ */
+export async function createTrtBridge(options: TrtBridgeOptions): Promise<Stage> {
+  return serveDefinition(await bridgeDefinition(options), options.logger ? { logger: options.logger } : {});
 }

@@ -4,8 +4,15 @@
  */
 import { readFileSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
-import { Code, configInteger, configParameter, type Stage, StageError, type StageFactoryOptions } from "@trellis/stage";
-import { createTrtBridge, type TrtBridgeOptions } from "./bridge.js";
+import {
+  Code,
+  configInteger,
+  configParameter,
+  type StageDefinition,
+  StageError,
+  type StageFactoryOptions,
+} from "@trellis/stage";
+import { bridgeDefinition, type TrtBridgeOptions } from "./bridge.js";
 
 /** Parameter keys the bridge reads (config.pbtxt `parameters`). */
 export const PARAMETERS = {
@@ -89,7 +96,10 @@ export function bridgeOptionsFromConfig(options: StageFactoryOptions): TrtBridge
   };
 }
 
-/** The StageFactory entry point (`parameters { key: "module" value: { string_value: "@trellis/inference-trt-bridge" } }`). */
-export async function createStage(options: StageFactoryOptions): Promise<Stage> {
-  return createTrtBridge(bridgeOptionsFromConfig(options));
+/**
+ * The repository loader's entry point, as every stage package's (`parameters { key: "module"
+ * value: { string_value: "@trellis/inference-trt-bridge" } }`): what the bridge computes.
+ */
+export async function createStage(options: StageFactoryOptions): Promise<StageDefinition> {
+  return bridgeDefinition(bridgeOptionsFromConfig(options));
 }

@@ -4,11 +4,11 @@ import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { type ListeningServer, type ListenOptions, listenStage, serveStage } from "@trellis/frontends";
 import { type ModelInferRequest, parseModelConfig } from "@trellis/protocol";
-import { Code, type Stage, tensor } from "@trellis/stage";
+import { Code, defineStage, type Stage, tensor } from "@trellis/stage";
 import { float32ToFloat16Bits } from "@trellis/stage/backend";
 import { rejectionOf, TLS_CERT_PATH, TLS_KEY_PATH } from "@trellis/testing";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { createStage, createTrtBridge } from "../src/index.js";
+import { bridgeDefinition, createStage, createTrtBridge } from "../src/index.js";
 import { scaleConfig, scaleStage } from "./fixtures/test-stage.mjs";
 import { type Child, freePort, listenH2, spawnServer } from "./helpers.js";
 
@@ -95,7 +95,9 @@ parameters { key: "remote_model_version" value: { string_value: "1" } }
 parameters { key: "timeout_ms" value: { string_value: "5000" } }
 parameters { key: "header:triton-grpc-protocol-infer" value: { string_value: "infer-key" } }
 `);
-    const bridge = await createStage({ config, modelDir: "/nonexistent", version: "1", versionDir: "/nonexistent/1" });
+    const bridge = defineStage(
+      await createStage({ config, modelDir: "/nonexistent", version: "1", versionDir: "/nonexistent/1" }),
+    );
     const res = await bridge.infer({ inputs: [batch(2)] });
     expect(Array.from(res.outputs[0]?.data as Float32Array)).toEqual(
       Array.from(batch(2).data as Float32Array, (v) => v * 2),
@@ -380,9 +382,23 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]`);
 });
 
 describe("failures while running", () => {
-  it("keeps the remote's error code and says the remote raised it", async () => {
+  it("refuses in process, in Triton's words, what the local config does not accept", async () => {
     const server = await serve(scaleStage(scaleConfig()));
     const bridge = await createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "scale" });
+    const bad = tensor("x", "INT32", [1, 4], Int32Array.from([1, 2, 3, 4]));
+    const err = await rejectionOf(bridge.infer({ inputs: [bad] }), ConnectError);
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.message).toContain("inference input 'x' data-type is 'INT32', but model 'scale_bridge' expects 'FP32'");
+    expect((await bridge.statistics()).inferenceStats?.fail?.count).toBe(1n);
+    await bridge.close();
+  });
+
+  it("keeps the remote's error code and says the remote raised it", async () => {
+    const server = await serve(scaleStage(scaleConfig()));
+    // What the bridge computes, without the local checks in front: the remote refuses.
+    const bridge = defineStage(
+      await bridgeDefinition({ config: localConfig(), endpoint: server.url, modelName: "scale" }),
+    );
     const bad = tensor("x", "INT32", [1, 4], Int32Array.from([1, 2, 3, 4]));
     const err = await rejectionOf(bridge.infer({ inputs: [bad] }), ConnectError);
     expect(err.code).toBe(Code.InvalidArgument);

@@ -6,7 +6,7 @@ import { basename, dirname, join } from "node:path";
 import { ConnectError } from "@connectrpc/connect";
 import { createOnnxModel, type OnnxModel } from "@trellis/inference-onnx";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
-import { Code, type Stage, tensor } from "@trellis/stage";
+import { Code, defineStage, type Stage, tensor } from "@trellis/stage";
 import {
   MOBILENET_PATH,
   modelsDir,
@@ -47,7 +47,7 @@ beforeAll(async () => {
   const endpoint = config.parameters.endpoint;
   if (!endpoint) throw new Error("committed bridge config has no endpoint parameter");
   endpoint.stringValue = `http://127.0.0.1:${server.port}`;
-  bridge = await createStage({ config, modelDir: ".", version: "1", versionDir: "1" });
+  bridge = defineStage(await createStage({ config, modelDir: ".", version: "1", versionDir: "1" }));
   const data = new Float32Array(IMAGES.length * 3 * 224 * 224);
   for (const [i, image] of IMAGES.entries()) {
     data.set(readReferenceTensor(image), i * 3 * 224 * 224);

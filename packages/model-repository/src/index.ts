@@ -6,6 +6,7 @@
  */
 export { configBoundsProblem, defaultMaxInstancesPerModel } from "./config-bounds.js";
 export { modelLoader } from "./default-loader.js";
+export { type LoadModelOptions, loadModel } from "./load-model.js";
 export { connectRemote, type LoadStageOptions, loadStage, REMOTE_DEFAULTS, type RemoteOptions } from "./loader.js";
 export { classification, DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed-model.js";
 export {

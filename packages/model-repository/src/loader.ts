@@ -8,13 +8,12 @@ import { stat } from "node:fs/promises";
 import { basename, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { createEnsemble, type EnsembleStage, type ResolveStep } from "@trellis/ensemble-runner";
-import type { OnnxModel, OnnxStageOptions } from "@trellis/inference-onnx";
 import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
 import type { ModelConfig } from "@trellis/protocol";
 import {
-  type BatchingStrategy,
   createModelRuntime,
   definitionBackend,
+  definitionInstances,
   instanceCount,
   type ModelBackend,
   stageBackend,
@@ -299,14 +298,14 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   if (options.cpuGate) factoryOptions.cpuGate = options.cpuGate;
   const backend = config.backend;
   if (onnx) {
-    const mod = await importModule(ONNX_PACKAGE, model.name);
-    const onnxOptions: OnnxStageOptions = {
+    // @trellis/inference-onnx's createStage, as any stage package's, given the server's config rules.
+    const factory = factoryOf(await importModule(ONNX_PACKAGE, model.name), ONNX_PACKAGE, model.name);
+    const onnxOptions = {
       ...factoryOptions,
       strictModelConfig: options.strictModelConfig ?? true,
       ...(options.defaultMaxBatchSize !== undefined ? { defaultMaxBatchSize: options.defaultMaxBatchSize } : {}),
     };
-    const loaded = await (mod.createOnnxModel as (o: OnnxStageOptions) => Promise<OnnxModel>)(onnxOptions);
-    return serveModel(loaded, model, options);
+    return serveTypescript(await factory(onnxOptions), model, options);
   }
   if (backend === "typescript") {
     const made =
@@ -353,9 +352,9 @@ function serveTypescript(
   options: LoadStageOptions,
 ): Promise<Stage> {
   const { config } = model;
-  const counted = config.instanceGroup.length > 0 || config.schedulingChoice.case === "dynamicBatching";
-  const instances = counted ? instanceCount(config) : Number.POSITIVE_INFINITY;
-  const backend = isStageDefinition(made) ? definitionBackend(made, instances) : stageBackend(made, instances);
+  const backend = isStageDefinition(made)
+    ? definitionBackend(made, definitionInstances(made))
+    : stageBackend(made, definitionInstances({ config }));
   return serveModel({ config: made.config, version: made.version ?? options.version, backend }, model, options);
 }
 
@@ -365,7 +364,7 @@ function serveTypescript(
  * backend. Every model the server serves, whatever computes it, gets its runtime here.
  */
 function serveModel(
-  served: { config: ModelConfig; version: string; backend: ModelBackend; strategy?: BatchingStrategy },
+  served: { config: ModelConfig; version: string; backend: ModelBackend },
   model: RepositoryModel,
   options: LoadStageOptions,
 ): Promise<Stage> {
@@ -374,7 +373,6 @@ function serveModel(
     version: served.version,
     backend: served.backend,
     modelDir: model.modelDir,
-    ...(served.strategy ? { strategy: served.strategy } : {}),
     ...(options.defaultMaxQueueSize ? { defaultMaxQueueSize: options.defaultMaxQueueSize } : {}),
     ...(options.rateLimiter ? { rateLimiter: options.rateLimiter } : {}),
     ...(options.logger ? { logger: options.logger } : {}),

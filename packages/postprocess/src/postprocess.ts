@@ -5,7 +5,8 @@
  */
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
+import { type ModelConfig, type ModelStatistics, parseModelConfig } from "@trellis/protocol";
+import { type ModelRuntime, serveDefinition } from "@trellis/runtime";
 import {
   bytesTensor,
   Code,
@@ -27,7 +28,7 @@ import {
   type Tensor,
   traceExecution,
 } from "@trellis/stage";
-import { checkInferRequest, modelFilePath } from "@trellis/stage/backend";
+import { checkInferRequest, type ModelConfigSource, modelConfigOf, modelFilePath } from "@trellis/stage/backend";
 import { cFixed6, pyJsonFloatList, pyJsonStringList } from "./format.js";
 import { loadLabels } from "./labels.js";
 import { softmaxRowF32, topK } from "./softmax.js";
@@ -38,8 +39,11 @@ export const DEFAULT_LABEL_FILE = "imagenet_classes.txt";
 export const DEFAULT_TOP_K = 5;
 
 export interface PostprocessOptions {
-  /** The model's config.pbtxt: names, max_batch_size, parameters (`top_k`), `label_filename`. */
-  config: ModelConfig;
+  /**
+   * The model's config.pbtxt, parsed or as text: names, max_batch_size, parameters (`top_k`),
+   * `label_filename`. Default: the seed's (LOGITS FP32 [classes] → OUTPUT_RESULTS, max_batch_size 256).
+   */
+  config?: ModelConfigSource;
   version?: string;
   /** `<repository>/<model>`: where Triton resolves an output's `label_filename`. */
   modelDir?: string;
@@ -47,6 +51,8 @@ export interface PostprocessOptions {
   versionDir?: string;
   /** Labels given directly; then no file is read. */
   labels?: readonly string[];
+  /** A label file (one label a line) to read, when `labels` is not given. */
+  labelsFile?: string;
   /** Overrides the config's `top_k` parameter. */
   topK?: number;
   logger?: StageLogger;
@@ -62,6 +68,8 @@ function parseK(raw: ParameterValue | undefined, what: string, stage: string, ma
 
 async function resolveLabels(options: PostprocessOptions, outputLabelFile: string, stage: string): Promise<string[]> {
   if (options.labels) return [...options.labels];
+  // A file the caller's own program names (not a repository's config): read as it is.
+  if (options.labelsFile) return loadLabels(options.labelsFile, stage);
   if (outputLabelFile) {
     // Triton resolves label_filename against the model directory; the seed
     // kept its labels in the version folder, so that is tried next.
@@ -92,6 +100,8 @@ export class PostprocessStage implements Stage {
   private readonly labelsKey: string;
   private readonly probsKey: string;
   private closed = false;
+  /** The model runtime serving this stage's definition (createPostprocess): infer goes through it. */
+  private served: ModelRuntime | undefined;
 
   constructor(
     readonly config: ModelConfig,
@@ -131,11 +141,23 @@ export class PostprocessStage implements Stage {
   }
 
   statistics(): ModelStatistics {
-    return this.stats.snapshot();
+    return this.served ? this.served.statistics() : this.stats.snapshot();
+  }
+
+  /** Requests waiting in its model runtime's queue. */
+  pendingRequests(): number {
+    return this.served?.pendingRequests?.() ?? 0;
   }
 
   async close(): Promise<void> {
+    if (this.served) await this.served.close();
     this.closed = true;
+  }
+
+  /** Serves this stage's definition by the model runtime from now on (createPostprocess does). */
+  async serve(): Promise<this> {
+    this.served ??= await serveDefinition(this.definition());
+    return this;
   }
 
   private fail(message: string): StageError {
@@ -189,7 +211,7 @@ export class PostprocessStage implements Stage {
   }
 
   infer(request: InferRequest, options: InferOptions = {}): Promise<InferResponse> {
-    return this.answer(request, options);
+    return this.served ? this.served.infer(request, options) : this.answer(request, options);
   }
 
   /**
@@ -202,8 +224,10 @@ export class PostprocessStage implements Stage {
       version: this.version,
       metadata: () => this.meta,
       execute: (requests, options) => requests.map((request) => this.outcome(request, options ?? {})),
-      isReady: () => this.isReady(),
-      close: () => this.close(),
+      isReady: () => !this.closed,
+      close: () => {
+        this.closed = true;
+      },
     };
   }
 
@@ -241,12 +265,25 @@ export class PostprocessStage implements Stage {
   }
 }
 
-/** Builds the postprocess stage, loading labels and checking them against the config. */
-export async function createPostprocess(options: PostprocessOptions): Promise<PostprocessStage> {
-  const { config } = options;
-  const stage = config.name || "postprocess";
-  const output = config.output[0];
+/** The seed's postprocess config, for `classes` logits. */
+function defaultConfig(classes: number): ModelConfig {
+  return parseModelConfig(
+    `name: "postprocess"
+backend: "typescript"
+max_batch_size: 256
+input [ { name: "${DEFAULT_INPUT}" data_type: TYPE_FP32 dims: [ ${classes} ] } ]
+output [ { name: "${DEFAULT_OUTPUT}" data_type: TYPE_STRING dims: [ 1 ] } ]`,
+    "(default postprocess config)",
+  );
+}
+
+/** Loads the labels, checks them against the config, and makes the stage (not yet served). */
+async function buildPostprocess(options: PostprocessOptions): Promise<PostprocessStage> {
+  const given = options.config === undefined ? undefined : modelConfigOf(options.config, "postprocess");
+  const stage = given?.name || "postprocess";
+  const output = given?.output[0];
   const labels = await resolveLabels(options, output?.labelFilename ?? "", stage);
+  const config = given ?? defaultConfig(labels.length);
   const input = config.input[0];
   const dims = input?.dims.map(Number) ?? [];
   const declared = dims.length > 0 ? dims[dims.length - 1]! : -1;
@@ -273,9 +310,17 @@ export async function createPostprocess(options: PostprocessOptions): Promise<Po
   return s;
 }
 
+/**
+ * The postprocess stage in process: labels loaded and checked against the config, served by the
+ * model runtime as the server serves it (request checks, batching as its config says).
+ */
+export async function createPostprocess(options: PostprocessOptions): Promise<PostprocessStage> {
+  return (await buildPostprocess(options)).serve();
+}
+
 /** The StageFactory entry point (`backend: "typescript"`, parameter module = @trellis/postprocess): what it computes. */
 export async function createStage(options: StageFactoryOptions): Promise<StageDefinition> {
-  const stage = await createPostprocess({
+  const stage = await buildPostprocess({
     config: options.config,
     version: options.version,
     modelDir: options.modelDir,

@@ -80,10 +80,10 @@ function oneAtATime(stage: Stage): Stage {
 }
 
 const runs: [string, () => Promise<Stage>][] = [
-  ["main thread, 1 instance", async () => oneAtATime(defineStage(createStage(factoryOptions)))],
+  ["main thread, 1 instance", async () => oneAtATime(defineStage(await createStage(factoryOptions)))],
   ["1 worker instance", () => startWorkerInstances({ specifier, factoryOptions, instances: 1 })],
   ["2 worker instances", () => startWorkerInstances({ specifier, factoryOptions, instances: 2 })],
-  ["main thread, unbounded", async () => defineStage(createStage(factoryOptions))],
+  ["main thread, unbounded", async () => defineStage(await createStage(factoryOptions))],
 ];
 console.log(
   `preprocess seed mode, 1920x1080 JPEG, concurrency ${CONCURRENCY}: ${ROUNDS} rounds of ${SLICE} s per setup, interleaved`,

@@ -6,11 +6,11 @@
  * answered on its own: a bad image fails only the request that sent it.
  */
 import { DataType as ConfigDataType, type ModelConfig, parseModelConfig } from "@trellis/protocol";
+import { type ModelRuntime, serveDefinition } from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
   datatypeFromConfig,
-  defineStage,
   formatShape,
   type InferOptions,
   type InferRequest,
@@ -23,14 +23,20 @@ import {
   type Tensor,
   tensor,
 } from "@trellis/stage";
-import { checkInferRequest, invalidArgument, type RequestSpec } from "@trellis/stage/backend";
+import {
+  checkInferRequest,
+  invalidArgument,
+  type ModelConfigSource,
+  modelConfigOf,
+  type RequestSpec,
+} from "@trellis/stage/backend";
 import { decodeCrop, ElementError, unwrap } from "./image.js";
 import { lookupTables, rowWriter } from "./normalize.js";
 import { type PreprocessParameters, parametersFromConfig, resolveParameters } from "./options.js";
 
 export interface PreprocessOptions extends Partial<PreprocessParameters> {
-  /** The model's config.pbtxt; its `parameters` are read, its input/output names used. */
-  config?: ModelConfig;
+  /** The model's config.pbtxt, parsed or as text; its `parameters` are read, its input/output names used. */
+  config?: ModelConfigSource;
   /** Model name when no config is given (default "preprocess"). */
   name?: string;
   version?: string;
@@ -115,7 +121,8 @@ function checkConfig(config: ModelConfig, p: PreprocessParameters): void {
  * options win over the config's parameters.
  */
 export function preprocessDefinition(options: PreprocessOptions = {}): StageDefinition {
-  const { config: givenConfig, name: givenName, version = "1", logger, ...explicit } = options;
+  const { config: configSource, name: givenName, version = "1", logger, ...explicit } = options;
+  const givenConfig = configSource === undefined ? undefined : modelConfigOf(configSource, givenName || "preprocess");
   const name = givenConfig?.name || givenName || "preprocess";
   const params = resolveParameters(name, givenConfig ? parametersFromConfig(givenConfig, name) : {}, explicit);
   const config = givenConfig ?? defaultConfig(name, params);
@@ -227,13 +234,52 @@ export function preprocessDefinition(options: PreprocessOptions = {}): StageDefi
   };
 }
 
-/** The preprocess stage in process (one request per execution; no queue of its own). */
-export function createPreprocess(options: PreprocessOptions = {}): Stage {
-  return defineStage(preprocessDefinition(options));
+/**
+ * The preprocess stage, ready at once: a Stage you may use as it is, or await (as every stage
+ * package's friendly factory) for the same stage once its runtime is made.
+ */
+export interface PreprocessStage extends Stage, PromiseLike<Stage> {}
+
+/**
+ * The preprocess stage in process, served by the model runtime as the server serves it: each
+ * request checked against the config, batched as its dynamic_batching says. It needs nothing
+ * loaded, so it is usable at once (`createPreprocess().infer(...)`, as in 0.1), and awaitable
+ * like the other packages' factories (`await createPreprocess()`). A bad option or config
+ * throws here.
+ */
+export function createPreprocess(options: PreprocessOptions = {}): PreprocessStage {
+  const definition = preprocessDefinition(options);
+  const served = serveDefinition(definition, options.logger ? { logger: options.logger } : {});
+  let runtime: ModelRuntime | undefined;
+  // Calls made before the runtime is made wait for it (and see its error, if it failed).
+  served.then(
+    (r) => {
+      runtime = r;
+    },
+    () => {},
+  );
+  return {
+    name: definition.config.name,
+    version: definition.version ?? "1",
+    config: definition.config,
+    isReady: async () => (await served).isReady(),
+    metadata: async () => (await served).metadata(),
+    infer: (request, inferOptions) =>
+      runtime ? runtime.infer(request, inferOptions) : served.then((r) => r.infer(request, inferOptions)),
+    statistics: async () => (await served).statistics(),
+    pendingRequests: () => runtime?.pendingRequests?.() ?? definition.pendingRequests?.() ?? 0,
+    maxQueueSize: () => runtime?.maxQueueSize() ?? 0,
+    close: async () => (await served).close(),
+    // biome-ignore lint/suspicious/noThenProperty: awaitable on purpose, as the other factories' promises.
+    then: (onfulfilled, onrejected) => served.then(onfulfilled, onrejected),
+  };
 }
 
-/** The repository loader's entry point: parameters come from config.pbtxt. */
-export function createStage(options: StageFactoryOptions): StageDefinition {
+/**
+ * The repository loader's entry point, as every stage package's: what the model computes, its
+ * parameters from config.pbtxt.
+ */
+export async function createStage(options: StageFactoryOptions): Promise<StageDefinition> {
   const stageOptions: PreprocessOptions = { config: options.config, version: options.version };
   if (options.logger) stageOptions.logger = options.logger;
   if (options.cpuGate) stageOptions.cpuGate = options.cpuGate;

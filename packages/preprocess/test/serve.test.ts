@@ -18,7 +18,7 @@ describe("served over KServe v2 gRPC", () => {
   beforeAll(async () => {
     const dir = join(modelsDir, "resnet50_preprocess");
     local = defineStage(
-      createStage({
+      await createStage({
         config: await loadModelConfig(join(dir, "config.pbtxt")),
         modelDir: dir,
         version: "1",
@@ -186,7 +186,7 @@ describe("parameters from config.pbtxt", () => {
 
 describe("pending requests", () => {
   it("counts the requests waiting for a decode slot, not the ones decoding", async () => {
-    const s = createPreprocess({ concurrency: 1 });
+    const s = await createPreprocess({ concurrency: 1 });
     const chelsea = readFixtureImage("chelsea.jpg");
     expect(s.pendingRequests?.()).toBe(0);
     const first = s.infer(rawImageRequest([chelsea, chelsea]));

@@ -10,6 +10,7 @@ export {
 } from "./batcher.js";
 export { CpuGate } from "./cpu-gate.js";
 export {
+  configBatchingStrategy,
   configRequestSpec,
   createModelRuntime,
   definitionBackend,
@@ -21,6 +22,7 @@ export {
 } from "./model-runtime.js";
 export { RateLimiter, rateLimiterResources } from "./rate-limiter.js";
 export { ResponseCache, type ResponseStore, responseCacheKey } from "./response-cache.js";
+export { definitionInstances, type ServeDefinitionOptions, serveDefinition } from "./serve-definition.js";
 export {
   createSequenceBatcher,
   type SequenceBatcher,

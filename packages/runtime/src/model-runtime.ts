@@ -14,6 +14,7 @@ import {
   type ModelDynamicBatching,
   ModelDynamicBatchingSchema,
   ModelInstanceGroup_Kind,
+  type ModelStatistics,
 } from "@trellis/protocol";
 import {
   Code,
@@ -105,7 +106,7 @@ export interface ModelRuntimeOptions {
   rateLimiter?: RateLimiter;
   /** `<repository>/<model>`: where sequence_batching's initial_state files are read. */
   modelDir?: string;
-  /** The dynamic batcher's strategy (see BatchingStrategy); default "eager". */
+  /** The dynamic batcher's strategy (see BatchingStrategy); default: the config's parameter dynamic_batching_strategy, else "eager". */
   strategy?: BatchingStrategy;
   /** The server's queue bound for a config that sets no max_queue_size (--default-max-queue-size); 0: none. */
   defaultMaxQueueSize?: number;
@@ -114,6 +115,8 @@ export interface ModelRuntimeOptions {
 
 /** A served model: a Stage whose queue the server can see. */
 export interface ModelRuntime extends Stage {
+  /** Its statistics, recorded here once per request. */
+  statistics(): ModelStatistics;
   /** Requests queued in the runtime (and in the backend, when it has a queue of its own). */
   pendingRequests?(): number;
   /** The most requests it holds pending before refusing more (0: unbounded). */
@@ -191,7 +194,9 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
   // Each instance's place in the rate limiter (--rate-limit execution_count).
   const slots: RateLimiterSlot[] = [];
   let sequencer: SequenceBatcher | undefined;
+  let strategy: BatchingStrategy;
   try {
+    strategy = options.strategy ?? configBatchingStrategy(config);
     if (options.rateLimiter && bounded) {
       const groups = instanceResources(config);
       for (let i = 0; i < instances; i++) {
@@ -226,7 +231,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     maxBatchSize: config.maxBatchSize,
     dynamicBatching: batchingOf(config),
     instances,
-    strategy: options.strategy ?? "eager",
+    strategy,
     recorder,
     validate: (request) => {
       check(request);
@@ -237,6 +242,19 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
   });
   const served = new ServedModel({ options, version, recorder, spec, check, run, batcher, sequencer, slots, bounded });
   return served.stage();
+}
+
+/** The dynamic batcher's strategy its config names (parameter dynamic_batching_strategy), default "eager". */
+export function configBatchingStrategy(config: ModelConfig): BatchingStrategy {
+  const v = config.parameters.dynamic_batching_strategy?.stringValue.trim() || "eager";
+  if (v !== "delay" && v !== "eager") {
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `parameter dynamic_batching_strategy: expected "delay" or "eager", got "${v}"`,
+    );
+  }
+  return v;
 }
 
 /** Gives each instance's place in the rate limiter back. */
@@ -478,7 +496,8 @@ export function definitionBackend(definition: StageDefinition, instances: number
   const name = config.name;
   const version = definition.version ?? "1";
   const backend: ModelBackend = {
-    instances,
+    // A definition that started its own instances (an ONNX model's sessions) runs no more at once.
+    instances: definition.instances ?? instances,
     isReady: () => definition.isReady?.() ?? true,
     metadata: () => definition.metadata?.() ?? metadataFromConfig(config, [version]),
     close: async () => {
@@ -491,7 +510,11 @@ export function definitionBackend(definition: StageDefinition, instances: number
       responses: await execute.call(definition, requests, ctx.options),
     });
   } else if (compute) {
-    backend.execute = async (batch, ctx) => ({ outputs: await compute.call(definition, batch, ctx.options) });
+    backend.execute = async (batch, ctx) => {
+      const execution = { instance: ctx.instance, ownsInputs: ctx.ownsInputs, times: {} };
+      const outputs = await compute.call(definition, batch, ctx.options, execution);
+      return { outputs, times: execution.times };
+    };
   }
   if (computeStream) {
     backend.executeStream = async function* (request, options) {
@@ -501,6 +524,7 @@ export function definitionBackend(definition: StageDefinition, instances: number
     };
   }
   if (definition.requestSpec) backend.requestSpec = definition.requestSpec;
+  if (definition.admit) backend.admit = definition.admit.bind(definition);
   if (definition.pendingRequests) backend.pendingRequests = definition.pendingRequests.bind(definition);
   return backend;
 }

@@ -1,9 +1,15 @@
-export { configMaxQueueSize, datatypeToConfig } from "./config.js";
+export {
+  configMaxQueueSize,
+  datatypeToConfig,
+  type ModelConfigSource,
+  modelConfigOf,
+} from "./config.js";
 export {
   checkDefinition,
   computeOne,
   type DefinedStage,
   definitionOf,
+  type ExecutionContext,
   isStageDefinition,
   pickOutputs,
 } from "./define.js";

@@ -2,10 +2,33 @@
  * What a stage reads from its config.pbtxt: parameters, datatypes, the metadata
  * it declares, whether it is decoupled, how many requests it queues.
  */
-import { DataType as ConfigDataType, type ModelConfig } from "@trellis/protocol";
+import { DataType as ConfigDataType, type ModelConfig, parseModelConfig } from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
 import type { StageMetadata, TensorMetadata } from "./stage.js";
 import type { DataType } from "./tensor.js";
+
+/** A model config as a library caller gives it: parsed, or the text of a config.pbtxt. */
+export type ModelConfigSource = ModelConfig | string;
+
+/**
+ * The parsed config of `source`: config.pbtxt text is parsed (a syntax error is INVALID_ARGUMENT
+ * naming its line), a parsed config is returned as it is. `name` fills an empty config name.
+ */
+export function modelConfigOf(source: ModelConfigSource, name?: string): ModelConfig {
+  let config: ModelConfig;
+  if (typeof source === "string") {
+    try {
+      config = parseModelConfig(source, name ? `${name} config` : "config");
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      throw new StageError(Code.InvalidArgument, name ?? "config", message, { cause: err });
+    }
+  } else {
+    config = source;
+  }
+  if (!config.name && name) config.name = name;
+  return config;
+}
 
 /** Whether `config` makes a decoupled model (model_transaction_policy { decoupled: true }). */
 export const isDecoupled = (config: ModelConfig): boolean => config.modelTransactionPolicy?.decoupled === true;

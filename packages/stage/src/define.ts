@@ -18,13 +18,26 @@ import {
   type StageFactoryOptions,
   type StageMetadata,
 } from "./stage.js";
-import { nowNs, StatisticsRecorder } from "./statistics.js";
+import { type ExecutionTimes, nowNs, StatisticsRecorder } from "./statistics.js";
 import type { Tensor } from "./tensor.js";
 import { traceExecution } from "./trace.js";
 import type { RequestSpec } from "./triton-messages.js";
 
 /** A backend's answer to one request of a batch: its output tensors, or an error that fails that request alone. */
 export type RequestOutcome = Tensor[] | Error;
+
+/**
+ * Where one execution of a definition runs, for a definition that holds instances of its own
+ * (an ONNX model's sessions, one per instance_group instance).
+ */
+export interface ExecutionContext {
+  /** The instance that runs it: 0 ≤ instance < the definition's `instances`. */
+  readonly instance: number;
+  /** The runtime allocated the inputs (it merged a batch), so compute may transfer or reuse their buffers. */
+  readonly ownsInputs: boolean;
+  /** What compute measured of itself, filled in as it likes; what it leaves out counts as compute_infer. */
+  readonly times: Partial<ExecutionTimes>;
+}
 
 export interface StageDefinition {
   /** The model's configuration: its name names the stage, its inputs and outputs make the metadata. */
@@ -38,7 +51,7 @@ export interface StageDefinition {
    * stage. A merged batch that throws is run again one request at a time by the runtime, so only
    * the request that caused it fails.
    */
-  compute?(request: InferRequest, options?: InferOptions): Tensor[] | Promise<Tensor[]>;
+  compute?(request: InferRequest, options?: InferOptions, execution?: ExecutionContext): Tensor[] | Promise<Tensor[]>;
   /**
    * Triton's `execute(requests)`: computes the requests of one batch, unmerged, and answers each
    * in order with its own outputs or its own error, so one bad request fails alone. Give it
@@ -54,6 +67,19 @@ export interface StageDefinition {
   computeStream?(request: InferRequest, options?: InferOptions): AsyncIterable<Tensor[]>;
   /** Checks to run instead of the config's (e.g. [N] taken for [N,1]). */
   requestSpec?: RequestSpec;
+  /**
+   * Executions it can run at once, for a definition that started instances of its own (an ONNX
+   * model: one session per instance_group instance; `execution.instance` says which runs). Absent:
+   * the runtime runs instance_group's count (or, with neither instance_group nor
+   * dynamic_batching, as many as arrive).
+   */
+  instances?: number;
+  /**
+   * Called before each execution on `instance`, once the rate limiter has admitted it; the
+   * function it gives (at once or once it resolves) is called when the execution ends. For
+   * holding a CPU gate alone during runs that use every core.
+   */
+  admit?(instance: number): (() => void) | Promise<() => void>;
   /** Metadata, when it differs from what the config says. */
   metadata?(): StageMetadata | Promise<StageMetadata>;
   /** Requests waiting inside the stage itself (e.g. for a decode slot). */
