@@ -1,3 +1,4 @@
+export { type Classification, classify } from "./classify.js";
 export { cFixed6, pyFloatRepr, pyJsonString } from "./format.js";
 export { loadLabels, parseLabels } from "./labels.js";
 export {
