@@ -1,11 +1,8 @@
 #!/usr/bin/env node
 // CLI: pnpm models:dequantize --model INT8.onnx --out FP32.onnx
-import { readFile, rename, writeFile } from "node:fs/promises";
-import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Command } from "commander";
 import { scriptArgv } from "./argv.js";
-import { ModelProtoSchema } from "./gen/onnx_pb.js";
-import { countOps, dequantizeModel } from "./quantize.js";
+import { dequantizeFile } from "./dequantize-file.js";
 
 if (process.env.INIT_CWD) process.chdir(process.env.INIT_CWD);
 
@@ -15,11 +12,8 @@ const program = new Command("models:dequantize")
   .requiredOption("--out <file>", "fp32 ONNX model to write")
   .parse(scriptArgv());
 const o = program.opts<{ model: string; out: string }>();
-const model = dequantizeModel(fromBinary(ModelProtoSchema, new Uint8Array(await readFile(o.model))));
-const bytes = toBinary(ModelProtoSchema, model);
-await writeFile(`${o.out}.part`, bytes);
-await rename(`${o.out}.part`, o.out);
-const ops = Object.entries(countOps(model))
+const report = await dequantizeFile(o.model, o.out);
+const ops = Object.entries(report.ops)
   .map(([k, n]) => `${n} ${k}`)
   .join(", ");
-console.log(`wrote ${o.out}: ${(bytes.length / 1e6).toFixed(2)} MB fp32 (${ops})`);
+console.log(`wrote ${o.out}: ${(report.bytes / 1e6).toFixed(2)} MB fp32 (${ops})`);

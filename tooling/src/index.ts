@@ -43,9 +43,15 @@ export {
   writeSyntheticLabels,
 } from "./synth.js";
 
+import type { DequantizeReport } from "./dequantize-file.js";
 import type { QuantizeFileOptions, QuantizeReport } from "./quantize-file.js";
 
-export type { QuantizeFileOptions, QuantizeReport };
+export type { DequantizeReport, QuantizeFileOptions, QuantizeReport };
+
+/** `models:dequantize` without the command line: writes to `out` the fp32 model of a QOperator int8 `model`. */
+export async function dequantizeFile(model: string, out: string): Promise<DequantizeReport> {
+  return (await import("./dequantize-file.js")).dequantizeFile(model, out);
+}
 /**
  * `models:quantize` without the command line: calibrate, write the QDQ int8 model to `out`,
  * return the report (not written). ONNX Runtime and the preprocess stage load on the first call,

@@ -13,12 +13,19 @@
  */
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { copyFile, cp, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { promisify } from "node:util";
-import { fixtureImagesDir, LABELS_PATH, MOBILENET_PATH, repoRoot } from "@trellis/testing";
+import {
+  fixtureImagesDir,
+  LABELS_PATH,
+  MOBILENET_PATH,
+  makeSeedRepository,
+  removeDir,
+  repoRoot,
+} from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const run = promisify(execFile);
@@ -141,23 +148,22 @@ describe("the packed packages", () => {
   });
 });
 
-/** (a): a user's own pipeline from the three stage packages, no server. */
+/**
+ * (a): a user's own pipeline from the three stage packages, no server, written as the 0.1 READMEs
+ * showed (createOnnxStage with a config object and a model folder, createPreprocess used without
+ * await, createPostprocess with labels): it must keep running unchanged.
+ */
 const CLASSIFY = `import { readFile } from "node:fs/promises";
-import { createOnnxModel } from "@trellis/inference-onnx";
+import { createOnnxStage } from "@trellis/inference-onnx";
 import { createPostprocess } from "@trellis/postprocess";
 import { createPreprocess } from "@trellis/preprocess";
 import { parseModelConfig } from "@trellis/protocol";
-import { createModelRuntime } from "@trellis/runtime";
 import { bytesTensor, bytesToStrings } from "@trellis/stage";
 
 const [image, modelDir, labelsFile] = process.argv.slice(2);
 const preprocess = createPreprocess({ mode: "seed" });
-// The ONNX backend only computes; the model runtime checks, batches and counts.
-const model = await createOnnxModel({
-  config: parseModelConfig('name: "mobilenet"\\nbackend: "onnxruntime"\\nmax_batch_size: 8'),
-  modelDir,
-});
-const inference = await createModelRuntime({ config: model.config, backend: model.backend, strategy: model.strategy });
+const config = parseModelConfig('name: "mobilenet"\\nbackend: "onnxruntime"\\nmax_batch_size: 8');
+const inference = await createOnnxStage({ config, modelDir, version: "1" });
 const postprocess = await createPostprocess({
   config: parseModelConfig(\`name: "postprocess"
 max_batch_size: 8
@@ -172,7 +178,7 @@ console.log(bytesToStrings(results.outputs[0])[0]);
 await Promise.all([preprocess.close(), inference.close(), postprocess.close()]);
 `;
 
-describe("(a) a plain script: preprocess → inference-onnx → postprocess", () => {
+describe("(a) a 0.1-era script: createPreprocess → createOnnxStage → createPostprocess", () => {
   it("classifies chelsea.jpg as Egyptian cat with the shared MobileNetV2", async () => {
     const modelDir = join(project, "mobilenet");
     await mkdir(join(modelDir, "1"), { recursive: true });
@@ -208,7 +214,11 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
 `;
 
 /** Starts `bin` and resolves with its HTTP port once it logs "server started". */
-function startBin(bin: string, args: string[], cwd: string): Promise<{ proc: ChildProcess; http: number }> {
+function startBin(
+  bin: string,
+  args: string[],
+  cwd: string,
+): Promise<{ proc: ChildProcess; http: number; grpc: number }> {
   const proc = spawn(bin, args, { cwd, env: userEnv(), stdio: ["ignore", "pipe", "pipe"] });
   let stderr = "";
   proc.stderr?.on("data", (d) => {
@@ -216,6 +226,7 @@ function startBin(bin: string, args: string[], cwd: string): Promise<{ proc: Chi
   });
   return new Promise((resolve, reject) => {
     let http = 0;
+    let grpc = 0;
     const timer = setTimeout(() => reject(new Error(`no "server started" within 60 s:\n${stderr}`)), 60_000);
     proc.on("exit", (code) => {
       clearTimeout(timer);
@@ -229,9 +240,10 @@ function startBin(bin: string, args: string[], cwd: string): Promise<{ proc: Chi
         return;
       }
       if (entry.msg === "listening" && entry.protocol === "http") http = entry.port as number;
+      if (entry.msg === "listening" && entry.protocol === "grpc") grpc = entry.port as number;
       if (entry.msg === "server started") {
         clearTimeout(timer);
-        resolve({ proc, http });
+        resolve({ proc, http, grpc });
       }
     });
   });
@@ -279,4 +291,109 @@ describe("(b) the installed trellis-server", () => {
     });
     expect(stdout).toContain("Usage");
   });
+});
+
+/**
+ * (c) The documentation's code, verbatim: the root README's "Use as a library" blocks and each
+ * library package README's first `js` block, run as ES modules in the scratch project beside
+ * chelsea.jpg, the shared MobileNetV2 (mobilenetv2-12-int8.onnx), its labels
+ * (imagenet_classes.txt) and the seed repository (models/). The TensorRT bridge's example
+ * reaches the installed trellis-server, standing in for a Triton, through TRITON_GRPC.
+ */
+function jsBlocks(markdown: string, section?: string): string[] {
+  let text = markdown;
+  if (section) {
+    const start = text.indexOf(`## ${section}\n`);
+    expect(start, `section "${section}"`).toBeGreaterThanOrEqual(0);
+    const end = text.indexOf("\n## ", start + 3);
+    text = text.slice(start, end < 0 ? undefined : end);
+  }
+  return [...text.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1] as string);
+}
+
+const readme = (dir: string) => readFile(join(repoRoot, dir, "README.md"), "utf8");
+
+/** The first `js` block of each library package's README, and what its run must print. */
+const PACKAGE_EXAMPLES: [string, RegExp][] = [
+  ["packages/preprocess", /^FP32 \[ 1, 3, 224, 224 \]$/m],
+  ["packages/inference-onnx", /^output \[ 1, 1000 \]$/m],
+  ["packages/postprocess", /^\{"top3_labels": \["Egyptian cat", /m],
+  ["packages/ensemble-runner", /^OUT Float32Array\(4\) \[ 6, 12, 18, 24 \]$/m],
+  ["packages/model-repository", /'Egyptian cat'/],
+  ["packages/inference-trt-bridge", /^\[ 1, 1000 \]$/m],
+];
+
+const TRT_STAND_IN = `name: "resnet50_trt"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+output [ { name: "output" data_type: TYPE_FP32 dims: [ 1000 ] } ]
+`;
+
+describe("(c) the READMEs' library examples, verbatim", () => {
+  let examples: string;
+  beforeAll(async () => {
+    examples = join(project, "examples");
+    await mkdir(examples);
+    await copyFile(MOBILENET_PATH, join(examples, "mobilenetv2-12-int8.onnx"));
+    await copyFile(LABELS_PATH, join(examples, "imagenet_classes.txt"));
+    await copyFile(join(fixtureImagesDir, "chelsea.jpg"), join(examples, "chelsea.jpg"));
+    const seed = await makeSeedRepository({ prefix: "trellis-consumer-seed-" });
+    await cp(seed, join(examples, "models"), { recursive: true });
+    await removeDir(seed);
+  });
+
+  const runExample = async (file: string, code: string, env: Record<string, string> = {}) => {
+    await writeFile(join(examples, file), code);
+    const t = performance.now();
+    const { stdout } = await run(process.execPath, [file], { cwd: examples, env: userEnv(env), timeout: 120_000 });
+    console.log(`(c) ${file} ran in ${seconds(t)} s:\n${stdout.trim()}`);
+    return stdout;
+  };
+
+  it("runs the root README's library section: a pipeline and loadModel, both classifying chelsea.jpg", async () => {
+    const blocks = jsBlocks(await readFile(join(repoRoot, "README.md"), "utf8"), "Use as a library");
+    expect(blocks).toHaveLength(2);
+    // At most 20 lines of code in the section.
+    expect(
+      blocks
+        .join("")
+        .split("\n")
+        .filter((l) => l.trim() !== "").length,
+    ).toBeLessThanOrEqual(20);
+    expect(await runExample("readme-pipeline.mjs", blocks[0]!)).toMatch(/^Egyptian cat 0\.\d+$/m);
+    expect(await runExample("readme-load-model.mjs", blocks[1]!)).toMatch(/^Egyptian cat$/m);
+  });
+
+  for (const [dir, expected] of PACKAGE_EXAMPLES) {
+    it(`runs ${dir}'s README example`, async () => {
+      const [code] = jsBlocks(await readme(dir));
+      expect(code, `${dir}/README.md has a js block`).toBeDefined();
+      const name = `${dir.split("/").at(-1)}.mjs`;
+      if (!dir.endsWith("inference-trt-bridge")) {
+        expect(await runExample(name, code!)).toMatch(expected);
+        return;
+      }
+      // The bridge's remote: the installed trellis-server serving the model as a Triton would.
+      const repo = await mkdtemp(join(tmpdir(), "trellis-consumer-trt-"));
+      try {
+        await mkdir(join(repo, "resnet50_trt", "1"), { recursive: true });
+        await writeFile(join(repo, "resnet50_trt", "config.pbtxt"), TRT_STAND_IN);
+        await copyFile(MOBILENET_PATH, join(repo, "resnet50_trt", "1", "model.onnx"));
+        const bin = join(project, "node_modules", ".bin", "trellis-server");
+        const ports = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--no-fetch-models"];
+        const { proc, grpc } = await startBin(bin, ["--model-repository", repo, ...ports], repo);
+        try {
+          const out = await runExample(name, code!, { TRITON_GRPC: `http://127.0.0.1:${grpc}` });
+          expect(out).toMatch(expected);
+        } finally {
+          const exited = new Promise((resolve) => proc.once("exit", resolve));
+          proc.kill("SIGTERM");
+          await exited;
+        }
+      } finally {
+        await rm(repo, { recursive: true, force: true });
+      }
+    });
+  }
 });
