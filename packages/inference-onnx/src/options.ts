@@ -4,7 +4,7 @@
  */
 import { availableParallelism } from "node:os";
 import { type ModelConfig, ModelInstanceGroup_Kind } from "@trellis/protocol";
-import { type BatchingStrategy, rateLimiterResources } from "@trellis/runtime";
+import { rateLimiterResources } from "@trellis/runtime";
 import { Code, configInteger, configParameter, StageError } from "@trellis/stage";
 import type { RateLimiterResource } from "@trellis/stage/backend";
 
@@ -169,17 +169,4 @@ function booleanParameter(config: ModelConfig, key: string, fallback: boolean): 
     throw new StageError(Code.InvalidArgument, config.name, `parameter ${key}: expected true or false, got "${v}"`);
   }
   return v === "true";
-}
-
-/** Parameter `dynamic_batching_strategy`: "eager" (default) or "delay" (Triton's rule); see @trellis/stage's batcher. */
-export function batchingStrategy(config: ModelConfig): BatchingStrategy {
-  const v = configParameter(config, "dynamic_batching_strategy") ?? "eager";
-  if (v !== "delay" && v !== "eager") {
-    throw new StageError(
-      Code.InvalidArgument,
-      config.name,
-      `parameter dynamic_batching_strategy: expected "delay" or "eager", got "${v}"`,
-    );
-  }
-  return v;
 }

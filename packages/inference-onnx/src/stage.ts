@@ -11,6 +11,7 @@ import { basename, dirname, join } from "node:path";
 import type { ModelConfig } from "@trellis/protocol";
 import {
   type BatchingStrategy,
+  configBatchingStrategy,
   definitionBackend,
   type ModelBackend,
   type ModelRuntime,
@@ -51,7 +52,7 @@ import {
   ortTypeOf,
   readOnnxMetadataProps,
 } from "./model.js";
-import { batchingStrategy, exclusiveCpu, exclusiveCpuMaxWaitMs, planInstances, sessionOptions } from "./options.js";
+import { exclusiveCpu, exclusiveCpuMaxWaitMs, planInstances, sessionOptions } from "./options.js";
 import type { WireTensor } from "./protocol.js";
 import { SessionWorker } from "./session-worker.js";
 
@@ -483,6 +484,6 @@ export async function createOnnxModel(options: OnnxStageOptions): Promise<OnnxMo
     synthetic: definition.synthetic,
     modelPath: definition.modelPath,
     backend: definitionBackend(definition, definition.instances),
-    strategy: batchingStrategy(definition.config),
+    strategy: configBatchingStrategy(definition.config),
   };
 }

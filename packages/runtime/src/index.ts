@@ -22,7 +22,6 @@ export {
 } from "./model-runtime.js";
 export { RateLimiter, rateLimiterResources } from "./rate-limiter.js";
 export { ResponseCache, type ResponseStore, responseCacheKey } from "./response-cache.js";
-export { definitionInstances, type ServeDefinitionOptions, serveDefinition } from "./serve-definition.js";
 export {
   createSequenceBatcher,
   type SequenceBatcher,
@@ -30,4 +29,5 @@ export {
   sequenceTensors,
   withSequenceBatching,
 } from "./sequence-batcher.js";
+export { definitionInstances, type ServeDefinitionOptions, serveDefinition } from "./serve-definition.js";
 export { importInInstanceThreads, startWorkerInstances, type WorkerInstancesOptions } from "./worker-instances.js";
