@@ -3,16 +3,17 @@
  * shipped config in interleaved rounds, write the winner as a copy of the repository with the
  * report at its root (analysis.html, the one name the server's page links to).
  */
+import { readFileSync } from "node:fs";
 import { readdir, readFile, writeFile } from "node:fs/promises";
-import { availableParallelism } from "node:os";
+import { availableParallelism, cpus } from "node:os";
 import { extname, join } from "node:path";
 import { connectEndpoint, imageInput, imageRequests, measure } from "@trellis/client";
 import type { InferRequest } from "@trellis/stage";
 import { startServerProcess } from "@trellis/testing";
 import { renderReport } from "./report.js";
 import { readEnsemble, writeTunedCopy } from "./repository.js";
-import type { AnalyzeResult } from "./result.js";
-import { chooseWinner, measureRounds, pickFinalists } from "./rounds.js";
+import type { AnalyzeResult, Machine } from "./result.js";
+import { chooseWinner, judge, measureRounds, pickFinalists } from "./rounds.js";
 import { search } from "./search.js";
 import { searchSpace } from "./space.js";
 
@@ -34,7 +35,40 @@ export interface AnalyzeOptions {
   minGain?: number;
   /** Stop starting new candidates after this long. */
   searchDeadlineMs?: number;
+  /** The command line that reproduces this analysis, for the report (default: built from these options). */
+  command?: string;
   log?: (line: string) => void;
+}
+
+/** This machine, as the report states it. */
+export function thisMachine(): Machine {
+  let vnni = false;
+  try {
+    vnni = /\bavx512_vnni\b/.test(readFileSync("/proc/cpuinfo", "utf8"));
+  } catch {
+    // No /proc (not Linux): said as not known to have it.
+  }
+  return { cpu: cpus()[0]?.model.trim() ?? "unknown CPU", cores: availableParallelism(), vnni };
+}
+
+/** The pnpm analyze line for `options`. */
+function commandOf(options: AnalyzeOptions): string {
+  const q = (s: string) => (/^[\w./:@,-]+$/.test(s) ? s : `'${s.replace(/'/g, "'\\''")}'`);
+  const parts = [
+    "pnpm analyze --model-repository",
+    q(options.repository),
+    "-m",
+    q(options.ensemble),
+    "--input-data",
+    q(options.inputData),
+    "--p99-ms",
+    String(options.budgetMs),
+    "-o",
+    q(options.output),
+  ];
+  if (options.quick) parts.push("--quick");
+  if (options.rounds) parts.push("--rounds", String(options.rounds));
+  return parts.join(" ");
 }
 
 const IMAGE_TYPES = new Set([".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"]);
@@ -83,7 +117,8 @@ function measurementSettings(options: AnalyzeOptions, rate: number) {
     warmupMs: options.warmupMs ?? (quick ? 300 : 2000),
     // The rounds decide: their windows are half again as long as the search's.
     roundWindowMs: 0,
-    rounds: options.rounds ?? (quick ? 3 : 5),
+    // Enough rounds to tell a win from the spread between rounds on a noisy 2-core machine.
+    rounds: options.rounds ?? (quick ? 5 : 7),
     cores: options.cores ?? availableParallelism(),
     quick,
   };
@@ -115,8 +150,10 @@ export async function analyze(options: AnalyzeOptions): Promise<AnalyzeResult> {
     windowMs: settings.roundWindowMs,
     rounds: settings.rounds,
     budgetMs: options.budgetMs,
+    concurrencies: settings.concurrencies,
     log,
   });
+  const verdict = judge(finalists, options.budgetMs);
   const winner = chooseWinner(finalists, options.budgetMs);
   const rewritten = await writeTunedCopy(repo, winner.trial.candidate, options.output);
   const result: AnalyzeResult = {
@@ -126,6 +163,9 @@ export async function analyze(options: AnalyzeOptions): Promise<AnalyzeResult> {
     trials: found.trials,
     finalists,
     winner,
+    verdict,
+    machine: thisMachine(),
+    command: options.command ?? commandOf(options),
     rewritten,
     output: options.output,
     reportPath: join(options.output, "analysis.html"),

@@ -8,6 +8,7 @@ import { resolve } from "node:path";
 import { concurrencyRange } from "@trellis/client";
 import { Command, InvalidArgumentError } from "commander";
 import { analyze } from "./analyze.js";
+import { verdictLine } from "./report.js";
 import { describeSettings } from "./space.js";
 
 const positive = (v: string) => {
@@ -31,7 +32,7 @@ const program = new Command("trellis-analyze")
   .requiredOption("--input-data <folder>", "a folder of images, sent as the ensemble's BYTES input")
   .requiredOption("--p99-ms <ms>", "the latency budget: p99 in milliseconds", positive)
   .option("-o, --output <dir>", "where the tuned copy of the repository and analysis.html go", "analysis-output")
-  .option("--quick", "short windows, a short list of values, 3 rounds (under 3 minutes on 2 cores)")
+  .option("--quick", "short windows, a short list of values, 5 rounds (a few minutes on 2 cores)")
   .option(
     "--concurrency-range <start:end:step>",
     "the concurrencies swept (default quick 1,2,4,8; full up to 32)",
@@ -68,9 +69,14 @@ try {
     ...(o.measurementInterval ? { windowMs: o.measurementInterval } : {}),
     ...(o.rounds ? { rounds: Math.round(o.rounds) } : {}),
     ...(o.searchDeadline ? { searchDeadlineMs: o.searchDeadline * 1000 } : {}),
+    command: `pnpm analyze ${process.argv
+      .slice(2)
+      .map((a) => (/^[\w./:@,=-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`))
+      .join(" ")}`,
     log: (line) => console.log(line),
   });
-  console.log(`\nwinner: ${result.winner.trial.id} (${result.winner.trial.change || "the shipped config"})`);
+  console.log(`\n${verdictLine(result)}`);
+  console.log(`written: ${result.winner.trial.id} (${result.winner.trial.change || "the shipped config"})`);
   for (const f of result.finalists) {
     const t = f.throughput;
     const p = f.p99Ms;

@@ -60,11 +60,11 @@ export interface SweepPoint {
   modelMs: Record<string, number>;
 }
 
-export type SweepEnd = "done" | "over budget" | "pruned";
+export type SweepEnd = "done" | "over budget" | "pruned" | "failed";
 
 export interface Sweep {
   points: SweepPoint[];
-  /** Why the sweep ended: all concurrencies done, p99 over the budget, or pruned (cannot beat the incumbent). */
+  /** Why the sweep ended: all concurrencies done, p99 over the budget, pruned (cannot beat the incumbent), or its server failed. */
   end: SweepEnd;
   /** The best throughput among the points within the budget; 0 when none is. */
   score: number;

@@ -119,7 +119,8 @@ function trialsTable(result: AnalyzeResult): string {
     const points = t.sweep.points
       .map((p) => `c${p.concurrency}: ${num(p.throughput)}/s, p99 ${num(p.p99Ms)} ms`)
       .join("<br>");
-    return `<tr${t === result.winner.trial ? ' class="win"' : ""}><th>${escapeHtml(t.id)}</th><td>${escapeHtml(t.change || "shipped config")}</td><td>${points}</td><td>${t.sweep.end}</td><td>${num(t.sweep.score)}</td></tr>`;
+    const measured = t.failed ? `failed to start: ${escapeHtml(t.failed)}` : points;
+    return `<tr${t === result.winner.trial ? ' class="win"' : ""}><th>${escapeHtml(t.id)}</th><td>${escapeHtml(t.change || "shipped config")}</td><td>${measured}</td><td>${t.sweep.end}</td><td>${num(t.sweep.score)}</td></tr>`;
   });
   return `<table><tr><th>candidate</th><th>change from shipped</th><th>sweep (throughput, p99)</th><th>sweep ended</th><th>best within budget (/s)</th></tr>${rows.join("")}</table>`;
 }
@@ -132,17 +133,34 @@ function settingsList(result: AnalyzeResult): string {
   return `<ul>${items.join("")}</ul>`;
 }
 
+/** The verdict as one sentence, with its figures (medians over the final rounds). */
+export function verdictLine(result: AnalyzeResult): string {
+  const v = result.verdict;
+  const f = (id: string) => result.finalists.find((x) => x.trial.id === id)!;
+  const figures = (x: Finalist) => `${num(x.throughput.median)}/s at p99 ${num(x.p99Ms.median)} ms`;
+  const baseline = f("baseline");
+  const rounds = `medians of ${result.settings.rounds} interleaved rounds`;
+  if (v.kind === "nothing met the budget") {
+    return `Nothing met the p99 budget of ${result.budgetMs} ms, the shipped config included (${figures(baseline)}); the best finalist, ${v.best} (${figures(f(v.best))}), meets a budget of ${v.smallestBudgetMs} ms. Nothing changed.`;
+  }
+  if (v.kind === "no significant difference") {
+    const best =
+      v.best === "baseline"
+        ? "No candidate did better than the shipped config"
+        : `The best finalist, ${v.best} (${figures(f(v.best))}), is ${v.ratio.toFixed(2)}× the shipped config (${figures(baseline)}), within the spread between rounds (${(v.spread * 100).toFixed(0)}%)`;
+    return `No significant difference within the p99 budget of ${result.budgetMs} ms: ${best}; ${rounds}. Nothing changed.`;
+  }
+  const w = f(v.finalist);
+  const shipped = v.baselineWithinBudget
+    ? `the shipped config's ${figures(baseline)}`
+    : `the shipped config, over the budget at ${figures(baseline)}`;
+  return `Winner ${v.finalist}: ${figures(w)}, ${v.ratio.toFixed(2)}× ${shipped}, within the p99 budget of ${result.budgetMs} ms; ${rounds}.`;
+}
+
 export function renderReport(result: AnalyzeResult): string {
-  const w = result.winner;
-  const baseline = result.finalists.find((f) => f.trial.id === "baseline");
   const s = result.settings;
-  const verdict =
-    w.trial.id === "baseline"
-      ? "No candidate beat the shipped config within the budget: nothing changed."
-      : `Winner <b>${escapeHtml(w.trial.id)}</b>: ${num(w.throughput.median)}/s at p99 ${num(w.p99Ms.median)} ms (concurrency ${w.concurrency})` +
-        (baseline
-          ? ` against the shipped config's ${num(baseline.throughput.median)}/s at p99 ${num(baseline.p99Ms.median)} ms (concurrency ${baseline.concurrency}), medians of ${s.rounds} interleaved rounds.`
-          : ".");
+  const m = result.machine;
+  const verdict = escapeHtml(verdictLine(result));
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>trellis analyze: ${escapeHtml(result.ensemble)}</title>
 <style>
@@ -151,13 +169,14 @@ table{border-collapse:collapse;margin:8px 0 24px;font-size:13px}th,td{border:1px
 tr.win{background:#fff6d5}small{color:#666}code{background:#f3f3f3;padding:1px 4px}
 </style></head><body>
 <h1>Model analysis: <code>${escapeHtml(result.ensemble)}</code></h1>
-<p>${verdict}</p>
+<p><b>${verdict}</b></p>
+<p>Measured on ${escapeHtml(m.cpu)}, ${m.cores} cores, ${m.vnni ? "with" : "without"} AVX-512 VNNI (int8 speed depends on it). Reproduce: <code>${escapeHtml(result.command)}</code></p>
 <p>p99 budget ${result.budgetMs} ms; ${s.cores} cores; concurrencies ${s.concurrencies.join(", ")}; search windows ${s.windowMs} ms, rounds ${s.roundWindowMs} ms, each after ${s.warmupMs} ms warm-up; ${s.quick ? "quick mode" : "full search"}. Tuned copy of the repository: <code>${escapeHtml(result.output)}</code> (rewritten: ${escapeHtml(result.rewritten.join(", ") || "none")}).</p>
 <h2>Chosen settings</h2>${settingsList(result)}
 <h2>Throughput against p99, per candidate</h2>
 <p><small>One curve per candidate (points: concurrencies, in order); dashed red: the budget; hollow squares: the finalists' final rounds; the thick curve and ★ (its medians over the rounds): the winner; dashed: the shipped config.</small></p>
 ${chart(result)}
-<h2>Final rounds (interleaved, order reversed each round)</h2>${roundsTable(result)}
+<h2>Final rounds (interleaved, order reversed each round; each round the highest throughput within the budget of a short concurrency sweep)</h2>${roundsTable(result)}
 <h2>Every candidate's sweep</h2>${trialsTable(result)}
 </body></html>
 `;

@@ -4,7 +4,20 @@
  * steps' files hard-linked, so a 100 MB model costs nothing per candidate); the winner is
  * written as a full copy of the user's repository with the tuned steps' config.pbtxt rewritten.
  */
-import { copyFile, cp, link, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import {
+  copyFile,
+  cp,
+  link,
+  lstat,
+  mkdir,
+  mkdtemp,
+  readdir,
+  readFile,
+  realpath,
+  rm,
+  stat,
+  writeFile,
+} from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { toText } from "@bufbuild/protobuf/txtpb";
@@ -46,13 +59,26 @@ export function configText(config: ModelConfig, note: string): string {
   return `# ${note}\n${toText(ModelConfigSchema, config)}`;
 }
 
-/** Every file under `from` hard-linked (copied across file systems) under `to`. */
-async function linkTree(from: string, to: string): Promise<void> {
+/**
+ * Every file under `from` hard-linked (copied across file systems) under `to`. Symbolic links
+ * are followed, to files and to folders (model files often live on a shared volume): what a
+ * link points at is linked in its place, so the candidate's own files are never the user's links,
+ * and nothing is ever written through one. A folder reached twice (a link cycle) is skipped.
+ */
+async function linkTree(from: string, to: string, seen = new Set<string>()): Promise<void> {
+  const real = await realpath(from);
+  if (seen.has(real)) return;
+  seen.add(real);
   await mkdir(to, { recursive: true });
   for (const entry of await readdir(from, { withFileTypes: true })) {
     const [src, dst] = [join(from, entry.name), join(to, entry.name)];
-    if (entry.isDirectory()) await linkTree(src, dst);
-    else if (entry.isFile()) await link(src, dst).catch(() => copyFile(src, dst));
+    // A dangling link is left out, as the server would find nothing there either.
+    const info = entry.isSymbolicLink() ? await stat(src).catch(() => undefined) : entry;
+    if (info?.isDirectory()) await linkTree(src, dst, seen);
+    else if (info?.isFile()) {
+      const target = entry.isSymbolicLink() ? await realpath(src) : src;
+      await link(target, dst).catch(() => copyFile(target, dst));
+    }
   }
 }
 
@@ -92,7 +118,16 @@ export async function writeTunedCopy(repo: EnsembleRepository, winner: Candidate
     const shipped = repo.shipped[step.name];
     if (!settings || !shipped || describeSettings(settings) === describeSettings(shipped)) continue;
     const note = `tuned by trellis analyze (${describeSettings(settings)}; shipped: ${describeSettings(shipped)})`;
-    await writeFile(join(target, step.name, "config.pbtxt"), configText(applySettings(step.config, settings), note));
+    const folder = join(target, step.name);
+    // The copy keeps the user's links as links: a linked model folder becomes a folder of its
+    // own (else the write below would land in the user's), a linked config is replaced.
+    if ((await lstat(folder)).isSymbolicLink()) {
+      await rm(folder);
+      await cp(join(repo.root, step.name), folder, { recursive: true, dereference: true });
+    }
+    const path = join(folder, "config.pbtxt");
+    await rm(path, { force: true });
+    await writeFile(path, configText(applySettings(step.config, settings), note));
     rewritten.push(step.name);
   }
   return rewritten;

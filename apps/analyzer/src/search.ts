@@ -16,6 +16,8 @@ export interface Trial {
   /** What differs from the shipped config ("" for the baseline). */
   change: string;
   sweep: Sweep;
+  /** Why its server did not start or load it (then its sweep is empty, ended "failed"). */
+  failed?: string;
 }
 
 export interface SearchOptions extends WindowOptions {
@@ -42,16 +44,26 @@ async function trial(
   options: SearchOptions,
   incumbent: number,
 ): Promise<Trial> {
-  const subject: Subject = await startSubject(repo, candidate);
+  const change = describeChange(repo.shipped, candidate);
+  let subject: Subject;
+  try {
+    subject = await startSubject(repo, candidate);
+  } catch (err) {
+    // A candidate the server cannot load (too many instances for the machine, say) is a result too.
+    const failed = err instanceof Error ? err.message : String(err);
+    if (id === "baseline") throw new Error(`the shipped config does not start: ${failed}`);
+    return { id, candidate, change, sweep: { points: [], end: "failed", score: 0 }, failed };
+  }
   try {
     const measured = await sweep(subject, { ...options, incumbent });
-    return { id, candidate, change: describeChange(repo.shipped, candidate), sweep: measured };
+    return { id, candidate, change, sweep: measured };
   } finally {
     await subject.stop();
   }
 }
 
 function describeTrial(t: Trial): string {
+  if (t.failed) return `${t.id} [${t.change}] failed to start: ${t.failed}`;
   const points = t.sweep.points
     .map((p) => `c${p.concurrency} ${p.throughput.toFixed(1)}/s p99 ${p.p99Ms.toFixed(0)} ms`)
     .join(", ");

@@ -239,10 +239,18 @@ function reasonToStop(settings: Settings, manager: RepositoryManager, vertexAi: 
   // Models asked for that failed (in explicit mode, a model not asked for does not count, as Triton's).
   const names = manager.failedModels();
   if (!flags.exitOnError || names.length === 0) return undefined;
+  // Each model with why it failed, so the one line a supervisor (or the analyzer) keeps says it all.
+  const rows = manager.index(false);
+  const why = (name: string) =>
+    rows
+      .filter((r) => r.name === name && r.state === "UNAVAILABLE" && r.reason)
+      .map((r) => r.reason)
+      .join("; ");
+  const listed = names.map((n) => (why(n) ? `'${n}' (${why(n)})` : `'${n}'`)).join(", ");
   return {
     log: "a model failed to load and --exit-on-error is set: exiting",
     detail: { failed: names },
-    message: `${names.length === 1 ? "model" : "models"} ${names.map((n) => `'${n}'`).join(", ")} failed to load (reason logged above); exiting as --exit-on-error is true (Triton's default; --exit-on-error=false serves the rest, not ready)`,
+    message: `${names.length === 1 ? "model" : "models"} ${listed} failed to load; exiting as --exit-on-error is true (Triton's default; --exit-on-error=false serves the rest, not ready)`,
   };
 }
 

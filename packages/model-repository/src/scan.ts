@@ -52,7 +52,10 @@ export async function scanRepository(repositories: (string | RepositorySource)[]
     const { path: repository, names = {} } = typeof source === "string" ? { path: source } : source;
     const entries = await readdir(repository, { withFileTypes: true });
     for (const entry of entries.sort((a, b) => a.name.localeCompare(b.name))) {
-      if (!entry.isDirectory() || entry.name.startsWith(".")) continue;
+      if (entry.name.startsWith(".")) continue;
+      // A model folder may be a symbolic link (models kept on a shared volume), as Triton follows one.
+      const folder = entry.isDirectory() || (entry.isSymbolicLink() && (await isDir(join(repository, entry.name))));
+      if (!folder) continue;
       const mapped = Object.hasOwn(names, entry.name);
       const name = mapped ? (names[entry.name] as string) : entry.name;
       const modelDir = join(repository, entry.name);

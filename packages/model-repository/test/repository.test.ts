@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import type { ServerHttp2Session } from "node:http2";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -152,6 +152,27 @@ describe("scanRepository", () => {
       expect(models.map((m) => m.name).sort()).toEqual(["resnet.tar.gz", "step"]);
     } finally {
       await rm(second, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("scanRepository and linked model folders", () => {
+  it("follows a model folder that is a symbolic link, as Triton does; a dangling link is no model", async () => {
+    const volume = await mkdtemp(join(tmpdir(), "trellis-volume-"));
+    const second = await mkdtemp(join(tmpdir(), "trellis-repo-links-"));
+    try {
+      await mkdir(join(volume, "linked", "1"), { recursive: true });
+      await writeFile(join(volume, "linked", "config.pbtxt"), unary("linked", ""));
+      await symlink(join(volume, "linked"), join(second, "linked"));
+      await symlink(join(volume, "nothing-here"), join(second, "dangling_link"));
+      const { models, errors, skipped } = await scanRepository([second]);
+      expect(models.map((m) => m.name)).toEqual(["linked"]);
+      expect(models[0]!.versions).toEqual(["1"]);
+      expect(errors).toEqual([]);
+      expect(skipped).toEqual([]);
+    } finally {
+      await rm(second, { recursive: true, force: true });
+      await rm(volume, { recursive: true, force: true });
     }
   });
 });

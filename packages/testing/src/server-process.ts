@@ -36,6 +36,19 @@ export interface ServerProcessOptions {
   env?: NodeJS.ProcessEnv;
 }
 
+/** What the server logged at level error (pino's 50) or above: each entry's error message, else its msg. */
+function loggedErrors(logs: Record<string, unknown>[]): string {
+  return logs
+    .filter((e) => typeof e.level === "number" && e.level >= 50)
+    .map((e) => {
+      const err = e.err as { message?: unknown } | undefined;
+      const model = typeof e.model === "string" ? `${e.model}: ` : "";
+      const why = typeof e.reason === "string" ? e.reason : typeof err?.message === "string" ? err.message : "";
+      return `${model}${String(e.msg)}${why ? ` (${why})` : ""}`;
+    })
+    .join("; ");
+}
+
 /**
  * Starts the server with `args` on ports 0 (HTTP, gRPC, metrics) and no model
  * fetching; resolves once it logs "server started", with the ports it logged.
@@ -92,7 +105,9 @@ export async function startServerProcess(args: string[], options: ServerProcessO
     };
     if (options.logFile) followFile(options.logFile, onLine, exited);
     else createInterface({ input: proc.stdout as NodeJS.ReadableStream }).on("line", onLine);
-    exited.then((code) => reject(new Error(`server exited with ${code} before starting:\n${stderr}`)));
+    exited.then((code) =>
+      reject(new Error(`server exited with ${code} before starting: ${loggedErrors(logs)}\n${stderr}`.trimEnd())),
+    );
   });
   try {
     await started;
