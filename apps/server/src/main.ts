@@ -23,6 +23,7 @@ import { type Flags, program, readCommandLine, UsageError } from "./cli/cli.js";
 import { createServerLogger, defaultLogStyle } from "./cli/logging.js";
 import { startupFailure } from "./cli/usage.js";
 import type { RedisResponseCache } from "./integrations/redis-cache.js";
+import { RecentTraces } from "./observability/recent-traces.js";
 import { Tracer } from "./observability/tracing.js";
 import { type RunningServer, type ServerOptions, startServer } from "./server.js";
 
@@ -170,6 +171,13 @@ async function serverOptions(
       settings.tracing,
       logger,
       settings.otel && new (await import("./observability/otel.js")).OtelExport(settings.otel, logger),
+      {
+        recent: new RecentTraces(),
+        // On-demand asks follow the trace endpoints' access rules, on either port.
+        restrictions: [settings.httpRestrictions?.trace, settings.grpcRestrictions?.trace].filter(
+          (r) => r !== undefined,
+        ),
+      },
     ),
     metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
     forwardHeaders: { http: flags.httpHeaderForwardPattern, grpc: flags.grpcHeaderForwardPattern },

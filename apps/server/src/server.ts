@@ -35,6 +35,8 @@ import {
 } from "@trellis/kserve/wire";
 import type { RepositoryManager } from "@trellis/model-repository";
 import { createMetrics, type MetricsOptions } from "./observability/metrics.js";
+import { traceRoutes } from "./observability/trace-routes.js";
+import type { TraceKeeping } from "./observability/tracing.js";
 import { readUiAssets, uiHandler } from "./web-page.js";
 
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
@@ -77,7 +79,7 @@ export interface ServerOptions {
   /** Which latency metrics to publish (tritonserver's --metrics-config). */
   metrics?: MetricsOptions;
   /** Request tracing (the trace extension, --trace-config); without it tracing stays OFF. */
-  tracing?: TraceControl & { flush(): Promise<void> };
+  tracing?: TraceControl & { flush(): Promise<void>; keeping?: TraceKeeping };
   /** Serve gRPC over TLS (tritonserver's --grpc-use-ssl); HTTP and metrics stay cleartext, as in Triton. */
   grpcTls?: GrpcServerTlsOptions;
   /** Endpoint groups that require a header: tritonserver's --http-restricted-api and --grpc-restricted-protocol. */
@@ -344,11 +346,15 @@ function pageHandler(options: ServerOptions): ReturnType<typeof uiHandler> | und
 function httpListener(shared: Shared, ui: ReturnType<typeof uiHandler> | undefined): http.Server {
   const { options, manager, decompressionBudget, timeouts } = shared;
   const rest = restHandler(restContextOf(shared));
-  const fallback: typeof rest = ui
-    ? (req, res) => {
-        if (!ui(req, res)) rest(req, res);
-      }
-    : rest;
+  // The recent traces' routes (the page's waterfall, the export), before the REST API.
+  const recent = options.tracing?.keeping?.recent;
+  const traces = recent && traceRoutes(recent, options.httpRestrictions);
+  const fallback: typeof rest =
+    ui || traces
+      ? (req, res) => {
+          if (!ui?.(req, res) && !traces?.(req, res)) rest(req, res);
+        }
+      : rest;
   return httpServerWith(
     timeouts,
     connectNodeAdapter({

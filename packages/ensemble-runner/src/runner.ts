@@ -175,7 +175,7 @@ export class EnsembleRunner {
     const times = { computeInputNs: inputNs, computeInferNs: totals.computeNs, computeOutputNs: 0 };
     if (served === undefined) {
       this.recorder.requestSucceeded(end - begin, batch, totals.queueNs, times);
-      traceExecution(options?.trace, begin, begin, end, times);
+      traceExecution(options?.trace, begin, begin, end, times, batch);
       this.recorder.executed(batch, times);
     } else served({ queueNs: totals.queueNs, ...times });
   }

@@ -9,7 +9,7 @@
  */
 import { clientError, type ModelRegistry } from "@trellis/kserve";
 import type { InferOptions, InferRequest, InferResponse, RequestTrace, Stage } from "@trellis/stage";
-import { answersOf } from "@trellis/stage/backend";
+import { answersOf, TRACE_REPLY_PARAMETER } from "@trellis/stage/backend";
 import type { TraceControl } from "./trace-settings.js";
 
 /** A wire request decoded for its stage, with how its answers go back. */
@@ -74,12 +74,21 @@ export function prepareInfer<A>(call: InferCall, decode: InferDecoder<A>): Prepa
   return { stage, request, options, encode };
 }
 
+/** The response with the request's trace among its parameters, when a calling Trellis server asked for it back. */
+function withTraceReply(response: InferResponse, trace: RequestTrace | undefined): InferResponse {
+  const reply = trace?.reply?.();
+  if (reply === undefined) return response;
+  return { ...response, parameters: { ...response.parameters, [TRACE_REPLY_PARAMETER]: reply } };
+}
+
 /** Runs the call's request once and encodes its answer; errors as the client may see them. */
 export async function inferOnce<A>(call: InferCall, decode: InferDecoder<A>): Promise<A> {
   let prepared: PreparedInfer<A> | undefined;
   try {
     prepared = prepareInfer(call, decode);
-    return prepared.encode(await prepared.stage.infer(prepared.request, prepared.options));
+    return prepared.encode(
+      withTraceReply(await prepared.stage.infer(prepared.request, prepared.options), prepared.options.trace),
+    );
   } catch (err) {
     throw clientError(err, call.withheld);
   } finally {

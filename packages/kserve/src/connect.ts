@@ -23,6 +23,7 @@ import {
   type StageLogger,
   type StageMetadata,
 } from "@trellis/stage";
+import { TRACE_REPLY_PARAMETER } from "@trellis/stage/backend";
 import { HTTP2_SETTINGS, widenSessionWindow } from "./http2-settings.js";
 import {
   describeTransportError,
@@ -428,8 +429,11 @@ class RemoteModel {
     const deadline = callDeadline(opts?.signal, this.options.timeoutMs);
     let res: Awaited<ReturnType<InferenceClient["modelInfer"]>>;
     try {
+      // A traced request asks the remote (another Trellis server) to trace its part and send it back.
+      const headers = opts?.trace?.remoteHeaders?.();
       res = await this.client.modelInfer(inferRequestToWire(request, this.name, this.version), {
         signal: deadline.signal,
+        ...(headers ? { headers } : {}),
       });
     } catch (err) {
       throw this.failure(err, opts?.signal, deadline.expired());
@@ -437,6 +441,12 @@ class RemoteModel {
       deadline.clear();
     }
     this.answered();
+    const reply = res.parameters[TRACE_REPLY_PARAMETER];
+    if (reply) {
+      // The remote's own trace goes into the caller's, not on to the caller's client.
+      delete res.parameters[TRACE_REPLY_PARAMETER];
+      if (reply.parameterChoice.case === "stringParam") opts?.trace?.remote?.(reply.parameterChoice.value);
+    }
     return inferResponseFromWire(res, this.name);
   }
 

@@ -526,7 +526,7 @@ class Batcher implements DynamicBatcher {
         this.fail(p, r);
       } else {
         recorder.requestSucceeded(t2 - p.startNs, p.size, p.queueNs + (reported.queueNs ?? 0), times);
-        traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t2, times);
+        traceExecution(p.trace, p.enqueuedNs, p.enqueuedNs + p.queueNs, t2, times, total);
         p.resolve(r);
       }
     });

@@ -380,7 +380,7 @@ class ServedModel {
         yield response;
       }
       const { endNs, times } = recorder.ranAlone(start, size);
-      traceExecution(opts?.trace, start, start, endNs, times);
+      traceExecution(opts?.trace, start, start, endNs, times, size);
     } catch (err) {
       recorder.requestFailed(nowNs() - start);
       throw toConnectError(err, this.name);

@@ -38,7 +38,7 @@ export {
   viewAs,
 } from "./tensor.js";
 export { deadlineTimer, MAX_TIMER_MS } from "./timer.js";
-export type { TensorActivity, TraceActivity } from "./trace.js";
+export { type TensorActivity, TRACE_REPLY_PARAMETER, type TraceActivity } from "./trace.js";
 export {
   checkInferRequest,
   queueFullRefusal,

@@ -39,7 +39,24 @@ export interface RequestTrace {
   child(model: string, version: string): RequestTrace;
   /** The request is answered: the trace (with its children) is collected. A child's end does nothing. */
   end(): void;
+  /** The number of items in the batch the request's execution ran in (a server keeping recent traces shows it). */
+  batchSize?(size: number): void;
+  /**
+   * Headers a call to a remote Trellis step carries so the remote traces it too and sends its
+   * timestamps back (W3C traceparent and the on-demand ask); undefined when the trace has none.
+   */
+  remoteHeaders?(): Record<string, string> | undefined;
+  /** The remote step's own trace, as its server sent it back (`remoteTraceReply`). */
+  remote?(reply: string): void;
+  /**
+   * This trace as the caller asked for it back (the request carried the on-demand ask from another
+   * Trellis server), once the request is answered; undefined when it was not asked for.
+   */
+  reply?(): string | undefined;
 }
+
+/** The response parameter a Trellis server sends its trace back in, when a calling Trellis server asked for it. */
+export const TRACE_REPLY_PARAMETER = "trellis_trace";
 
 /**
  * Stamps a finished execution on `trace`: queued at `queueStartNs`, executed from
@@ -52,8 +69,10 @@ export function traceExecution(
   computeStartNs: number,
   endNs: number,
   times: ExecutionTimes,
+  batchSize?: number,
 ): void {
   if (!trace) return;
+  if (batchSize !== undefined) trace.batchSize?.(batchSize);
   trace.stamp("QUEUE_START", queueStartNs);
   trace.stamp("COMPUTE_START", computeStartNs);
   trace.stamp("COMPUTE_INPUT_END", computeStartNs + times.computeInputNs);

@@ -7,11 +7,27 @@
  * traces of their own whose parent_id is the ensemble's); in mode
  * "opentelemetry", spans over OTLP (otel.ts).
  */
+import { randomBytes } from "node:crypto";
 import { rename, writeFile } from "node:fs/promises";
 import type { TraceControl, TraceSettings } from "@trellis/frontends";
 import { Code, nowNs, type RequestTrace, StageError, type StageLogger, type Tensor } from "@trellis/stage";
 import { float16ArrayToFloat32, type TensorActivity, type TraceActivity } from "@trellis/stage/backend";
 import type { FinishedTrace, OtelExport } from "./otel.js";
+import {
+  type KeptSpan,
+  type KeptTrace,
+  placeRemoteSpan,
+  type RecentTraces,
+  sanitizeRemoteSpan,
+} from "./recent-traces.js";
+
+/**
+ * The header that asks for one request to be traced whatever the sampling: "1" keeps its trace
+ * among the recent ones (the page sets it); "reply" also sends it back in the response (a
+ * calling Trellis server sets it on a remote step's call). Honoured as the trace settings' access
+ * rules allow: with the trace endpoints restricted, only with their key.
+ */
+export const TRACE_ASK_HEADER = "trellis-trace";
 
 export type TraceMode = "triton" | "opentelemetry";
 export type TraceLevel = "TIMESTAMPS" | "TENSORS";
@@ -184,11 +200,22 @@ interface Recording {
   tensors: boolean;
 }
 
+/** What a trace and its children share: whether it is kept, sent back, and its W3C trace id. */
+interface TraceScope {
+  /** Kept among the recent traces: remote steps are asked for their own. */
+  kept: boolean;
+  /** The caller asked for it back in the response. */
+  reply: boolean;
+  traceId?: string;
+}
+
 class Trace implements RequestTrace {
   private readonly timestamps: Timestamp[] = [];
   private readonly tensors: { activity: TensorActivity; tensor: object }[] = [];
   private readonly children: Trace[] = [];
   private ended = false;
+  private ranInBatch?: number;
+  private remoteSpan?: KeptSpan;
 
   constructor(
     private readonly newId: () => number,
@@ -200,6 +227,7 @@ class Trace implements RequestTrace {
     private readonly recording: Recording,
     /** Collects the trace; a child has none (it is collected with its parent). */
     private readonly onEnd?: (trace: Trace) => void,
+    private readonly scope: TraceScope = { kept: false, reply: false },
   ) {}
 
   stamp(activity: TraceActivity, ns: number = nowNs()): void {
@@ -212,9 +240,77 @@ class Trace implements RequestTrace {
   }
 
   child(model: string, version: string): RequestTrace {
-    const child = new Trace(this.newId, this.newId(), model, version, undefined, this.id, this.recording);
+    const child = new Trace(
+      this.newId,
+      this.newId(),
+      model,
+      version,
+      undefined,
+      this.id,
+      this.recording,
+      undefined,
+      this.scope,
+    );
     this.children.push(child);
     return child;
+  }
+
+  batchSize(size: number): void {
+    this.ranInBatch = size;
+  }
+
+  remoteHeaders(): Record<string, string> | undefined {
+    if (!this.scope.kept) return undefined;
+    this.scope.traceId ??= randomBytes(16).toString("hex");
+    return {
+      traceparent: `00-${this.scope.traceId}-${randomBytes(8).toString("hex")}-01`,
+      [TRACE_ASK_HEADER]: "reply",
+    };
+  }
+
+  remote(reply: string): void {
+    this.remoteSpan = sanitizeRemoteSpan(reply);
+  }
+
+  reply(): string | undefined {
+    return this.scope.reply ? JSON.stringify(this.keptSpan(this.originNs())) : undefined;
+  }
+
+  /** The first timestamp taken (the waterfall's zero). */
+  originNs(): number {
+    let origin = Number.POSITIVE_INFINITY;
+    for (const t of this.timestamps) origin = Math.min(origin, t.ns);
+    return Number.isFinite(origin) ? origin : nowNs();
+  }
+
+  /** This trace as the recent traces keep it, times in µs from `originNs`. */
+  keptSpan(originNs: number): KeptSpan {
+    const times: KeptSpan["times"] = {};
+    for (const t of this.timestamps) times[t.name] = (t.ns - originNs) / 1000;
+    const children = this.children.map((c) => c.keptSpan(originNs));
+    if (this.remoteSpan) children.push(placeRemoteSpan(this.remoteSpan, times));
+    return {
+      model: this.model,
+      version: this.version,
+      times,
+      ...(this.ranInBatch !== undefined ? { batchSize: this.ranInBatch } : {}),
+      // Began (its request or its queue) and never finished computing.
+      failed: (times.REQUEST_START !== undefined || times.QUEUE_START !== undefined) && times.COMPUTE_END === undefined,
+      ...(this.tensors.length > 0 ? { tensors: this.tensors } : {}),
+      children,
+    };
+  }
+
+  /** The whole trace as the recent traces keep it. */
+  kept(onDemand: boolean): KeptTrace {
+    const origin = this.originNs();
+    return {
+      id: this.id,
+      ...(this.requestId ? { requestId: this.requestId } : {}),
+      startedAt: Date.now() - (nowNs() - origin) / 1e6,
+      onDemand,
+      root: this.keptSpan(origin),
+    };
   }
 
   end(): void {
@@ -314,6 +410,16 @@ class TraceFile {
   }
 }
 
+/** Where a Tracer keeps recent traces, and who may ask for one request to be traced. */
+export interface TraceKeeping {
+  recent: RecentTraces;
+  /**
+   * The trace settings' access rules (--http-restricted-api / --grpc-restricted-protocol "trace"):
+   * with any, a request's on-demand ask is honoured only when it carries one rule's key; without, always.
+   */
+  restrictions?: { header: string; value: string }[];
+}
+
 /** The server's TraceControl. */
 export class Tracer implements TraceControl {
   private global: TraceValues;
@@ -331,6 +437,8 @@ export class Tracer implements TraceControl {
     private readonly startup: TraceValues,
     private readonly log?: StageLogger,
     private readonly otel?: OtelExport,
+    /** Recent traces kept in memory (the page's waterfall); without it none are, and asks are ignored. */
+    readonly keeping?: TraceKeeping,
   ) {
     if (startup.mode === "triton" && startup.level.length > 0 && !startup.file) throw invalid(noFile);
     if (startup.mode === "opentelemetry" && !otel) throw new Error("trace mode opentelemetry needs an OtelExport");
@@ -429,10 +537,28 @@ export class Tracer implements TraceControl {
     header?: (name: string) => string | undefined,
   ): RequestTrace | undefined {
     const values = this.effective(model);
+    const ask = this.keeping && header ? this.askOf(header) : undefined;
+    if (ask) return this.onDemand(model, version, requestId, values, ask);
     if (values.level.length === 0) return undefined;
     const recording = { timestamps: values.level.includes("TIMESTAMPS"), tensors: values.level.includes("TENSORS") };
+    const recent = this.keeping?.recent;
     const trace = (onEnd: (t: Trace) => void) =>
-      new Trace(this.newId, this.newId(), model, version, requestId, undefined, recording, onEnd);
+      new Trace(
+        this.newId,
+        this.newId(),
+        model,
+        version,
+        requestId,
+        undefined,
+        recording,
+        recent
+          ? (t) => {
+              recent.keep(t.kept(false));
+              onEnd(t);
+            }
+          : onEnd,
+        { kept: recent !== undefined, reply: false },
+      );
     const otel = this.otel;
     if (values.mode === "opentelemetry" && otel) {
       // As Triton: a request that carries the caller's context is traced whatever the rate and count.
@@ -452,6 +578,41 @@ export class Tracer implements TraceControl {
       // The count is spent: what was collected is written now, not only at shutdown.
       if (last) void file.flush();
     });
+  }
+
+  /** The request's on-demand ask ("1" or "reply"), when it makes one the access rules let through. */
+  private askOf(header: (name: string) => string | undefined): "1" | "reply" | undefined {
+    const ask = header(TRACE_ASK_HEADER);
+    if (ask !== "1" && ask !== "reply") return undefined;
+    const rules = this.keeping?.restrictions ?? [];
+    if (rules.length > 0 && !rules.some((r) => header(r.header) === r.value)) return undefined;
+    return ask;
+  }
+
+  /**
+   * A trace the request asked for: timestamps whatever the level (tensors at level TENSORS), kept
+   * among the recent traces only (not the trace file or the collector, not counted in trace_count).
+   */
+  private onDemand(
+    model: string,
+    version: string,
+    requestId: string | undefined,
+    values: TraceValues,
+    ask: "1" | "reply",
+  ): RequestTrace {
+    const recent = this.keeping!.recent;
+    const recording = { timestamps: true, tensors: values.level.includes("TENSORS") };
+    return new Trace(
+      this.newId,
+      this.newId(),
+      model,
+      version,
+      requestId,
+      undefined,
+      recording,
+      (t) => recent.keep(t.kept(true)),
+      { kept: true, reply: ask === "reply" },
+    );
   }
 
   private fileFor(path: string): TraceFile {
