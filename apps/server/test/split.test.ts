@@ -16,7 +16,7 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { classifyOverHttp, explicitModels, jsonOf, postBinary, postJson } from "./helpers.js";
+import { binaryRequest, classifyOverHttp, explicitModels, jsonOf, postBinary, postJson } from "./helpers.js";
 
 let repo: string;
 const servers: ServerProcess[] = [];
@@ -167,5 +167,42 @@ describe("three-process split", () => {
       if (after.executions - before.executions < after.inferences - before.inferences) return;
     }
     throw new Error("the remote preprocess never merged requests in 5 bursts: isolation not exercised");
+  });
+
+  it("one request's kept trace holds the remote steps' own queue and compute, inside the front's call", async () => {
+    const front = servers[2] as ServerProcess;
+    const { body, headerLength } = binaryRequest(
+      { id: "split-trace-1", inputs: [{ name: "RAW_IMAGE", datatype: "BYTES", shape: [1, 1] }] },
+      [frameBytes([readFixtureImage("chelsea.jpg")])],
+    );
+    const res = await fetch(`${front.http}/v2/models/resnet50_ensemble/infer`, {
+      method: "POST",
+      body,
+      headers: { "inference-header-content-length": String(headerLength), "trellis-trace": "1" },
+    });
+    expect(res.status).toBe(200);
+    // The remote's reply is the front's business only: the client's answer carries no trace parameter.
+    expect(JSON.stringify((await jsonOf(res)).parameters ?? {})).not.toContain("trellis_trace");
+    const list = await jsonOf(await fetch(`${front.http}/v2/traces?request_id=split-trace-1`));
+    const trace = await jsonOf(await fetch(`${front.http}/v2/traces/${list.traces[0].id}`));
+    type Span = { model: string; remote?: boolean; times: Record<string, number>; children: Span[] };
+    const steps = (trace.root as Span).children;
+    expect(steps.map((s) => s.model)).toEqual(["resnet50_preprocess", "resnet50_inference", "resnet50_postprocess"]);
+    for (const step of steps.slice(0, 2)) {
+      // The front's call (client side), and under it the remote server's own span of the same model.
+      expect(step.remote).toBeUndefined();
+      expect(step.children).toHaveLength(1);
+      const remote = step.children[0]!;
+      expect(remote).toMatchObject({ model: step.model, remote: true });
+      const t = remote.times;
+      for (const name of ["QUEUE_START", "COMPUTE_START", "COMPUTE_END"]) expect(t[name]).toBeTypeOf("number");
+      expect(t.COMPUTE_START! - t.QUEUE_START!).toBeGreaterThanOrEqual(0);
+      expect(t.COMPUTE_END! - t.COMPUTE_START!).toBeGreaterThan(0);
+      // Placed inside the call: the rest of the call is the network and the two frontends.
+      expect(t.REQUEST_START!).toBeGreaterThanOrEqual(step.times.REQUEST_START!);
+      expect(t.REQUEST_END!).toBeLessThanOrEqual(step.times.REQUEST_END!);
+    }
+    // The local step has no remote part.
+    expect(steps[2]!.children).toEqual([]);
   });
 });

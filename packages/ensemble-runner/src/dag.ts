@@ -112,12 +112,11 @@ class DagPass {
     try {
       if (ctx.signal.aborted) return release();
       let response: InferResponse;
+      const options = stepOptions(step, ctx.signal, ctx.options);
       try {
-        response = await step.stage.infer(
-          stepRequest(step, this.tensors, ctx.request, ctx.perStep),
-          stepOptions(step, ctx.signal, ctx.options),
-        );
+        response = await step.stage.infer(stepRequest(step, this.tensors, ctx.request, ctx.perStep), options);
       } catch (err) {
+        options.trace?.failed?.();
         rt.stats.requestFailed(nowNs() - queued);
         release();
         this.stop(

@@ -39,6 +39,8 @@ export interface RequestTrace {
   child(model: string, version: string): RequestTrace;
   /** The request is answered: the trace (with its children) is collected. A child's end does nothing. */
   end(): void;
+  /** This request (an ensemble step) failed: the waterfall shows it in red. */
+  failed?(): void;
   /** The number of items in the batch the request's execution ran in (a server keeping recent traces shows it). */
   batchSize?(size: number): void;
   /**

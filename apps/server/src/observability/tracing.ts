@@ -215,6 +215,7 @@ class Trace implements RequestTrace {
   private readonly children: Trace[] = [];
   private ended = false;
   private ranInBatch?: number;
+  private markedFailed = false;
   private remoteSpan?: KeptSpan;
 
   constructor(
@@ -253,6 +254,10 @@ class Trace implements RequestTrace {
     );
     this.children.push(child);
     return child;
+  }
+
+  failed(): void {
+    this.markedFailed = true;
   }
 
   batchSize(size: number): void {
@@ -294,8 +299,10 @@ class Trace implements RequestTrace {
       version: this.version,
       times,
       ...(this.ranInBatch !== undefined ? { batchSize: this.ranInBatch } : {}),
-      // Began (its request or its queue) and never finished computing.
-      failed: (times.REQUEST_START !== undefined || times.QUEUE_START !== undefined) && times.COMPUTE_END === undefined,
+      // A step its ensemble saw fail; a request that began and never finished computing.
+      failed:
+        this.markedFailed ||
+        (this.parentId === undefined && times.REQUEST_START !== undefined && times.COMPUTE_END === undefined),
       ...(this.tensors.length > 0 ? { tensors: this.tensors } : {}),
       children,
     };
