@@ -7,10 +7,10 @@
 import type { JsonObject } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import { parseModelConfig } from "@trellis/protocol";
-import { Code, tensor } from "@trellis/stage";
+import { Code, defineStage, tensor } from "@trellis/stage";
 import { type PythonKServeServer, pythonGrpcRequired, rejectionOf, startPythonKServe } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { createTrtBridge } from "../src/index.js";
+import { bridgeDefinition, createTrtBridge } from "../src/index.js";
 
 /** What Triton's ModelConfig says of a trtexec-built engine: platform tensorrt_plan, FP16 bindings. */
 const engineConfig = (name: string): JsonObject => ({
@@ -82,7 +82,15 @@ describe.runIf(pythonGrpcRequired())("bridge to a C-core gRPC server (grpcio sta
   });
 
   it("keeps the engine server's error code and message, and says the remote raised it", async () => {
-    const bridge = await bridgeTo("engine_fp16");
+    // What the bridge computes, without the local checks createTrtBridge puts in front: the engine refuses.
+    const bridge = defineStage(
+      await bridgeDefinition({
+        config: localConfig,
+        endpoint: server.url,
+        modelName: "engine_fp16",
+        allowFp16Conversion: true,
+      }),
+    );
     try {
       const err = await rejectionOf(
         bridge.infer({ inputs: [tensor("x", "INT32", [1, 4], Int32Array.from([1, 2, 3, 4]))] }),
