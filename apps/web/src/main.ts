@@ -14,6 +14,7 @@ import {
   statistics,
   stepTimes,
 } from "./server.js";
+import { fetchTrace, renderWaterfall } from "./waterfall.js";
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
 const modelSelect = $<HTMLSelectElement>("model");
@@ -89,7 +90,11 @@ async function run(model: Classifier | undefined, file: File, card: HTMLElement,
   }
   const answer = await classify(model, bytes);
   if ("error" in answer) {
-    return finish("error", el("p", { class: "error", role: "alert", "data-code": answer.code }, answer.error));
+    return finish(
+      "error",
+      el("p", { class: "error", role: "alert", "data-code": answer.code }, answer.error),
+      waterfallToggle(answer.requestId, card),
+    );
   }
   const after = await statistics().catch(() => new Map() as Stats);
   const probabilities = answer.labels.every(({ prob }) => prob >= 0 && prob <= 1);
@@ -146,7 +151,35 @@ async function run(model: Classifier | undefined, file: File, card: HTMLElement,
       ),
     ),
   );
-  finish("done", top5, steps);
+  finish("done", top5, steps, waterfallToggle(answer.requestId, card));
+}
+
+/**
+ * A button that opens (and closes) the request's waterfall, fetched from the server's recent
+ * traces, across the whole width of its card.
+ */
+function waterfallToggle(requestId: string, card: HTMLElement): HTMLElement {
+  const button = el("button", { type: "button", class: "open-waterfall", "aria-expanded": "false" }, "Waterfall");
+  const panel = el("div", { class: "waterfall-panel", hidden: "" });
+  button.addEventListener("click", async () => {
+    const open = button.getAttribute("aria-expanded") !== "true";
+    button.setAttribute("aria-expanded", String(open));
+    panel.hidden = !open;
+    if (!open || panel.childElementCount > 0) return;
+    panel.append(el("p", { class: "pending" }, "Loading the trace…"));
+    try {
+      const trace = await fetchTrace(requestId);
+      panel.replaceChildren(
+        trace
+          ? renderWaterfall(trace)
+          : el("p", { class: "error" }, "The server no longer keeps this request's trace."),
+      );
+    } catch (err) {
+      panel.replaceChildren(el("p", { class: "error" }, (err as Error).message));
+    }
+  });
+  card.append(panel);
+  return el("div", { class: "waterfall-block" }, button);
 }
 
 $<HTMLButtonElement>("pick").addEventListener("click", () => fileInput.click());

@@ -73,14 +73,19 @@ export async function classifiers(names: string[]): Promise<Classifier[]> {
   return found.sort((a, b) => Number(b.steps[0] !== b.name) - Number(a.steps[0] !== a.name));
 }
 
-/** The server's answer for one image: its top-5, or its error in its own words. */
-export type Answer = { labels: Label[] } | { error: string; code: string };
+/** The server's answer for one image: its top-5, or its error in its own words; and the request's id (its trace). */
+export type Answer = ({ labels: Label[] } | { error: string; code: string }) & { requestId: string };
+
+/** Asks the server to trace this one request (kept among its recent traces for the waterfall). */
+const TRACE_ASK = { "trellis-trace": "1" };
 
 export async function classify(c: Classifier, image: Uint8Array): Promise<Answer> {
   const framed = new Uint8Array(4 + image.length);
   new DataView(framed.buffer).setUint32(0, image.length, true);
   framed.set(image, 4);
+  const requestId = crypto.randomUUID();
   const request = create(ModelInferRequestSchema, {
+    id: requestId,
     modelName: c.name,
     inputs: [{ name: c.input, datatype: "BYTES", shape: c.batched ? [1n, 1n] : [1n] }],
     rawInputContents: [framed],
@@ -92,15 +97,15 @@ export async function classify(c: Classifier, image: Uint8Array): Promise<Answer
     ],
   });
   try {
-    const res = await client.modelInfer(request);
+    const res = await client.modelInfer(request, { headers: TRACE_ASK });
     const raw = res.rawOutputContents[0];
     const strings = raw
       ? bytesElements(raw)
       : (res.outputs[0]?.contents?.bytesContents ?? []).map((b) => new TextDecoder().decode(b));
-    return { labels: labelsOf(strings).slice(0, 5) };
+    return { labels: labelsOf(strings).slice(0, 5), requestId };
   } catch (err) {
     const e = ConnectError.from(err);
-    return { error: e.rawMessage, code: Code[e.code] ?? String(e.code) };
+    return { error: e.rawMessage, code: Code[e.code] ?? String(e.code), requestId };
   }
 }
 
