@@ -465,6 +465,8 @@ describe("failures while running", () => {
     expect(Array.from(res.outputs[0]?.data as Float32Array)).toEqual(
       Array.from(batch(2).data as Float32Array, (v) => v * 2),
     );
+    // The child reports what it received over IPC, which may trail the gRPC answer.
+    await server.receivedAtLeast(1);
     expect(server.received).toBe(1);
     expect(await bridge.isReady()).toBe(true);
   });
