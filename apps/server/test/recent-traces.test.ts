@@ -14,7 +14,14 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { chromeTraceOf, type KeptSpan, type KeptTrace, RecentTraces } from "../src/observability/recent-traces.js";
+import {
+  chromeTraceOf,
+  type KeptSpan,
+  type KeptTrace,
+  placeRemoteSpan,
+  RecentTraces,
+  sanitizeRemoteSpan,
+} from "../src/observability/recent-traces.js";
 import { DEFAULT_TRACE_VALUES, TRACE_ASK_HEADER, Tracer } from "../src/observability/tracing.js";
 import { binaryRequest, jsonOf } from "./helpers.js";
 
@@ -176,7 +183,10 @@ describe("the store's bounds", () => {
 
   it("10,000 traced requests leave the count at its bound", () => {
     const recent = new RecentTraces({ maxCount: 50, maxBytes: 10 * 1024 * 1024 });
+    const began = performance.now();
     traceMany(new Tracer({ ...DEFAULT_TRACE_VALUES }, undefined, undefined, { recent }), 10_000);
+    // Reported, not asserted: what one on-demand trace of a 3-step ensemble costs in process.
+    console.log(`one traced request (3 steps, kept): ${(((performance.now() - began) / 10_000) * 1000).toFixed(1)} µs`);
     expect(recent.count).toBe(50);
     const kept = recent.list();
     expect(kept[0]!.requestId).toBe("r-9999");
@@ -224,5 +234,25 @@ describe("the store's bounds", () => {
       "  infer",
       "  post",
     ]);
+  });
+
+  it("a remote step's reply is read within bounds, and centred in the caller's call", () => {
+    const span = (depth: number): object => ({
+      model: "m",
+      times: { REQUEST_START: 0, COMPUTE_START: 10, COMPUTE_END: 30, REQUEST_END: 40, NOT_A_STAMP: 5 },
+      children: depth > 0 ? [span(depth - 1)] : [],
+    });
+    const read = sanitizeRemoteSpan(JSON.stringify(span(1)))!;
+    expect(read).toMatchObject({ model: "m", remote: true, failed: false, children: [{ model: "m", remote: true }] });
+    expect(Object.keys(read.times)).toEqual(["REQUEST_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]);
+    // Not JSON, not a span, nested too deep, too large: left out.
+    expect(sanitizeRemoteSpan("{")).toBeUndefined();
+    expect(sanitizeRemoteSpan(JSON.stringify({ times: {} }))).toBeUndefined();
+    expect(sanitizeRemoteSpan(JSON.stringify(span(20)))).toBeUndefined();
+    expect(sanitizeRemoteSpan(`"${"x".repeat(70_000)}"`)).toBeUndefined();
+    // The caller's call took 100 µs from 1000; the remote's 40 µs sit in its middle.
+    const placed = placeRemoteSpan(read, { REQUEST_START: 1000, REQUEST_END: 1100 });
+    expect([placed.times.REQUEST_START, placed.times.REQUEST_END]).toEqual([1030, 1070]);
+    expect(placed.children[0]!.times.COMPUTE_START).toBe(1040);
   });
 });
