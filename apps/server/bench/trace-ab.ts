@@ -6,7 +6,7 @@
  * same run, interleaved rounds with the order alternating (A B, B A, …), TRACE_AB_SECONDS (8)
  * each after 2 s of warm-up; reported: req/s and p50 per round, and B/A throughput per round
  * with its median (target: within 2%).
- * Run (after pnpm build): pnpm --filter @trellis/server bench:trace
+ * Run (after pnpm build): pnpm bench (after the server bench), or pnpm --filter @trellis/server bench:trace
  */
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
