@@ -11,6 +11,7 @@ import {
   removeDir,
   type ServerProcess,
   startServerProcess,
+  startupRefusal,
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -33,7 +34,14 @@ beforeAll(async () => {
   repo = await makeSeedRepository();
   [server, restricted] = await Promise.all([
     startServerProcess(["--model-repository", repo]),
-    startServerProcess(["--model-repository", repo, "--http-restricted-api", "trace:trace-key=open-sesame"]),
+    startServerProcess([
+      "--model-repository",
+      repo,
+      "--http-restricted-api",
+      "trace:trace-key=open-sesame",
+      "--trace-config",
+      "recent,count=2",
+    ]),
   ]);
 });
 afterAll(async () => {
@@ -155,6 +163,19 @@ describe("recent traces on a server with tracing OFF", () => {
     expect((await jsonOf(refused)).error).toContain("trace-key");
     const list = await jsonOf(await fetch(`${restricted.http}/v2/traces`, { headers: key }));
     expect(list.traces.map((t: { requestId: string }) => t.requestId)).toEqual(["with-key"]);
+  });
+
+  it("keeps no more than --trace-config recent,count= says, and refuses a bad bound at start", async () => {
+    const photo = await readFixtureImage("chelsea.jpg");
+    const key = { "trace-key": "open-sesame", [TRACE_ASK_HEADER]: "1" };
+    for (const id of ["k-1", "k-2", "k-3"]) expect(await classify(restricted.http, photo, id, key)).toBe(200);
+    const list = await jsonOf(await fetch(`${restricted.http}/v2/traces`, { headers: key }));
+    expect(list.traces.map((t: { requestId: string }) => t.requestId)).toEqual(["k-3", "k-2"]);
+    expect(list.kept).toMatchObject({ count: 2, maxCount: 2, maxBytes: 4 * 1024 * 1024 });
+    const refusal = await startupRefusal(["--model-repository", repo, "--trace-config", "recent,count=lots"]);
+    expect(refusal).toContain(
+      "--trace-config recent,count=lots: expected recent,count=<traces> or recent,bytes=<bytes>",
+    );
   });
 });
 

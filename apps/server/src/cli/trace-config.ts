@@ -8,6 +8,7 @@ import { constants } from "node:fs";
 import { access } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import { DEFAULT_OTEL_SETTINGS, type OtelSettings } from "../observability/otel-settings.js";
+import { DEFAULT_RECENT_TRACE_BOUNDS } from "../observability/recent-traces.js";
 import { DEFAULT_TRACE_VALUES, parseTraceSetting, type TraceValues } from "../observability/tracing.js";
 import { splitSetting, UsageError } from "./usage.js";
 
@@ -45,22 +46,27 @@ export async function readTraceConfig(flags: TraceFlags): Promise<{ tracing: Tra
   if (flags.traceCount !== undefined) put("trace_count", flags.traceCount);
   if (flags.traceLogFrequency !== undefined) put("log_frequency", flags.traceLogFrequency);
   const otelGiven: [string, string][] = [];
+  let recent: TraceValues["recent"];
   for (const entry of flags.traceConfig) {
     const { scope: mode, key, value } = splitSetting(entry);
     if (mode === "opentelemetry" && value !== undefined) {
       otelGiven.push([key, value]);
       continue;
     }
+    if (mode === "recent") {
+      recent = recentBound(recent, key, value);
+      continue;
+    }
     const names = mode === undefined ? TRACE_CONFIG_GLOBAL : mode === "triton" ? TRACE_CONFIG_TRITON : undefined;
     const setting = names?.[key];
     if (!setting || value === undefined) {
       throw new UsageError(
-        `--trace-config ${entry}: expected level=, rate=, count=, mode=, triton,file=, triton,log-frequency= or opentelemetry,<setting>=<value>`,
+        `--trace-config ${entry}: expected level=, rate=, count=, mode=, triton,file=, triton,log-frequency=, recent,count=, recent,bytes= or opentelemetry,<setting>=<value>`,
       );
     }
     put(setting, value);
   }
-  const values: TraceValues = { ...DEFAULT_TRACE_VALUES };
+  const values: TraceValues = { ...DEFAULT_TRACE_VALUES, ...(recent ? { recent } : {}) };
   for (const [setting, list] of given) {
     try {
       Object.assign(values, parseTraceSetting(setting, list));
@@ -89,6 +95,20 @@ export async function readTraceConfig(flags: TraceFlags): Promise<{ tracing: Tra
     values.file = resolve(values.file);
   }
   return { tracing: values };
+}
+
+/** One bound of the recent traces kept in memory: recent,count=<n> (traces) or recent,bytes=<n> (their JSON). */
+function recentBound(bounds: TraceValues["recent"], key: string, value: string | undefined): TraceValues["recent"] {
+  const n = Number(value);
+  if ((key !== "count" && key !== "bytes") || value === undefined || !/^\d+$/.test(value) || !Number.isSafeInteger(n)) {
+    throw new UsageError(
+      `--trace-config recent,${key}=${value ?? ""}: expected recent,count=<traces> or recent,bytes=<bytes>, a whole number ≥ 0`,
+    );
+  }
+  const next = { ...DEFAULT_RECENT_TRACE_BOUNDS, ...bounds };
+  if (key === "count") next.maxCount = n;
+  else next.maxBytes = n;
+  return next;
 }
 
 /** Trace mode opentelemetry's settings (--trace-config opentelemetry,<setting>=<value>), as tritonserver's. */

@@ -55,6 +55,12 @@ export interface RecentTraceBounds {
 
 export const DEFAULT_RECENT_TRACE_BOUNDS: Readonly<RecentTraceBounds> = { maxCount: 200, maxBytes: 4 * 1024 * 1024 };
 
+function checkedBounds(bounds: RecentTraceBounds): RecentTraceBounds {
+  const ok = (n: number) => Number.isSafeInteger(n) && n >= 0;
+  if (!ok(bounds.maxCount) || !ok(bounds.maxBytes)) throw new Error("recent trace bounds must be whole numbers >= 0");
+  return { maxCount: bounds.maxCount, maxBytes: bounds.maxBytes };
+}
+
 interface Entry {
   trace: KeptTrace;
   json: string;
@@ -71,8 +77,20 @@ export class RecentTraces {
   private readonly entries = new Map<number, Entry>();
   private totalBytes = 0;
 
-  constructor(readonly bounds: RecentTraceBounds = DEFAULT_RECENT_TRACE_BOUNDS) {
-    if (!(bounds.maxCount >= 0 && bounds.maxBytes >= 0)) throw new Error("recent trace bounds must be >= 0");
+  private limits: RecentTraceBounds;
+
+  constructor(bounds: RecentTraceBounds = DEFAULT_RECENT_TRACE_BOUNDS) {
+    this.limits = checkedBounds(bounds);
+  }
+
+  get bounds(): RecentTraceBounds {
+    return { ...this.limits };
+  }
+
+  /** New bounds; what is kept beyond them goes now, oldest first. */
+  setBounds(bounds: RecentTraceBounds): void {
+    this.limits = checkedBounds(bounds);
+    this.evict();
   }
 
   get count(): number {
@@ -88,11 +106,15 @@ export class RecentTraces {
   keep(trace: KeptTrace): void {
     const json = JSON.stringify(trace);
     const bytes = Buffer.byteLength(json);
-    if (bytes > this.bounds.maxBytes || this.bounds.maxCount === 0) return;
+    if (bytes > this.limits.maxBytes || this.limits.maxCount === 0) return;
     this.entries.set(trace.id, { trace, json, bytes });
     this.totalBytes += bytes;
+    this.evict();
+  }
+
+  private evict(): void {
     for (const [id, oldest] of this.entries) {
-      if (this.entries.size <= this.bounds.maxCount && this.totalBytes <= this.bounds.maxBytes) break;
+      if (this.entries.size <= this.limits.maxCount && this.totalBytes <= this.limits.maxBytes) break;
       this.entries.delete(id);
       this.totalBytes -= oldest.bytes;
     }

@@ -17,6 +17,7 @@ import {
   type KeptSpan,
   type KeptTrace,
   placeRemoteSpan,
+  type RecentTraceBounds,
   type RecentTraces,
   sanitizeRemoteSpan,
 } from "./recent-traces.js";
@@ -44,6 +45,8 @@ export interface TraceValues {
   /** Write every logFrequency traces to `<file>.<n>`; 0 writes everything to `<file>` at shutdown. */
   logFrequency: number;
   file: string;
+  /** Bounds of the recent traces kept in memory (--trace-config recent,count= / recent,bytes=); default DEFAULT_RECENT_TRACE_BOUNDS. */
+  recent?: RecentTraceBounds;
 }
 
 /** Triton's defaults: off, every 1000th request, no limit, written at shutdown. */
@@ -453,6 +456,8 @@ export class Tracer implements TraceControl {
       throw invalid("trace_level TENSORS writes tensors to trace files: it needs trace mode triton");
     }
     this.global = { ...startup, level: [...startup.level] };
+    // The command line's bounds apply to the store the server hands in.
+    if (startup.recent) keeping?.recent.setBounds(startup.recent);
     this.globalSampler = { seen: 0, remaining: startup.count };
   }
 
