@@ -131,18 +131,23 @@ export function responseCacheKey(scope: string, request: InferRequest): string {
       hash.update(part);
     }
   }
-  field(stableJson(request.outputs ?? []));
-  field(stableJson(request.parameters ?? {}));
+  field(typedJson(request.outputs ?? []));
+  field(typedJson(request.parameters ?? {}));
   return hash.digest("base64");
 }
 
-/** JSON with object keys sorted, so equal values hash equally whatever order they were built in. */
-function stableJson(value: unknown): string {
-  return JSON.stringify(value, (_, v) =>
-    v && typeof v === "object" && !Array.isArray(v)
-      ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)))
-      : typeof v === "bigint"
-        ? `${v}n`
-        : v,
-  );
+/**
+ * JSON with object keys sorted, so equal values hash equally whatever order they were built in,
+ * and each value's type beside it: an int64 5, a double 5 and a string "5" ask different things.
+ */
+function typedJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(typedJson).join(",")}]`;
+  if (value && typeof value === "object") {
+    const entries = Object.entries(value)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${typedJson(v)}`).join(",")}}`;
+  }
+  if (value === undefined || value === null) return "null";
+  return `${typeof value}:${JSON.stringify(String(value))}`;
 }

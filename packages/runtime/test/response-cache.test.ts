@@ -38,6 +38,18 @@ describe("responseCacheKey", () => {
     for (const v of variants) expect(v).not.toBe(base);
     expect(new Set(variants).size).toBe(variants.length);
   });
+
+  it("tells a parameter's type apart: int64 5, double 5, string '5' and string '5n' are four keys", () => {
+    const keyWith = (value: string | number | bigint | boolean) =>
+      responseCacheKey("m 1 #1", request([1, 2], { parameters: { k: value } }));
+    const keys = [keyWith(5n), keyWith(5), keyWith("5"), keyWith("5n"), keyWith(true), keyWith("true")];
+    expect(new Set(keys).size).toBe(keys.length);
+    const outputKey = (value: string | bigint) =>
+      responseCacheKey("m 1 #1", request([1, 2], { outputs: [{ name: "y", parameters: { classification: value } }] }));
+    expect(outputKey(2n)).not.toBe(outputKey("2n"));
+    // Still one key for one request, however its parameters were built.
+    expect(keyWith(5n)).toBe(keyWith(BigInt(5)));
+  });
 });
 
 describe("ResponseCache", () => {
