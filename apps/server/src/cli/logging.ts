@@ -146,7 +146,8 @@ export function createServerLogger(initial: InitialLogSettings): { logger: Logge
       // Triton leaves a setting sent as null as it is.
       const given = Object.fromEntries(Object.entries(changes).filter(([, value]) => value !== null)) as LogSettings;
       for (const [key, value] of Object.entries(given)) {
-        const kind = KINDS[key as Setting];
+        // Own keys only: 'constructor' or 'toString' are the object's, not settings.
+        const kind = Object.hasOwn(KINDS, key) ? KINDS[key as Setting] : undefined;
         if (!kind) throw invalid(`unknown log setting '${key}' (settings: ${Object.keys(KINDS).join(", ")})`);
         const ok =
           kind === "uint32"
