@@ -231,6 +231,29 @@ describe("the store's bounds", () => {
     expect(kept[0]!.requestId).toBe("r-9999");
   });
 
+  it("keeps tensors only at trace level TENSORS", () => {
+    const ask = (name: string) => (name === TRACE_ASK_HEADER ? "1" : undefined);
+    const input = { name: "x", datatype: "FP32" as const, shape: [1, 2], data: new Float32Array([1.5, 2]) };
+    const kept = (tracer: Tracer, recent: RecentTraces) => {
+      const trace = tracer.begin("m", "1", "t", ask)!;
+      trace.stamp("REQUEST_START");
+      trace.tensor("TENSOR_QUEUE_INPUT", input);
+      trace.stamp("REQUEST_END");
+      trace.end();
+      return recent.find({ requestId: "t" })!.root;
+    };
+    const off = new RecentTraces();
+    expect(kept(new Tracer({ ...DEFAULT_TRACE_VALUES }, undefined, undefined, { recent: off }), off).tensors).toBe(
+      undefined,
+    );
+    const on = new RecentTraces();
+    // Level TENSORS in mode triton needs a trace file; nothing is sampled here (rate 0), nothing written.
+    const values = { ...DEFAULT_TRACE_VALUES, level: ["TENSORS" as const], rate: 0, file: "/tmp/unused-trace.json" };
+    expect(kept(new Tracer(values, undefined, undefined, { recent: on }), on).tensors).toEqual([
+      { activity: "TENSOR_QUEUE_INPUT", tensor: { name: "x", data: "1.5,2", shape: "1,2", dtype: "FP32" } },
+    ]);
+  });
+
   it("an ask is ignored without the key when the trace endpoints are restricted", () => {
     const recent = new RecentTraces();
     const tracer = new Tracer({ ...DEFAULT_TRACE_VALUES }, undefined, undefined, {
