@@ -40,6 +40,7 @@ import {
 import {
   allocate,
   bytesOf,
+  deadlineTimer,
   delegateStage,
   elementSize,
   modelFilePath,
@@ -243,6 +244,8 @@ interface Waiting {
   start: boolean;
   end: boolean;
   detach?: () => void;
+  /** The request's own timeout while it waits (not once it runs), as the dynamic batcher's queue. */
+  deadline?: NodeJS.Timeout;
   resolve(response: InferResponse): void;
   reject(err: ConnectError): void;
 }
@@ -258,6 +261,17 @@ interface Sequence {
   state: Map<string, Tensor>;
   lastArrival: number;
   timer?: NodeJS.Timeout;
+}
+
+/** The error for a request cancelled while it waited in its sequence, with the signal's reason. */
+function cancelledWaiting(model: string, signal: AbortSignal): StageError {
+  const reason: unknown = signal.reason;
+  const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
+  return new StageError(
+    Code.Canceled,
+    model,
+    `request cancelled while waiting in its sequence${text ? `: ${text}` : ""}`,
+  );
 }
 
 /** A sequence batcher for `options.config`; refuses a config without sequence_batching. */
@@ -359,9 +373,23 @@ class Sequencer implements SequenceBatcher {
           reject(new StageError(Code.Canceled, this.model, "request cancelled before it was queued"));
           return;
         }
-        const onAbort = () => this.cancelled(target, w, signal);
+        const onAbort = () => this.withdraw(target, w, cancelledWaiting(this.model, signal));
         signal.addEventListener("abort", onAbort, { once: true });
         w.detach = () => signal.removeEventListener("abort", onAbort);
+      }
+      const timeoutUs = inferOptions?.timeoutMicroseconds ?? 0;
+      if (timeoutUs > 0) {
+        w.deadline = deadlineTimer(Math.max(1, Math.ceil(timeoutUs / 1000)), () =>
+          this.withdraw(
+            target,
+            w,
+            new StageError(
+              Code.Unavailable,
+              this.model,
+              `Request timeout expired: waited for its sequence's slot longer than its timeout of ${timeoutUs} µs`,
+            ),
+          ),
+        );
       }
       target.queue.push(w);
       this.queuedCount++;
@@ -377,6 +405,7 @@ class Sequencer implements SequenceBatcher {
       if (seq.timer) clearTimeout(seq.timer);
       for (const w of seq.queue.splice(0)) {
         w.detach?.();
+        clearTimeout(w.deadline);
         this.queuedCount--;
         this.options.onRefused?.(nowNs() - w.startNs);
         w.reject(new StageError(Code.Unavailable, this.model, "stage is closed"));
@@ -442,23 +471,24 @@ class Sequencer implements SequenceBatcher {
     return seq;
   }
 
-  /** `w` was cancelled: it leaves its sequence's queue, if it still waits there. */
-  private cancelled(seq: Sequence, w: Waiting, signal: AbortSignal): void {
+  /** `w` was cancelled or timed out: it leaves its sequence's queue, if it still waits there. */
+  private withdraw(seq: Sequence, w: Waiting, error: StageError): void {
     const i = seq.queue.indexOf(w);
     if (i < 0) return;
     seq.queue.splice(i, 1);
     this.queuedCount--;
-    const reason: unknown = signal.reason;
-    const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
+    w.detach?.();
+    clearTimeout(w.deadline);
     this.options.onRefused?.(nowNs() - w.startNs);
-    w.reject(
-      new StageError(
-        Code.Canceled,
-        this.model,
-        `request cancelled while waiting in its sequence${text ? `: ${text}` : ""}`,
-      ),
-    );
-    if (seq.ended && seq.queue.length === 0 && !seq.running) this.release(seq);
+    w.reject(error);
+    // A backlogged sequence left with nothing to run gives its backlog place up, as an ended one its slot.
+    if (seq.queue.length === 0 && !seq.running && (seq.ended || (!seq.hasSlot && w.start))) {
+      if (!seq.ended && this.open.get(`${typeof seq.id}:${seq.id}`) === seq) {
+        this.open.delete(`${typeof seq.id}:${seq.id}`);
+        seq.ended = true;
+      }
+      this.release(seq);
+    }
   }
 
   /**
@@ -518,6 +548,7 @@ class Sequencer implements SequenceBatcher {
     const model = this.model;
     this.queuedCount--;
     w.detach?.();
+    clearTimeout(w.deadline);
     seq.running = true;
     let request: InferRequest;
     try {

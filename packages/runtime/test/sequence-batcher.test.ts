@@ -332,6 +332,34 @@ describe("sequence batcher", () => {
     await stage.close();
   });
 
+  it("expires a new sequence's request waiting for a slot at its timeout; the holders go on", async () => {
+    // max_batch_size 0 and two instances: two slots, both held.
+    const config = accumulatorConfig({ maxBatchSize: 0 });
+    const model = accumulator(config).stage;
+    const sequencer = await createSequenceBatcher({ config, instances: 2, run: (r, o) => model.infer(r, o) });
+    const single = (n: number, parameters: Parameters, timeoutMicroseconds?: number) =>
+      sequencer.infer({ inputs: [value(n, false)], parameters }, { timeoutMicroseconds });
+    await single(1, { sequence_id: 1, sequence_start: true });
+    await single(2, { sequence_id: 2, sequence_start: true });
+    const late = single(7, { sequence_id: 3, sequence_start: true }, 40_000);
+    expect([sequencer.active, sequencer.backlogged, sequencer.queued]).toEqual([2, 1, 1]);
+    const err = await rejectionOf(late, StageError);
+    expect([err.code, err.rawMessage]).toEqual([
+      Code.Unavailable,
+      "acc: Request timeout expired: waited for its sequence's slot longer than its timeout of 40000 µs",
+    ]);
+    // It left the backlog: the ID is free, and the holders keep their slots and state.
+    expect([sequencer.active, sequencer.backlogged, sequencer.queued]).toEqual([2, 0, 0]);
+    expect(outputOf(await single(10, { sequence_id: 1 }, 40_000))).toEqual([11]);
+    expect((await rejectionOf(single(1, { sequence_id: 3 }), StageError)).rawMessage).toContain(
+      "must specify the START flag",
+    );
+    // A timeout does not cut a request that already runs.
+    await single(1, { sequence_id: 1, sequence_end: true });
+    expect(outputOf(await single(5, { sequence_id: 4, sequence_start: true }, 1))).toEqual([5]);
+    sequencer.close();
+  });
+
   it("gives the state output to a client that asks for it when the config lists it", async () => {
     const config = accumulatorConfig({ outputs: `, { name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] }` });
     const stage = await withSequenceBatching(accumulator(config).stage);
