@@ -4,12 +4,15 @@
  * feeds' buffers travel back with the reply (`spent`) for reuse.
  */
 
-/** A tensor as ORT names its element types ("float32", "int64", "string", ...). */
+/**
+ * A tensor as ORT names its element types ("float32", "int64", "string", ...). A "string"
+ * tensor's data is its elements framed in one buffer (string-frames.ts), not a string[].
+ */
 export interface WireTensor {
   name: string;
   type: string;
   dims: number[];
-  data: ArrayBufferView | string[];
+  data: ArrayBufferView;
 }
 
 /** An ORT model input or output: fixed dims are numbers, symbolic or unknown ones are -1. */
@@ -37,7 +40,7 @@ export type WorkerReply =
 export function transferList(tensors: WireTensor[]): ArrayBuffer[] {
   const buffers = new Set<ArrayBuffer>();
   for (const t of tensors) {
-    if (!Array.isArray(t.data) && t.data.buffer instanceof ArrayBuffer) buffers.add(t.data.buffer);
+    if (t.data.buffer instanceof ArrayBuffer) buffers.add(t.data.buffer);
   }
   return [...buffers];
 }

@@ -39,10 +39,13 @@ import {
   allocate,
   bytesOf,
   elementSize,
+  frameElements,
   type ModelConfigSource,
   modelConfigOf,
   modelFilePath,
+  packedBytes,
   randomData,
+  resourceExhausted,
   viewAs,
 } from "@trellis/stage/backend";
 import {
@@ -124,9 +127,6 @@ export interface OnnxStage extends Stage {
 export const SYNTHETIC_METADATA_KEY = "trellis.synthetic";
 export const SYNTHETIC_MARKER_FILE = "SYNTHETIC";
 
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
-
 async function resolveModelPath(stage: string, versionDir: string, filename: string): Promise<string> {
   let path = modelFilePath(versionDir, filename, "default_model_filename", stage);
   let info = await stat(path).catch(() => undefined);
@@ -145,11 +145,39 @@ async function resolveModelPath(stage: string, versionDir: string, filename: str
   return path;
 }
 
+/**
+ * String elements ONNX Runtime may hold at once, over every ONNX model of this process.
+ * Its string tensors are string[] (one JS string, then one std::string, per element,
+ * ~100 bytes each, input and output), so ten million short strings cost about a
+ * gigabyte in the session's thread: an execution past this budget is refused
+ * (RESOURCE_EXHAUSTED) rather than let run the process out of memory. It admits
+ * any one request the default 64 MiB message limit lets in (at most 2^24 elements
+ * of 4 bytes each).
+ */
+const MAX_STRING_ELEMENTS_IN_FLIGHT = 2 ** 24;
+let stringElementsInFlight = 0;
+
+/** Takes `count` string elements from the budget, or refuses; the returned function gives them back. */
+function takeStringBudget(stage: string, count: number): () => void {
+  if (count === 0) return () => {};
+  if (stringElementsInFlight + count > MAX_STRING_ELEMENTS_IN_FLIGHT) {
+    throw resourceExhausted(
+      stage,
+      `string inputs of ${count} elements do not fit: ${stringElementsInFlight} of at most ${MAX_STRING_ELEMENTS_IN_FLIGHT} string elements are in ONNX Runtime now; retry later`,
+    );
+  }
+  stringElementsInFlight += count;
+  return () => {
+    stringElementsInFlight -= count;
+  };
+}
+
 /** Our tensor → a worker tensor whose buffer the worker may take. */
 function toWire(t: Tensor, owned: boolean, worker: SessionWorker): WireTensor {
   const type = ortTypeOf(t.datatype);
   if (t.datatype === "BYTES") {
-    return { name: t.name, type, dims: t.shape, data: (t.data as Uint8Array[]).map((b) => decoder.decode(b)) };
+    // Framed into one buffer (already framed when packed as it came off the wire): one copy, no per-element objects.
+    return { name: t.name, type, dims: t.shape, data: worker.copyIn(frameElements(t.data as Uint8Array[])) };
   }
   const data = t.data as Exclude<TensorData, Uint8Array[]>;
   // A buffer we do not own (a view into a gRPC message, a caller's array) is copied, not transferred away.
@@ -161,7 +189,8 @@ function fromWire(stage: string, w: WireTensor): Tensor {
   const datatype = datatypeFromOrt(w.type);
   if (!datatype) throw new StageError(Code.Internal, stage, `output ${w.name}: unsupported ORT type ${w.type}`);
   if (datatype === "BYTES") {
-    return { name: w.name, datatype, shape: w.dims, data: (w.data as string[]).map((s) => encoder.encode(s)) };
+    const framed = w.data as Uint8Array;
+    return { name: w.name, datatype, shape: w.dims, data: packedBytes(framed, elementCount(w.dims)) };
   }
   const view = w.data as ArrayBufferView;
   const data = viewAs(datatype, new Uint8Array(view.buffer, view.byteOffset, view.byteLength));
@@ -230,8 +259,9 @@ async function warmupFeeds(config: ModelConfig, index: number, versionDir: strin
     const count = elementCount(shape);
     const choice = spec.inputDataType;
     if (datatype === "BYTES") {
-      const s = choice.case === "randomData" ? "trellis-warmup" : "";
-      feeds.push({ name, type: "string", dims: shape, data: new Array<string>(count).fill(s) });
+      const element = new TextEncoder().encode(choice.case === "randomData" ? "trellis-warmup" : "");
+      const data = frameElements(new Array<Uint8Array>(count).fill(element));
+      feeds.push({ name, type: "string", dims: shape, data });
       continue;
     }
     const data = (choice.case === "randomData" ? randomData(datatype, count) : allocate(datatype, count)) as Exclude<
@@ -398,12 +428,20 @@ async function loadOnnx(options: OnnxStageOptions): Promise<OnnxDefinition> {
       // Outside the runtime (defineStage), every execution goes to the first session.
       const worker = workers[execution?.instance ?? 0]!;
       const t0 = nowNs();
-      const feeds = batch.inputs.map((t) => {
-        const feed = toWire(t, execution?.ownsInputs ?? false, worker);
-        return { ...feed, dims: reshape.toModel(feed.name, feed.dims) };
-      });
-      const fetches = batch.outputs?.length ? batch.outputs.map((o) => o.name) : outputNames;
-      const r = await worker.run(feeds, fetches);
+      let strings = 0;
+      for (const t of batch.inputs) if (t.datatype === "BYTES") strings += elementCount(t.shape);
+      const giveBack = takeStringBudget(name, strings);
+      let r: Awaited<ReturnType<SessionWorker["run"]>>;
+      try {
+        const feeds = batch.inputs.map((t) => {
+          const feed = toWire(t, execution?.ownsInputs ?? false, worker);
+          return { ...feed, dims: reshape.toModel(feed.name, feed.dims) };
+        });
+        const fetches = batch.outputs?.length ? batch.outputs.map((o) => o.name) : outputNames;
+        r = await worker.run(feeds, fetches);
+      } finally {
+        giveBack();
+      }
       const outputs = r.outputs.map((w) => fromWire(name, { ...w, dims: reshape.fromModel(w.name, w.dims) }));
       if (execution) {
         Object.assign(execution.times, {

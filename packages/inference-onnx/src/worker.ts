@@ -13,6 +13,7 @@ import {
   type WorkerReply,
   type WorkerRequest,
 } from "./protocol.js";
+import { framesFromStrings, stringsFromFrames } from "./string-frames.js";
 
 const port = parentPort;
 if (!port) throw new Error("worker.js runs as a worker thread of @trellis/inference-onnx");
@@ -28,11 +29,16 @@ function info(list: readonly ort.InferenceSession.ValueMetadata[]): ModelTensorI
 }
 
 function toOrt(t: WireTensor): ort.Tensor {
+  if (t.type === "string") {
+    const count = t.dims.reduce((n, d) => n * d, 1);
+    return new ort.Tensor("string", stringsFromFrames(t.data as Uint8Array, count), t.dims);
+  }
   return new ort.Tensor(t.type as ort.Tensor.Type, t.data as ort.Tensor.DataType, t.dims);
 }
 
 function fromOrt(name: string, t: ort.Tensor): WireTensor {
-  return { name, type: t.type, dims: [...t.dims], data: t.data as ArrayBufferView | string[] };
+  const data = t.type === "string" ? framesFromStrings(t.data as string[]) : (t.data as ArrayBufferView);
+  return { name, type: t.type, dims: [...t.dims], data };
 }
 
 let session: ort.InferenceSession;

@@ -9,8 +9,11 @@ import { Code, type DataType, elementCount, formatShape, StageError, type Tensor
 import {
   allocate,
   bytesOf,
+  countFramedElements,
   elementSize,
+  frameElements,
   isDataType,
+  packedBytes,
   requestRefusal,
   type TensorDataMap,
   tritonMessages,
@@ -81,6 +84,10 @@ export function tensorFromRaw(
   return { name, datatype, shape, data: viewAs(datatype, raw) } as Tensor;
 }
 
+/**
+ * BYTES elements as views into `raw`, packed (one buffer, not one object per element:
+ * ten million short strings stay the buffer they arrived in).
+ */
 function unframeBytes(
   role: TensorRole,
   name: string,
@@ -89,36 +96,12 @@ function unframeBytes(
   raw: Uint8Array,
   stage: string,
 ): Uint8Array[] {
-  const items: Uint8Array[] = [];
-  const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
-  let offset = 0;
-  while (offset < raw.byteLength) {
-    const index = items.length;
-    if (raw.byteLength - offset < 4) {
-      throw fail(
-        role,
-        name,
-        `BYTES element ${index}: truncated length prefix at byte ${offset} (${raw.byteLength - offset} of 4 bytes)`,
-        stage,
-      );
-    }
-    const length = view.getUint32(offset, true);
-    offset += 4;
-    if (length > raw.byteLength - offset) {
-      throw fail(
-        role,
-        name,
-        `BYTES element ${index}: length ${length} at byte ${offset - 4} runs past the end (${raw.byteLength - offset} bytes left)`,
-        stage,
-      );
-    }
-    items.push(raw.subarray(offset, offset + length));
-    offset += length;
+  const found = countFramedElements(raw);
+  if (typeof found === "string") throw fail(role, name, found, stage);
+  if (found !== count) {
+    throw fail(role, name, `BYTES shape ${formatShape(shape)} needs ${count} elements, got ${found}`, stage);
   }
-  if (items.length !== count) {
-    throw fail(role, name, `BYTES shape ${formatShape(shape)} needs ${count} elements, got ${items.length}`, stage);
-  }
-  return items;
+  return packedBytes(raw, count);
 }
 
 /** A tensor's raw bytes; numeric tensors return a view of their data. */
@@ -127,19 +110,9 @@ export function tensorToRaw(t: Tensor): Uint8Array {
   return bytesOf(t.data as Exclude<TensorDataMap[DataType], Uint8Array[]>);
 }
 
-/** Frames BYTES elements as 4-byte little-endian length + bytes. */
+/** Frames BYTES elements as 4-byte little-endian length + bytes (a new buffer, unless they are packed already). */
 export function frameBytes(items: readonly Uint8Array[]): Uint8Array {
-  let total = 0;
-  for (const b of items) total += 4 + b.byteLength;
-  const out = new Uint8Array(total);
-  const view = new DataView(out.buffer);
-  let offset = 0;
-  for (const b of items) {
-    view.setUint32(offset, b.byteLength, true);
-    out.set(b, offset + 4);
-    offset += 4 + b.byteLength;
-  }
-  return out;
+  return frameElements(items);
 }
 
 /** The InferTensorContents field that carries each datatype. */

@@ -7,6 +7,7 @@
 import { createHash } from "node:crypto";
 import { tensorFromRaw, tensorToRaw } from "@trellis/kserve/wire";
 import type { DataType, InferRequest, InferResponse, Parameters } from "@trellis/stage";
+import { framedBytesOf } from "@trellis/stage/backend";
 
 interface Entry {
   modelName: string;
@@ -73,8 +74,8 @@ export class ResponseCache implements ResponseStore {
       name: t.name,
       datatype: t.datatype,
       shape: [...t.shape],
-      // tensorToRaw frames BYTES into a new buffer but views numeric data: copy only that.
-      raw: t.datatype === "BYTES" ? tensorToRaw(t) : tensorToRaw(t).slice(),
+      // tensorToRaw frames BYTES into a new buffer (unless still packed as they came) but views numeric data: copy only views.
+      raw: t.datatype === "BYTES" && !framedBytesOf(t.data as Uint8Array[]) ? tensorToRaw(t) : tensorToRaw(t).slice(),
     }));
     const bytes = ENTRY_OVERHEAD_BYTES + key.length + outputs.reduce((n, o) => n + o.raw.byteLength, 0);
     if (bytes > this.capacityBytes) return;
