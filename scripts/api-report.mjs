@@ -6,7 +6,8 @@
 // A package is public when its package.json is not "private"; every "exports" entry with a "types" condition
 // gets a report: "." as etc/<name>.api.md, "./backend" as etc/<name>-backend.api.md. All packages run in this
 // one process; the entries of one package share one TypeScript program. Settings: api-extractor.base.json.
-// Usage: node scripts/api-report.mjs [--update] [--root DIR]  (DIR defaults to the repository root)
+// Usage: node scripts/api-report.mjs [--update] [--root DIR] [@trellis/name ...]
+//   DIR defaults to the repository root; names limit the run to those packages (default: every public one).
 import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import path from "node:path";
@@ -19,6 +20,7 @@ const root = path.resolve(
   argRoot > 0 ? process.argv[argRoot + 1] : path.join(path.dirname(fileURLToPath(import.meta.url)), ".."),
 );
 const baseConfigPath = path.join(root, "api-extractor.base.json");
+const onlyPackages = process.argv.slice(2).filter((arg, i, args) => arg.startsWith("@") && args[i - 1] !== "--root");
 
 /** The workspace folders (pnpm-workspace.yaml's "packages" globs, of the form `dir` or `dir/*`). */
 function workspaceFolders() {
@@ -136,7 +138,14 @@ function staleReports(pkg) {
 
 function main() {
   const problems = [];
-  for (const pkg of publicPackages()) {
+  const packages = publicPackages();
+  const unknown = onlyPackages.filter((name) => !packages.some((pkg) => pkg.name === name));
+  if (unknown.length > 0) {
+    console.error(`not a public workspace package: ${unknown.join(", ")}`);
+    process.exitCode = 2;
+    return;
+  }
+  for (const pkg of packages.filter((p) => onlyPackages.length === 0 || onlyPackages.includes(p.name))) {
     const missing = pkg.entries.filter((entry) => !existsSync(entry.dts));
     if (missing.length > 0) {
       problems.push(`${pkg.name}: ${missing.map((e) => relative(e.dts)).join(", ")} missing; build it first`);

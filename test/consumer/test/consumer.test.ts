@@ -109,6 +109,21 @@ async function tarList(tarball: string): Promise<string[]> {
     .map((l) => l.replace(/^package\//, ""));
 }
 
+/** Runs a root devDependency's CLI on each tarball in turn; returns "<tarball>: <its output>" for each that failed. */
+async function lintEach(bin: "publint" | "attw", argv: (tarball: string) => string[]): Promise<string[]> {
+  expect(tarballs).toHaveLength(PUBLIC.length);
+  const failures: string[] = [];
+  for (const tarball of tarballs) {
+    try {
+      await run(join(repoRoot, "node_modules", ".bin", bin), argv(tarball), { maxBuffer: 16 * 1024 * 1024 });
+    } catch (error) {
+      const { stdout = "", stderr = "" } = error as { stdout?: string; stderr?: string };
+      failures.push(`${tarball}: ${stdout}${stderr}`);
+    }
+  }
+  return failures;
+}
+
 describe("the packed packages", () => {
   it("holds every public package, each with LICENSE, README and no workspace: ranges", async () => {
     expect(tarballs).toHaveLength(PUBLIC.length);
@@ -146,6 +161,25 @@ describe("the packed packages", () => {
       expect(existsSync(join(project, "node_modules", "@trellis", name, "package.json")), name).toBe(true);
     }
   });
+
+  // The packaging linters, on the tarballs exactly as published (root devDependencies, run as their CLIs).
+  it("passes publint --strict on every tarball (warnings count as errors)", async () => {
+    const failures = await lintEach("publint", (tarball) => ["run", tarball, "--strict"]);
+    expect(failures).toEqual([]);
+  }, 300_000);
+
+  it("passes attw (Are the Types Wrong) on every tarball, esm-only profile", async () => {
+    // esm-only: the packages are ESM only, so attw ignores the node10 and node16-from-CJS resolutions
+    // (a require() of an ESM package); every other problem (types missing, masquerading, unresolved) fails.
+    const failures = await lintEach("attw", (tarball) => [
+      tarball,
+      "--profile",
+      "esm-only",
+      "--no-definitely-typed",
+      "--no-color",
+    ]);
+    expect(failures).toEqual([]);
+  }, 600_000);
 });
 
 /**
