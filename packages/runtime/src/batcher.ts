@@ -27,6 +27,7 @@ import {
   traceExecution,
 } from "@trellis/stage";
 import { allocate, deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
+import { FailureIsolation } from "./isolation.js";
 
 export interface BatchContext {
   /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
@@ -103,6 +104,11 @@ export interface DynamicBatcherOptions {
    */
   admit?: (instance: number) => (() => void) | Promise<() => void>;
   recorder: StatisticsRecorder;
+  /**
+   * The failure isolation `executeRequests` reports to (a merged executor's): requests it
+   * quarantines run alone, in their lane. Made here for `execute`.
+   */
+  isolation?: FailureIsolation;
 }
 
 /** A priority level's queue, as the runtime's admission checks it (Triton's max_queue_size is per level). */
@@ -191,9 +197,10 @@ const removeFrom = (list: Pending[], p: Pending) => {
 };
 
 export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {
-  const executeRequests = options.executeRequests ?? (options.execute && mergedExecutor(options.name, options.execute));
-  if (!executeRequests) throw new StageError(Code.Internal, options.name, "a batcher needs execute or executeRequests");
-  return new Batcher(options, executeRequests);
+  if (options.executeRequests) return new Batcher(options, options.executeRequests);
+  if (!options.execute) throw new StageError(Code.Internal, options.name, "a batcher needs execute or executeRequests");
+  const isolation = options.isolation ?? new FailureIsolation(options.recorder);
+  return new Batcher({ ...options, isolation }, mergedExecutor(options.name, options.execute, isolation));
 }
 
 class Batcher implements DynamicBatcher {
@@ -217,6 +224,7 @@ class Batcher implements DynamicBatcher {
   private admitting = false;
   /** schedule() as the delay timer's callback, made once: the timer is re-armed as requests arrive. */
   private readonly scheduleLater = () => this.schedule();
+  private readonly isolation: FailureIsolation | undefined;
 
   constructor(
     private readonly options: DynamicBatcherOptions,
@@ -235,6 +243,7 @@ class Batcher implements DynamicBatcher {
     this.levels = levels;
     this.defaultIndex = defaultIndex;
     this.free = Array.from({ length: instances }, (_, i) => instances - 1 - i);
+    this.isolation = options.isolation;
   }
 
   get queued(): number {
@@ -394,14 +403,22 @@ class Batcher implements DynamicBatcher {
     p.reject(err);
   }
 
-  /** The next batch to run now, the time to wait for more requests, or nothing queued. */
-  private nextBatch(): { batch: Pending[] } | { waitNs: number } | undefined {
-    const { maxBatchSize } = this;
+  /**
+   * The next batch to run now, the time to wait for more requests, or nothing queued. A
+   * quarantined request (isolation.ts) joins no batch: it runs alone, on the lane's turn.
+   */
+  private nextBatch(): { batch: Pending[]; lane?: boolean } | { waitNs: number } | undefined {
+    const { maxBatchSize, isolation } = this;
     const batch: Pending[] = [];
     let total = 0;
     let bestPreferred = 0;
     let full = false;
+    let quarantined: Pending | undefined;
     for (const p of this.ordered()) {
+      if (isolation && this.batching && isolation.isSuspect(p.request)) {
+        quarantined ??= p;
+        continue;
+      }
       if (batch.length === 0) {
         batch.push(p);
         total = p.size;
@@ -420,12 +437,14 @@ class Batcher implements DynamicBatcher {
         break;
       }
     }
+    if (quarantined && isolation?.laneTurn(batch.length > 0)) return { batch: [quarantined], lane: true };
     if (batch.length === 0) return undefined;
     if (total === maxBatchSize) return { batch };
     if (bestPreferred > 0) return { batch: batch.slice(0, bestPreferred) };
     if (full) return { batch };
     const oldest = Math.min(...batch.map((p) => p.enqueuedNs));
     const waitNs = oldest + this.delayNs - nowNs();
+    if (waitNs > 0 && quarantined) return { batch: [quarantined], lane: true }; // the instance would idle
     return waitNs <= 0 ? { batch } : { waitNs };
   }
 
@@ -442,7 +461,7 @@ class Batcher implements DynamicBatcher {
       const slot = this.free.pop()!;
       const admission = this.options.admit?.(slot);
       if (typeof admission === "function") {
-        this.dispatch(next.batch, slot, admission);
+        this.dispatch(next, slot, admission);
         continue;
       }
       if (admission) {
@@ -450,7 +469,7 @@ class Batcher implements DynamicBatcher {
         void admission.then((release) => this.admitted(slot, release));
         return;
       }
-      this.dispatch(next.batch, slot);
+      this.dispatch(next, slot);
     }
   }
 
@@ -459,7 +478,7 @@ class Batcher implements DynamicBatcher {
     this.admitting = false;
     // Formed now, so that what arrived during the wait rides along.
     const next = this.closed ? undefined : this.nextBatch();
-    if (next && "batch" in next) this.dispatch(next.batch, slot, release);
+    if (next && "batch" in next) this.dispatch(next, slot, release);
     else {
       release();
       this.free.push(slot);
@@ -467,7 +486,12 @@ class Batcher implements DynamicBatcher {
     this.schedule();
   }
 
-  private dispatch(batch: Pending[], slot: number, release?: () => void): void {
+  private dispatch(
+    { batch, lane = false }: { batch: Pending[]; lane?: boolean },
+    slot: number,
+    release?: () => void,
+  ): void {
+    this.isolation?.ran(lane);
     const now = nowNs();
     for (const p of batch) {
       this.dequeue(p);
@@ -611,30 +635,52 @@ function mergeRequests(requests: readonly InferRequest[]): InferRequest {
 /**
  * A merged executor answering request by request: the requests are concatenated along dim 0,
  * computed at once, and the outputs split back by rows. When a merged execution of several
- * requests fails, each request is run again alone on the same instance, so the one that caused
- * it fails with its own error and the others are answered: a failed batch of k costs k more runs.
+ * requests fails, it is bisected on the same instance (see isolation.ts): each half runs merged
+ * again, a half that succeeds answers its requests, a half that fails is split again, and a
+ * request that fails alone gets its own error. One culprit among k costs about 2·log2(k) runs.
  */
-export function mergedExecutor(name: string, execute: BatchExecutor): RequestsExecutor {
-  const alone = async (request: InferRequest, context: BatchContext, size: number): Promise<RequestOutcome> => {
+export function mergedExecutor(name: string, execute: BatchExecutor, isolation?: FailureIsolation): RequestsExecutor {
+  /** Runs `requests` merged (alone when one) as a re-run: their outcomes, bisecting again on failure. */
+  const rerun = async (requests: readonly InferRequest[], context: BatchContext): Promise<RequestOutcome[]> => {
+    isolation?.reran(1);
+    const sizes = requests.map(rowsOf);
+    const total = sizes.reduce((n, size) => n + size, 0);
+    const single = requests.length === 1;
+    const batch = single ? requests[0]! : mergeRequests(requests);
     try {
-      const result = await execute(request, {
-        batchSize: size,
-        requests: [request],
+      const result = await execute(batch, {
+        batchSize: total,
+        requests,
         instance: context.instance,
-        ownsInputs: false,
-        ...(context.options ? { options: context.options } : {}),
+        ownsInputs: !single,
+        ...(single && context.options ? { options: context.options } : {}),
       });
-      return result.outputs;
+      if (single) isolation?.succeeded(batch);
+      return splitRows(name, result, sizes, total);
     } catch (err) {
-      return toConnectError(err, name);
+      if (!single) return bisect(requests, context);
+      isolation?.failed(batch);
+      return [toConnectError(err, name)];
     }
+  };
+  const bisect = async (requests: readonly InferRequest[], context: BatchContext): Promise<RequestOutcome[]> => {
+    const half = Math.ceil(requests.length / 2);
+    const first = await rerun(requests.slice(0, half), context);
+    return first.concat(await rerun(requests.slice(half), context));
   };
   return async (requests, context) => {
     if (requests.length === 1) {
-      const result = await execute(requests[0]!, context);
-      return { responses: [result.outputs], ...(result.times ? { times: result.times } : {}) };
+      const request = requests[0]!;
+      try {
+        const result = await execute(request, context);
+        isolation?.succeeded(request);
+        return { responses: [result.outputs], ...(result.times ? { times: result.times } : {}) };
+      } catch (err) {
+        isolation?.failed(request);
+        throw err;
+      }
     }
-    const sizes = requests.map((r) => r.inputs[0]?.shape[0] ?? 1);
+    const sizes = requests.map(rowsOf);
     let result: BatchResult;
     const t0 = nowNs();
     const merged = mergeRequests(requests);
@@ -642,24 +688,31 @@ export function mergedExecutor(name: string, execute: BatchExecutor): RequestsEx
     try {
       result = await execute(merged, context);
     } catch {
-      // Isolation: one request at a time, each answered with its own outcome.
-      const responses: RequestOutcome[] = [];
-      for (let i = 0; i < requests.length; i++) responses.push(await alone(requests[i]!, context, sizes[i]!));
-      return { responses };
-    }
-    const responses: RequestOutcome[] = [];
-    let offset = 0;
-    for (const size of sizes) {
-      try {
-        responses.push(result.outputs.map((t) => sliceRows(name, t, offset, size, context.batchSize)));
-      } catch (err) {
-        responses.push(toConnectError(err, name));
-      }
-      offset += size;
+      return { responses: await bisect(requests, context) };
     }
     const reported = result.times ?? {};
-    return { responses, times: { ...reported, computeInputNs: t1 - t0 + (reported.computeInputNs ?? 0) } };
+    return {
+      responses: splitRows(name, result, sizes, context.batchSize),
+      times: { ...reported, computeInputNs: t1 - t0 + (reported.computeInputNs ?? 0) },
+    };
   };
+}
+
+const rowsOf = (request: InferRequest): number => request.inputs[0]?.shape[0] ?? 1;
+
+/** Each request's own rows of a merged result (an output of the wrong dim 0 fails them INTERNAL). */
+function splitRows(name: string, result: BatchResult, sizes: readonly number[], total: number): RequestOutcome[] {
+  const responses: RequestOutcome[] = [];
+  let offset = 0;
+  for (const size of sizes) {
+    try {
+      responses.push(result.outputs.map((t) => sliceRows(name, t, offset, size, total)));
+    } catch (err) {
+      responses.push(toConnectError(err, name));
+    }
+    offset += size;
+  }
+  return responses;
 }
 
 function sliceRows(name: string, t: Tensor, offset: number, rows: number, total: number): Tensor {

@@ -54,6 +54,7 @@ import {
   type RequestsExecutor,
   type RequestsResult,
 } from "./batcher.js";
+import { FailureIsolation } from "./isolation.js";
 import { rateLimiterResources } from "./rate-limiter.js";
 import { createSequenceBatcher, type SequenceBatcher, sequenceTensors } from "./sequence-batcher.js";
 
@@ -69,7 +70,7 @@ export interface ModelBackend {
   /**
    * Computes one batch on instance `ctx.instance`, in one of two ways (give one). `execute`: the
    * requests merged along dim 0, one result for all (a throw fails the execution; the runtime
-   * then runs each request alone, so only the one that caused it fails). `executeRequests`
+   * then bisects the batch, so only the one that caused it fails: see isolation.ts). `executeRequests`
    * (Triton's `execute(requests)`): the requests as they are, answering each with its outputs
    * or an error of its own.
    */
@@ -219,7 +220,8 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     throw err;
   }
 
-  const run = requestsExecutor(backend, name);
+  const isolation = new FailureIsolation(recorder);
+  const run = requestsExecutor(backend, name, isolation);
   const backendAdmit = backend.admit?.bind(backend);
   const admit =
     slots.length > 0
@@ -239,6 +241,7 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     ...(admit ? { admit } : {}),
     ...(backend.tracesSteps ? { passTrace: true } : {}),
     executeRequests: run,
+    isolation,
   });
   const served = new ServedModel({ options, version, recorder, spec, check, run, batcher, sequencer, slots, bounded });
   return served.stage();
@@ -451,11 +454,11 @@ function admitBoth(
 }
 
 /** How the runtime runs a backend's batch: request by request, or merged and split back (isolating failures). */
-function requestsExecutor(backend: ModelBackend, name: string) {
+function requestsExecutor(backend: ModelBackend, name: string, isolation: FailureIsolation) {
   if (backend.executeRequests) return backend.executeRequests.bind(backend);
   // A decoupled backend computes only streams: its batches are never formed (infer refuses).
   if (!backend.execute) return async () => ({ responses: [decoupledRefusal(name)] });
-  return mergedExecutor(name, backend.execute.bind(backend));
+  return mergedExecutor(name, backend.execute.bind(backend), isolation);
 }
 
 /**

@@ -1,6 +1,6 @@
 /**
- * One request's failure stays its own: a merged batch that fails is run again request by
- * request, and an executor that answers each request (Triton's execute(requests)) fails only
+ * One request's failure stays its own: a merged batch that fails is bisected (without
+ * amplification: a re-run budget, then a quarantine lane for content that keeps failing), and an executor that answers each request (Triton's execute(requests)) fails only
  * the one it gives an error.
  */
 import { create } from "@bufbuild/protobuf";
@@ -26,6 +26,7 @@ function req(rows: number, seed: number, id = `r${seed}`): InferRequest {
   return { id, inputs: [tensor("x", "FP32", [rows, 2], data)] };
 }
 
+type InferResponseLike = { outputs: Tensor[] };
 const doubled = (t: Tensor) => Array.from(t.data as Float32Array, (v) => v * 2);
 
 /**
@@ -85,7 +86,7 @@ function twice(x: Tensor): Tensor[] {
 }
 
 describe("a merged batch that fails", () => {
-  it("is run again request by request: only the culprit fails, the others get their own rows", async () => {
+  it("is bisected: only the culprit fails, the others get their own rows", async () => {
     const { batcher, calls, release, recorder } = held({ merged: twice });
     const first = batcher.infer(req(1, 1));
     const goods = [req(1, 2), req(3, 3), req(2, 4), req(1, 5)];
@@ -99,8 +100,9 @@ describe("a merged batch that fails", () => {
     release();
     await first;
     const settled = await Promise.all(answers);
-    // The batch of five merged (9 rows), failed, then each alone.
-    expect(calls.map((c) => c.rows)).toEqual([[1], [1, 3, 2, 2, 1], [1], [3], [2], [2], [1]]);
+    // The batch of five merged (9 rows) failed, then was bisected: [1,3,2] failed → [1,3] ok, [2] failed alone; [2,1] ok.
+    expect(calls.map((c) => c.rows)).toEqual([[1], [1, 3, 2, 2, 1], [1, 3, 2], [1, 3], [2], [2, 1]]);
+    expect(recorder.isolation()).toEqual({ reruns: 4, quarantined: 0 });
     const err = settled[2] as StageError;
     expect(err).toBeInstanceOf(StageError);
     expect(err.code).toBe(Code.InvalidArgument);
@@ -114,6 +116,70 @@ describe("a merged batch that fails", () => {
     const stats = recorder.snapshot();
     expect(stats.inferenceStats?.success?.count).toBe(5n);
     expect(stats.inferenceStats?.fail?.count).toBe(1n);
+  });
+
+  it("finds one culprit among 16 in 2·log2(16) = 8 re-runs, each as large as it can be", async () => {
+    const { batcher, calls, release, recorder } = held({ merged: twice });
+    const first = batcher.infer(req(1, 1));
+    const requests = Array.from({ length: 16 }, (_, i) => req(1, i === 11 ? -7 : i + 2));
+    const answers = requests.map((r) =>
+      batcher.infer(r).then(
+        (res) => res,
+        (err: unknown) => err,
+      ),
+    );
+    release();
+    await first;
+    const settled = await Promise.all(answers);
+    expect(calls.slice(2).map((c) => c.rows.length)).toEqual([8, 8, 4, 2, 2, 1, 1, 4]);
+    expect(recorder.isolation()).toEqual({ reruns: 8, quarantined: 0 });
+    for (const [i, answer] of settled.entries()) {
+      if (i === 11) expect((answer as StageError).rawMessage).toMatch(/negative value \(-7/);
+      else
+        expect(Array.from((answer as InferResponseLike).outputs[0]!.data as Float32Array)).toEqual(
+          doubled(requests[i]!.inputs[0]!),
+        );
+    }
+  });
+
+  it("runs content that keeps failing alone in its lane once the re-run budget is spent; good ones keep merging", async () => {
+    const recorder = new StatisticsRecorder("m", "1");
+    const calls: number[][] = [];
+    let gate: Promise<void> = Promise.resolve();
+    const batcher = createDynamicBatcher({
+      name: "m",
+      maxBatchSize: 32,
+      dynamicBatching: create(ModelDynamicBatchingSchema, {}),
+      instances: 1,
+      recorder,
+      execute: async (batch: InferRequest, ctx: BatchContext) => {
+        calls.push(ctx.requests.map((r) => (r.inputs[0]!.data as Float32Array)[0]!));
+        if ((batch.inputs[0]!.data as Float32Array)[0] === 99_901) await gate; // the round's blocker
+        return { outputs: twice(batch.inputs[0]!) };
+      },
+    });
+    const bad = () => req(1, -5, "bad"); // the same content every round, a new request each time
+    for (let round = 1; round <= 5; round++) {
+      let open!: () => void;
+      gate = new Promise<void>((r) => {
+        open = r;
+      });
+      const blocker = batcher.infer(req(1, 999));
+      const goods = Array.from({ length: 7 }, (_, i) => batcher.infer(req(1, round * 10 + i)));
+      const refused = rejectionOf(batcher.infer(bad()), StageError);
+      const roundStart = calls.length;
+      open();
+      await blocker;
+      await Promise.all(goods);
+      const err = await refused;
+      expect(err.rawMessage).toMatch(/negative value \(-5/);
+      const runs = calls.slice(roundStart).map((c) => c.length);
+      // Rounds 1-3 bisect a batch of 8 (6 re-runs each: 16 - 18 < 1 spends the budget); then the
+      // bad content runs alone after the 7 good rows merged.
+      expect(runs).toEqual(round <= 3 ? [8, 4, 4, 2, 2, 1, 1] : [7, 1]);
+    }
+    expect(recorder.isolation()).toEqual({ reruns: 18, quarantined: 2 });
+    expect(recorder.snapshot().inferenceStats?.fail?.count).toBe(5n);
   });
 
   it("fails a lone request with its own error, without running it again", async () => {

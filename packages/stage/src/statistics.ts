@@ -73,6 +73,26 @@ export function observeFirstResponses(observer: (sample: FirstResponseSample) =>
   return () => firstResponseObservers.delete(observer);
 }
 
+/**
+ * Work a model's failure isolation did (nonzero counts only): `reruns`, executions run again
+ * to find the request that failed a merged batch; `quarantined`, requests that recently failed
+ * and ran alone in the quarantine lane instead of joining a batch.
+ */
+export interface IsolationSample {
+  model: string;
+  version: string;
+  reruns: number;
+  quarantined: number;
+}
+
+const isolationObservers = new Set<(sample: IsolationSample) => void>();
+
+/** Hears every model's isolation work in this process (trellis_inference_* metrics). Returns the function that stops it. */
+export function observeIsolation(observer: (sample: IsolationSample) => void): () => void {
+  isolationObservers.add(observer);
+  return () => isolationObservers.delete(observer);
+}
+
 export class StatisticsRecorder {
   private lastInference = 0;
   private inferenceCount = 0;
@@ -84,6 +104,7 @@ export class StatisticsRecorder {
   private readonly computeInfer = zero();
   private readonly computeOutput = zero();
   private readonly batches = new Map<number, { input: Duration; infer: Duration; output: Duration }>();
+  private readonly isolationCounts = { reruns: 0, quarantined: 0 };
 
   /**
    * @param observed whether observeRequests hears this recorder's requests: false for a
@@ -134,6 +155,23 @@ export class StatisticsRecorder {
   requestFailed(totalNs: number): void {
     this.lastInference = Date.now();
     add(this.fail, totalNs);
+  }
+
+  /**
+   * Failure isolation's work (see IsolationSample): `reruns` executions run again to find a
+   * failed batch's culprit, `quarantined` requests run alone in the quarantine lane.
+   */
+  isolated(reruns: number, quarantined: number): void {
+    this.isolationCounts.reruns += reruns;
+    this.isolationCounts.quarantined += quarantined;
+    if (!this.observed) return;
+    for (const observer of isolationObservers)
+      observer({ model: this.name, version: this.version, reruns, quarantined });
+  }
+
+  /** The totals of isolated(): re-run executions and quarantined requests since the model loaded. */
+  isolation(): { reruns: number; quarantined: number } {
+    return { ...this.isolationCounts };
   }
 
   /** One model execution of `batchSize` items (one per dynamic batch). */
