@@ -6,6 +6,7 @@
  */
 import sharp, { type Sharp, type SharpOptions } from "sharp";
 import { decodeBmp } from "./bmp.js";
+import { checkJpegScans, checkPixelsPerByte, headerSize } from "./decode-cost.js";
 import { checkPixels, ElementError, type RgbImage } from "./element-error.js";
 import type { Encoding, Mode } from "./options.js";
 import { decodePnm } from "./pnm.js";
@@ -225,6 +226,10 @@ export interface DecodeSettings {
   resizeSize: number;
   cropSize: number;
   maxPixels: number;
+  /** Most scans a JPEG may have (max_jpeg_scans). */
+  maxJpegScans: number;
+  /** Most pixels an image over PIXELS_FREE_OF_RATIO may ask of each file byte (max_pixels_per_byte). */
+  maxPixelsPerByte: number;
 }
 
 // libvips' own check and ours must agree, so sharp gets the same limit; "truncated"
@@ -249,6 +254,13 @@ export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSet
     return await resizeDecoded(image, s, sink);
   }
   try {
+    // Decode work bounded before libvips starts: scans of a JPEG, pixels per byte of any file.
+    if (format === "jpeg") checkJpegScans(bytes, s.maxJpegScans);
+    const header = format === "jpeg" ? undefined : headerSize(bytes, format);
+    if (header) {
+      checkPixels(header.width, header.height, s.maxPixels);
+      checkPixelsPerByte(header.width, header.height, bytes.length, s.maxPixelsPerByte);
+    }
     if (format === "jpeg") {
       // JPEG's geometry, components and orientation come from its own header, read here in
       // microseconds instead of a libvips metadata call: seed mode's decode then keeps only
@@ -258,6 +270,7 @@ export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSet
         const turned = h.orientation >= 5;
         const size = { width: turned ? h.height : h.width, height: turned ? h.width : h.height };
         checkPixels(size.width, size.height, s.maxPixels);
+        checkPixelsPerByte(size.width, size.height, bytes.length, s.maxPixelsPerByte);
         if (s.mode === "fast") {
           const g = cropGeometry(size.width, size.height, s.resizeSize, s.cropSize);
           return await decodeFast(bytes, input, g, s.cropSize, sink);
@@ -271,7 +284,9 @@ export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSet
     // (JPEG's CMYK is told from its frame header; TIFF's only from libvips' metadata).
     // Large files: a header read first lets the decode keep only the rows and columns
     // the crop reads, which saves more than the extra call costs.
-    if (s.mode === "seed" && format !== "tiff" && bytes.length < LARGE_FILE) {
+    // (Only when the size was checked above: a CMYK JPEG's header was, for others the header read.)
+    const sized = header !== undefined || (format === "jpeg" && jpegHeader(bytes) !== undefined);
+    if (s.mode === "seed" && format !== "tiff" && bytes.length < LARGE_FILE && sized) {
       return await decodeSeed(bytes, input, s, format === "jpeg" && jpegComponents(bytes) === 4, sink);
     }
     const meta = await sharp(bytes, input).metadata();
@@ -279,6 +294,7 @@ export async function decodeCrop(bytes: Uint8Array, format: string, s: DecodeSet
     const height = meta.autoOrient?.height ?? meta.height;
     if (!width || !height) throw new ElementError(`${format} image without dimensions`);
     checkPixels(width, height, s.maxPixels);
+    checkPixelsPerByte(width, height, bytes.length, s.maxPixelsPerByte);
     if (s.mode === "seed") return await decodeSeed(bytes, input, s, meta.space === "cmyk", sink, { width, height });
     return await decodeFast(bytes, input, cropGeometry(width, height, s.resizeSize, s.cropSize), s.cropSize, sink);
   } catch (err) {

@@ -34,6 +34,10 @@ export interface PreprocessParameters {
   maxBytes: number;
   /** Largest accepted image, width x height, checked from the header before decoding. */
   maxPixels: number;
+  /** Most scans a JPEG may have: each progressive scan is another decoding pass (a photo has about ten). */
+  maxJpegScans: number;
+  /** Most pixels an image over 2048x2048 may ask of each encoded byte: bounds decode work per byte sent. */
+  maxPixelsPerByte: number;
   /** Images decoded at once by this stage, across requests. */
   concurrency: number;
 }
@@ -50,6 +54,8 @@ export const DEFAULT_PARAMETERS: Readonly<PreprocessParameters> = Object.freeze<
   encoding: "auto",
   maxBytes: 64 * 1024 * 1024,
   maxPixels: 40_000_000,
+  maxJpegScans: 64,
+  maxPixelsPerByte: 100,
   concurrency: Math.max(1, os.availableParallelism()),
 });
 
@@ -66,6 +72,8 @@ const KEYS: Record<keyof PreprocessParameters, string> = {
   encoding: "encoding",
   maxBytes: "max_bytes",
   maxPixels: "max_pixels",
+  maxJpegScans: "max_jpeg_scans",
+  maxPixelsPerByte: "max_pixels_per_byte",
   concurrency: "concurrency",
 };
 
@@ -117,6 +125,8 @@ export function parametersFromConfig(config: ModelConfig, stage = config.name): 
   set("encoding", (r) => oneOf(stage, "encoding", r, ["auto", "raw", "base64"] as const));
   set("maxBytes", (r) => positiveInt(stage, "max_bytes", r));
   set("maxPixels", (r) => positiveInt(stage, "max_pixels", r));
+  set("maxJpegScans", (r) => positiveInt(stage, "max_jpeg_scans", r));
+  set("maxPixelsPerByte", (r) => positiveInt(stage, "max_pixels_per_byte", r));
   set("concurrency", (r) => positiveInt(stage, "concurrency", r));
   return out;
 }
@@ -136,7 +146,9 @@ export function resolveParameters(stage: string, ...layers: Partial<PreprocessPa
     if (typeof v !== "number" || !Number.isSafeInteger(v) || v <= 0)
       throw bad(stage, KEYS[key], v, "a positive integer");
   };
-  (["resizeSize", "cropSize", "maxBytes", "maxPixels", "concurrency"] as const).forEach(int);
+  (
+    ["resizeSize", "cropSize", "maxBytes", "maxPixels", "maxJpegScans", "maxPixelsPerByte", "concurrency"] as const
+  ).forEach(int);
   if (p.cropSize > p.resizeSize) {
     throw invalidArgument(
       stage,
