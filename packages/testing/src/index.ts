@@ -23,6 +23,7 @@ export {
   accumulatorModel,
   graphModel,
   identityModel,
+  type ToyInitializer,
   type ToyNode,
   type ToyTensor,
 } from "./onnx-writer.js";

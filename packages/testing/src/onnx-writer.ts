@@ -49,26 +49,46 @@ export interface ToyNode {
   op: string;
   inputs: string[];
   outputs: string[];
+  /** Integer attributes (GatherElements' axis, say). */
+  ints?: Record<string, number>;
 }
 
-/** A model of `nodes` (opset 13, no attributes) from `inputs` to `outputs`. */
+/** A constant of the graph (a MatMul's weights): FP32 values of `dims`. */
+export interface ToyInitializer {
+  name: string;
+  dims: number[];
+  values: Float32Array;
+}
+
+/** A model of `nodes` (opset 13, integer attributes only) from `inputs` to `outputs`, with FP32 `initializers`. */
 export function graphModel(
   nodes: ToyNode[],
   inputs: ToyTensor[],
   outputs: ToyTensor[],
   metadata: Record<string, string> = {},
+  initializers: ToyInitializer[] = [],
 ): Uint8Array {
   const graph: number[] = [];
   nodes.forEach((n, i) => {
+    // AttributeProto: name (1), i (3), type (20) = INT (2).
+    const attributes = Object.entries(n.ints ?? {}).flatMap(([k, v]) =>
+      bytes(5, [...str(1, k), ...num(3, v), ...num(20, 2)]),
+    );
     const node = [
       ...n.inputs.flatMap((x) => str(1, x)),
       ...n.outputs.flatMap((x) => str(2, x)),
       ...str(3, `n${i}`),
       ...str(4, n.op),
+      ...attributes,
     ];
     graph.push(...bytes(1, node));
   });
   graph.push(...str(2, "toy"));
+  // TensorProto: dims (1), data_type (2) = FLOAT (1), name (8), raw_data (9).
+  for (const t of initializers) {
+    const raw = new Uint8Array(t.values.buffer, t.values.byteOffset, t.values.byteLength);
+    graph.push(...bytes(5, [...t.dims.flatMap((d) => num(1, d)), ...num(2, 1), ...str(8, t.name), ...bytes(9, raw)]));
+  }
   for (const t of inputs) graph.push(...bytes(11, valueInfo(t)));
   for (const t of outputs) graph.push(...bytes(12, valueInfo(t)));
   const model = [

@@ -6,6 +6,7 @@
 import { cpus, freemem, totalmem } from "node:os";
 import type { ManagedStage } from "@trellis/model-repository";
 import type { ModelStatistics } from "@trellis/protocol";
+import { observeIsolation } from "@trellis/stage";
 import { observeFirstResponses, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
 
@@ -151,9 +152,11 @@ export function createMetrics(
     },
   });
   const stopHost = (options.cpuMetrics ?? true) ? hostMetrics(register, options.intervalMs ?? 2000) : () => undefined;
+  const stopIsolation = isolationCounters(register, source);
   return {
     register,
     close() {
+      stopIsolation();
       stopSummaries();
       stopHistograms();
       stopHost();
@@ -167,6 +170,33 @@ export function createMetrics(
       }
     },
   };
+}
+
+/**
+ * Failure isolation's work per model (not Triton's: trellis_*): executions run again to find
+ * the request that failed a merged batch, and requests run alone in the quarantine lane.
+ */
+function isolationCounters(register: Registry, source: MetricsSource): () => void {
+  const labelNames = ["model", "version"];
+  const reruns = new Counter({
+    name: "trellis_inference_rerun_count",
+    help: "Number of model executions run again to find the request that failed a merged batch",
+    labelNames,
+    registers: [register],
+  });
+  const quarantined = new Counter({
+    name: "trellis_inference_quarantined_count",
+    help: "Number of requests that recently failed and ran alone in the quarantine lane instead of a merged batch",
+    labelNames,
+    registers: [register],
+  });
+  return observeIsolation(({ model, version, reruns: reran, quarantined: laned }) => {
+    // Another server in this process may serve the model: count only this one's.
+    if (!source.list().some((stage) => stage.name === model && stage.version === version)) return;
+    const labels = { model, version };
+    if (reran > 0) reruns.inc(labels, reran);
+    if (laned > 0) quarantined.inc(labels, laned);
+  });
 }
 
 /**
