@@ -63,6 +63,21 @@ function shapesCompatible(a: readonly number[], b: readonly number[]): boolean {
   return a.length === b.length && a.every((d, i) => d === -1 || b[i] === -1 || d === b[i]);
 }
 
+/**
+ * Triton's ensemble tensor check (core's ValidateTensorConsistency): two views of a tensor agree
+ * when their dims do, or their full shapes (the batch dim, -1, in front where the model batches)
+ * do. So a non-batching ensemble's [-1,-1] feeds a batching step's [-1], and a batching step's
+ * [4] feeds a non-batching step's [4]; a wrong shape left is refused by the step at run time.
+ * `shape` is the full shape (metadata's); `batching` says whether it has that batch dim in front.
+ */
+function tensorsConsistent(
+  a: { shape: readonly number[]; batching: boolean },
+  b: { shape: readonly number[]; batching: boolean },
+): boolean {
+  const dims = (t: typeof a) => (t.batching ? t.shape.slice(1) : t.shape);
+  return shapesCompatible(a.shape, b.shape) || shapesCompatible(dims(a), dims(b));
+}
+
 const describe = (m: TensorMetadata) => `${m.datatype} ${formatShape(m.shape)}`;
 
 /**
@@ -131,6 +146,9 @@ export function planEnsemble(config: ModelConfig, stages: Stage[], metas: StageM
 
   const metaOf = (p: Producer): TensorMetadata | undefined =>
     p.kind === "input" ? p.meta : metas[p.step]!.outputs.find((m) => m.name === p.output);
+  const ensembleBatches = config.maxBatchSize > 0;
+  const producerBatches = (p: Producer) =>
+    p.kind === "input" ? ensembleBatches : stages[p.step]!.config.maxBatchSize > 0;
 
   // Every read has a producer whose datatype and shape agree with the reader.
   for (const step of steps) {
@@ -146,7 +164,14 @@ export function planEnsemble(config: ModelConfig, stages: Stage[], metas: StageM
       if (p.kind === "step" && !step.dependsOn.includes(p.step)) step.dependsOn.push(p.step);
       const want = meta.inputs.find((m) => m.name === name);
       const have = metaOf(p);
-      if (want && have && (want.datatype !== have.datatype || !shapesCompatible(want.shape, have.shape))) {
+      const consistent =
+        want &&
+        have &&
+        tensorsConsistent(
+          { shape: want.shape, batching: step.stage.config.maxBatchSize > 0 },
+          { shape: have.shape, batching: producerBatches(p) },
+        );
+      if (want && have && (want.datatype !== have.datatype || !consistent)) {
         problems.push(
           `tensor "${tensor}": ${producerLabel(p, tensor)} is ${describe(have)}, but ${step.label} input "${name}" expects ${describe(want)}`,
         );
@@ -160,7 +185,13 @@ export function planEnsemble(config: ModelConfig, stages: Stage[], metas: StageM
       continue;
     }
     const have = metaOf(p);
-    if (have && (have.datatype !== out.datatype || !shapesCompatible(out.shape, have.shape))) {
+    const consistent =
+      have &&
+      tensorsConsistent(
+        { shape: out.shape, batching: ensembleBatches },
+        { shape: have.shape, batching: producerBatches(p) },
+      );
+    if (have && (have.datatype !== out.datatype || !consistent)) {
       problems.push(
         `ensemble output "${out.name}" is declared ${describe(out)}, but ${producerLabel(p, out.name)} is ${describe(have)}`,
       );

@@ -109,20 +109,58 @@ describe("load-time validation", () => {
     );
   });
 
-  it("compares shapes batch-aware: a batching producer feeds a non-batching consumer with an explicit batch dim", async () => {
+  it("compares shapes batch-aware: a batching producer feeds a non-batching consumer, with or without the batch dim", async () => {
     const flat = unaryConfig("b", { mbs: 0, dims: "[ 4 ]" });
     const explicit = unaryConfig("b", { mbs: 0, dims: "[ -1, 4 ]" });
-    const config = () =>
+    const config = (out = "[ -1, 4 ]") =>
       ensemble([step("a", "X", "m"), step("b", "m", "Y")], {
         mbs: 0,
         inputDims: "[ -1, 4 ]",
-        outputs: `{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 4 ] }`,
+        outputs: `{ name: "Y" data_type: TYPE_FP32 dims: ${out} }`,
       });
-    // a batches: its output is [-1,4]; b without batching must declare that leading dim itself.
-    const err = await loadError(config(), { a, b: flat });
-    expect(err.rawMessage).toContain('step 0 a output "OUT" is FP32 [-1,4], but step 1 b input "IN" expects FP32 [4]');
-    const ok = await createEnsemble({ config: config(), resolveStep: (m) => identity(m === "a" ? a : explicit) });
-    expect(ok.plan.steps).toHaveLength(2);
+    // a batches: its output is [-1,4]. b without batching may declare that leading dim itself (the full
+    // shapes agree) or not (the dims agree): Triton loads both and leaves the rest to run time.
+    for (const [b, out] of [
+      [flat, "[ 4 ]"],
+      [explicit, "[ -1, 4 ]"],
+    ] as const) {
+      const ok = await createEnsemble({ config: config(out), resolveStep: (m) => identity(m === "a" ? a : b) });
+      expect(ok.plan.steps).toHaveLength(2);
+    }
+    const five = unaryConfig("b", { mbs: 0, dims: "[ 5 ]" });
+    const err = await loadError(config("[ 5 ]"), { a, b: five });
+    expect(err.rawMessage).toContain('step 0 a output "OUT" is FP32 [-1,4], but step 1 b input "IN" expects FP32 [5]');
+  });
+
+  it("loads a non-batching ensemble over a batching step when the full shapes agree (Triton's rule)", async () => {
+    // Triton core (ensemble_utils ValidateTensorConsistency): consistent when the dims agree, or the
+    // full shapes (the batch dim included where a model batches) do.
+    const step8 = unaryConfig("b", { mbs: 8, dims: "[ -1 ]" });
+    const config = ensemble([step("b", "X", "Y")], {
+      mbs: 0,
+      inputDims: "[ -1, -1 ]",
+      outputs: `{ name: "Y" data_type: TYPE_FP32 dims: [ -1, -1 ] }`,
+    });
+    const ok = await createEnsemble({ config, resolveStep: () => identity(step8) });
+    expect(ok.plan.steps).toHaveLength(1);
+    // The dims agree ([-1] and [-1]) though the full shapes do not ([-1] and [-1,-1]): Triton loads it too.
+    const byDims = ensemble([step("b", "X", "Y")], {
+      mbs: 0,
+      inputDims: "[ -1 ]",
+      outputs: `{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }`,
+    });
+    const alsoOk = await createEnsemble({ config: byDims, resolveStep: () => identity(step8) });
+    expect(alsoOk.plan.steps).toHaveLength(1);
+    // Neither the dims ([3,4] against [5]) nor the full shapes ([3,4] against [-1,5]) agree: still refused.
+    const fixed = unaryConfig("b", { mbs: 8, dims: "[ 5 ]" });
+    const refused = ensemble([step("b", "X", "Y")], {
+      mbs: 0,
+      inputDims: "[ 3, 4 ]",
+      outputs: `{ name: "Y" data_type: TYPE_FP32 dims: [ 3, 5 ] }`,
+    });
+    const err = await loadError(refused, { b: fixed });
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.rawMessage).toContain('ensemble input "X" is FP32 [3,4], but step 0 b input "IN" expects FP32 [-1,5]');
   });
 
   it("an ensemble max_batch_size larger than a step's", async () => {

@@ -1,0 +1,76 @@
+/**
+ * Ensemble shape checks as Triton core makes them (ensemble_utils.cc, ValidateTensorConsistency):
+ * a tensor is consistent when the dims agree or the full shapes (with the batch dim where a
+ * model batches) agree, so a non-batching ensemble of dims [-1,-1] (or [-1]) loads over a step
+ * that batches (max_batch_size 8) dims [-1]; shapes that agree neither way are still refused.
+ * The steps are ONNX identity models built here.
+ */
+import { identityModel, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { grpcClientOf, makeRepository, postJson } from "./helpers.js";
+
+const stepConfig = (name: string, dims: string) => `name: "${name}"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: ${dims} } ]
+output [ { name: "IN_out" data_type: TYPE_FP32 dims: ${dims} } ]
+`;
+
+const ensembleConfig = (name: string, step: string, dims: string) => `name: "${name}"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: ${dims} } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: ${dims} } ]
+ensemble_scheduling { step [
+  { model_name: "${step}" model_version: -1 input_map { key: "IN" value: "X" } output_map { key: "IN_out" value: "Y" } }
+] }
+`;
+
+let repo: string;
+let server: ServerProcess;
+
+beforeAll(async () => {
+  const onnx = (rank: number) => ({
+    "1/model.onnx": identityModel([{ name: "IN", type: "float32", shape: rank === 2 ? ["N", "M"] : ["N", 5] }]),
+  });
+  repo = await makeRepository({
+    step_any: { config: stepConfig("step_any", "[ -1 ]"), files: onnx(2) },
+    step_five: { config: stepConfig("step_five", "[ 5 ]"), files: onnx(1) },
+    flat_over_batching: { config: ensembleConfig("flat_over_batching", "step_any", "[ -1, -1 ]") },
+    same_dims: { config: ensembleConfig("same_dims", "step_any", "[ -1 ]") },
+    mismatched: { config: ensembleConfig("mismatched", "step_five", "[ 3, 4 ]") },
+  });
+  server = await startServerProcess(["--model-repository", repo, "--exit-on-error=false"]);
+});
+
+afterAll(async () => {
+  await server?.stop();
+  if (repo) await removeDir(repo);
+});
+
+describe("a non-batching ensemble over a batching step", () => {
+  it("loads when the full shapes agree, and runs", async () => {
+    const ready = await fetch(`${server.http}/v2/models/flat_over_batching/ready`);
+    expect(ready.status).toBe(200);
+    const res = await postJson(`${server.http}/v2/models/flat_over_batching/infer`, {
+      inputs: [{ name: "X", datatype: "FP32", shape: [2, 3], data: [1, 2, 3, 4, 5, 6] }],
+    });
+    expect(res.status).toBe(200);
+    expect(res.json.outputs[0].shape).toEqual([2, 3]);
+    expect(res.json.outputs[0].data).toEqual([1, 2, 3, 4, 5, 6]);
+  });
+
+  it("loads when the dims agree though the full shapes do not ([-1] and [-1,-1])", async () => {
+    expect((await grpcClientOf(server).modelReady({ name: "same_dims" })).ready).toBe(true);
+  });
+
+  it("is refused when neither the dims nor the full shapes agree", async () => {
+    expect((await grpcClientOf(server).modelReady({ name: "mismatched" })).ready).toBe(false);
+    const index = await postJson(`${server.http}/v2/repository/index`, {});
+    const entry = index.json.find((m: { name: string }) => m.name === "mismatched");
+    expect(entry.state).toBe("UNAVAILABLE");
+    expect(entry.reason).toContain(
+      'ensemble input "X" is FP32 [3,4], but step 0 step_five input "IN" expects FP32 [-1,5]',
+    );
+  });
+});
