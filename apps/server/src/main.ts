@@ -151,6 +151,7 @@ async function serverOptions(
   const { flags } = settings;
   return {
     serverName: flags.id,
+    serverVersion: flags.serverVersion,
     host: flags.host,
     addresses: { http: flags.httpAddress, grpc: flags.grpcAddress, metrics: flags.metricsAddress },
     httpPort: flags.httpPort,
@@ -159,6 +160,7 @@ async function serverOptions(
     httpMaxInputBytes: flags.httpMaxInputSize,
     grpcMaxInputBytes: flags.grpcMaxInputSize,
     maxInflightDecompressedBytes: flags.maxInflightDecompressedBytes,
+    grpcMaxUnreadAnswerBytes: flags.grpcMaxUnreadAnswerBytes,
     logger,
     logSettings,
     grpcTls: settings.grpcTls,

@@ -42,7 +42,11 @@ import { readUiAssets, uiHandler } from "./web-page.js";
 // Only mounted on the HTTP/1.1 server, so requests are always IncomingMessage.
 type NodeHandlerFn = NonNullable<Parameters<typeof connectNodeAdapter>[0]["fallback"]>;
 
-export const SERVER_NAME = "trellis";
+/**
+ * The name server metadata reports by default: Triton's own (its --id default), since Triton's
+ * example clients (simple_http_health_metadata, simple_grpc_health_metadata) check for it.
+ */
+export const SERVER_NAME = "triton";
 export const SERVER_VERSION = "0.1.0";
 /** The server metadata's extensions: Triton's list, whatever is switched on (see TRITON_EXTENSIONS). */
 export const EXTENSIONS: readonly string[] = TRITON_EXTENSIONS;
@@ -71,6 +75,8 @@ export interface ServerOptions {
    * port (--max-inflight-decompressed-bytes); default DEFAULT_DECOMPRESSION_BUDGET_BYTES.
    */
   maxInflightDecompressedBytes?: number;
+  /** Bytes of gRPC answers clients have not read, across connections (--grpc-max-unread-answer-bytes). */
+  grpcMaxUnreadAnswerBytes?: number;
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
@@ -89,8 +95,10 @@ export interface ServerOptions {
   addresses?: { http?: string; grpc?: string; metrics?: string };
   /** Which listeners to open (tritonserver's --allow-http / --allow-grpc / --allow-metrics); each default true. */
   allow?: { http?: boolean; grpc?: boolean; metrics?: boolean };
-  /** The server's name in server metadata (tritonserver's --id); default "trellis". */
+  /** The server's name in server metadata (tritonserver's --id); default "triton" (SERVER_NAME). */
   serverName?: string;
+  /** The version server metadata reports (--server-version); default SERVER_VERSION. */
+  serverVersion?: string;
   /** Headers forwarded as request parameters (tritonserver's --http-header-forward-pattern / --grpc-header-forward-pattern). */
   forwardHeaders?: { http?: RegExp; grpc?: RegExp };
   /** Triton's SageMaker endpoint (--allow-sagemaker): its port and model; without it, none. */
@@ -273,16 +281,17 @@ interface Shared {
   manager: RepositoryManager;
   options: ServerOptions;
   serverName: string;
+  serverVersion: string;
   extensions: string[];
   decompressionBudget: DecompressionBudget;
   timeouts: HttpTimeouts;
 }
 
 /** The gRPC and health services, as the gRPC port and the HTTP port's Connect routes serve them. */
-function serveOptionsOf({ options, serverName, extensions }: Shared) {
+function serveOptionsOf({ options, serverName, serverVersion, extensions }: Shared) {
   return {
     serverName,
-    serverVersion: SERVER_VERSION,
+    serverVersion,
     extensions,
     logSettings: options.logSettings,
     tracing: options.tracing,
@@ -305,6 +314,7 @@ function grpcListener(shared: Shared, inFlight: RequestsInFlight) {
     tls: options.grpcTls,
     restrictions: options.grpcRestrictions,
     responseCompression: options.grpcResponseCompression,
+    maxUnreadAnswerBytes: options.grpcMaxUnreadAnswerBytes,
   });
   grpc.server.on("session", (s) => {
     if (inFlight.stopping) s.close();
@@ -315,11 +325,11 @@ function grpcListener(shared: Shared, inFlight: RequestsInFlight) {
 }
 
 function restContextOf(shared: Shared): RestContext {
-  const { manager, options, serverName, extensions, decompressionBudget } = shared;
+  const { manager, options, serverName, serverVersion, extensions, decompressionBudget } = shared;
   return {
     registry: manager,
     serverName,
-    serverVersion: SERVER_VERSION,
+    serverVersion,
     extensions,
     logger: options.logger,
     maxInputBytes: options.httpMaxInputBytes,
@@ -515,6 +525,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     manager,
     options,
     serverName: options.serverName ?? SERVER_NAME,
+    serverVersion: options.serverVersion ?? SERVER_VERSION,
     // Triton lists system_shared_memory (and cuda_shared_memory) with client shared memory off too.
     extensions: [...EXTENSIONS],
     // One budget for decompressed requests, whichever port they come in on.

@@ -198,7 +198,8 @@ describe("malformed inference requests", () => {
       () => binaryPost("/v2/models/..%2F..%2F..%2Fetc%2Fpasswd/infer", [1, 1], raw()),
       // No such model: 404, as Triton's HandleInfer since server PR #6713 (see parity-codes.test.ts).
       404,
-      /unknown model: '\.\.%2F\.\.%2F\.\.%2Fetc%2Fpasswd' is not found/,
+      // The name decoded whole (as tritonclient encodes it): one segment, never a path.
+      /unknown model: '\.\.\/\.\.\/\.\.\/etc\/passwd' is not found/,
     ],
     ["a model name of '..' sent as is", () => binaryPost("/v2/models/../infer", [1, 1], raw()), 404, /./],
     [

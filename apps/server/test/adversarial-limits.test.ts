@@ -31,6 +31,10 @@ const GRPC_LIMIT = (limit: number) =>
 const HTTP_LIMIT = (limit: number) =>
   `exceeds the maximum allowed value of ${limit} bytes; use --http-max-input-size to increase the limit`;
 
+/** The REST frontend's words for a body over the limit: Triton's (http_server.cc EVBufferToJson). */
+const HTTP_BODY_LIMIT = (limit: number) =>
+  `exceeds the maximum allowed input size of ${limit} bytes. Use --http-max-input-size to increase the limit.`;
+
 const MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer";
 
 /** A ModelInfer of the echo model: [1, 2, 3, 4] in, the same out. */
@@ -393,7 +397,7 @@ describe("HTTP port, default cap", () => {
     });
     expect(res.status).toBe(400);
     expect(((await res.json()) as { error: string }).error).toBe(
-      `gzip-decompressed request body of more than ${CAP} bytes ${HTTP_LIMIT(CAP)}`,
+      `gzip-decompressed request JSON size of more than ${CAP} bytes ${HTTP_BODY_LIMIT(CAP)}`,
     );
     await expectGoodRest(server);
   });
@@ -428,7 +432,7 @@ describe("HTTP port, default cap", () => {
       req.flushHeaders();
     });
     expect(answer.status).toBe(400);
-    expect(JSON.parse(answer.body).error).toBe(`request body of 300000000 bytes ${HTTP_LIMIT(CAP)}`);
+    expect(JSON.parse(answer.body).error).toBe(`request JSON size of 300000000 bytes ${HTTP_BODY_LIMIT(CAP)}`);
     await expectGoodRest(server);
   });
 

@@ -214,7 +214,8 @@ describe.runIf(pythonGrpcRequired())("Triton's status codes to a C-core gRPC cli
           rawInputContents: [new Uint8Array(Float32Array.from([1, 2, 3, 4]).buffer)],
         }),
       );
-    const key = { "admin-key": "s3cret" };
+    // Triton's docs: over gRPC the key travels as triton-grpc-protocol-<key>.
+    const key = { "triton-grpc-protocol-admin-key": "s3cret" };
     const [unknown, served, restricted, unloaded, afterUnload, absent] = await pythonGrpcCalls(
       `127.0.0.1:${explicit.grpcPort}`,
       [
@@ -231,7 +232,9 @@ describe.runIf(pythonGrpcRequired())("Triton's status codes to a C-core gRPC cli
     expect(served?.error).toBeUndefined();
     // server src/grpc/grpc_server.cc: UNAVAILABLE, not PERMISSION_DENIED.
     expect(restricted?.error?.code).toBe("UNAVAILABLE");
-    expect(restricted?.error?.details).toMatch(/^This protocol is restricted, expecting header 'admin-key'/);
+    expect(restricted?.error?.details).toMatch(
+      /^This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'/,
+    );
     expect(unloaded?.error).toBeUndefined();
     expect(afterUnload?.error).toEqual({
       code: "NOT_FOUND",

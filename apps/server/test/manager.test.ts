@@ -142,7 +142,7 @@ describe("HTTP inference", () => {
       const big = await post("x".repeat(200));
       expect(big.status).toBe(400);
       expect(((await big.json()) as { error: string }).error).toMatch(
-        /^request body of \d+ bytes exceeds the maximum allowed value of 200 bytes; use --http-max-input-size/,
+        /^request JSON size of \d+ bytes exceeds the maximum allowed input size of 200 bytes. Use --http-max-input-size/,
       );
     } finally {
       await server.shutdown(5000);
@@ -168,7 +168,7 @@ describe("HTTP inference", () => {
       const bomb = await post("x".repeat(10_000));
       expect(bomb.status).toBe(400);
       expect(((await bomb.json()) as { error: string }).error).toBe(
-        "gzip-decompressed request body of more than 300 bytes exceeds the maximum allowed value of 300 bytes; use --http-max-input-size to increase the limit",
+        "gzip-decompressed request JSON size of more than 300 bytes exceeds the maximum allowed input size of 300 bytes. Use --http-max-input-size to increase the limit.",
       );
       expect((await post("after")).status).toBe(200);
     } finally {

@@ -162,8 +162,9 @@ describe("Triton parity: status codes", () => {
   it("restricted APIs: gRPC UNAVAILABLE 'This protocol is restricted' (src/grpc/grpc_server.cc), HTTP 403 'This API is restricted' (src/http_server.cc)", async () => {
     const overGrpc = await grpcError(grpc.logSettings({}));
     expect(overGrpc[0]).toBe("Unavailable");
-    expect(overGrpc[1]).toMatch(/^This protocol is restricted, expecting header 'admin-key'/);
-    expect((await grpc.logSettings({}, { headers: { "admin-key": "s3cret" } })).settings).toBeDefined();
+    expect(overGrpc[1]).toMatch(/^This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'/);
+    const grpcKey = { "triton-grpc-protocol-admin-key": "s3cret" };
+    expect((await grpc.logSettings({}, { headers: grpcKey })).settings).toBeDefined();
     const overHttp = await fetch(`${server.http}/v2/logging`);
     expect(overHttp.status).toBe(403);
     expect((await jsonOf(overHttp)).error).toMatch(/^This API is restricted, expecting header 'admin-key'/);

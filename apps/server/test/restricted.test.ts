@@ -37,9 +37,13 @@ afterAll(async () => {
 });
 
 const DENIED_MESSAGE = "This API is restricted, expecting header 'admin-key' (the model-repository endpoints)";
-/** Triton's gRPC refusal, UNAVAILABLE (server src/grpc/grpc_server.cc); HTTP's is 403 (src/http_server.cc). */
+/**
+ * Triton's gRPC refusal, UNAVAILABLE (server src/grpc/grpc_server.cc); HTTP's is 403 (src/http_server.cc).
+ * Over gRPC the key travels as the header triton-grpc-protocol-<key>, as Triton's docs configure a client.
+ */
 const GRPC_DENIED_MESSAGE =
-  "This protocol is restricted, expecting header 'admin-key' (the model-repository endpoints)";
+  "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key' (the model-repository endpoints)";
+const GRPC_KEY = { "triton-grpc-protocol-admin-key": "s3cret" };
 const inferBody = { inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] };
 
 describe("restricted APIs", () => {
@@ -68,7 +72,13 @@ describe("restricted APIs", () => {
     const client = grpcClientOf(server);
     const denied = await rejectionOf(client.repositoryModelLoad({ modelName: "other" }), ConnectError);
     expect([denied.code, denied.rawMessage]).toEqual([Code.Unavailable, GRPC_DENIED_MESSAGE]);
-    await client.repositoryModelLoad({ modelName: "other" }, { headers: { "admin-key": "s3cret" } });
+    // The bare key, HTTP's header, is not what gRPC takes.
+    const bare = await rejectionOf(
+      client.repositoryModelLoad({ modelName: "other" }, { headers: { "admin-key": "s3cret" } }),
+      ConnectError,
+    );
+    expect([bare.code, bare.rawMessage]).toEqual([Code.Unavailable, GRPC_DENIED_MESSAGE]);
+    await client.repositoryModelLoad({ modelName: "other" }, { headers: GRPC_KEY });
     expect((await client.modelReady({ name: "other" })).ready).toBe(true);
     const res = await client.modelInfer(
       create(ModelInferRequestSchema, {
@@ -86,7 +96,7 @@ describe("restricted APIs", () => {
       const address = `127.0.0.1:${server.grpcPort}`;
       const [without, withKey] = await pythonGrpcCalls(address, [
         { method: "RepositoryIndex", request: {} },
-        { method: "RepositoryIndex", request: {}, metadata: { "admin-key": "s3cret" } },
+        { method: "RepositoryIndex", request: {}, metadata: GRPC_KEY },
       ]);
       expect(without?.error).toEqual({ code: "UNAVAILABLE", details: GRPC_DENIED_MESSAGE });
       expect(((withKey?.response?.models ?? []) as unknown[]).length).toBeGreaterThan(0);

@@ -8,8 +8,16 @@
  * with the encoder for its answers (writing shared memory outputs).
  */
 import { clientError, type ModelRegistry } from "@trellis/kserve";
-import type { InferOptions, InferRequest, InferResponse, RequestTrace, Stage } from "@trellis/stage";
-import { answersOf, TRACE_REPLY_PARAMETER } from "@trellis/stage/backend";
+import {
+  Code,
+  type InferOptions,
+  type InferRequest,
+  type InferResponse,
+  type RequestTrace,
+  type Stage,
+  StageError,
+} from "@trellis/stage";
+import { answersOf, requestPrefix, TRACE_REPLY_PARAMETER } from "@trellis/stage/backend";
 import type { TraceControl } from "./trace-settings.js";
 
 /** A wire request decoded for its stage, with how its answers go back. */
@@ -61,10 +69,27 @@ export interface PreparedInfer<Answer> extends DecodedInfer<Answer> {
   stage: Stage;
 }
 
+/** As Triton's core (InferenceRequest::AddOriginalRequestedOutput): an output asked for twice is refused. */
+function refuseDuplicateOutputs(request: InferRequest): void {
+  if (!request.outputs || request.outputs.length < 2) return;
+  const seen = new Set<string>();
+  for (const { name } of request.outputs) {
+    if (seen.has(name)) {
+      throw new StageError(
+        Code.InvalidArgument,
+        "",
+        `${requestPrefix(request.id)}output '${name}' already exists in request`,
+      );
+    }
+    seen.add(name);
+  }
+}
+
 /** The call's request resolved, decoded, with its options, the call's signal and (when sampled) its trace. */
 export function prepareInfer<A>(call: InferCall, decode: InferDecoder<A>): PreparedInfer<A> {
   const stage = call.stage ?? call.registry.resolve(call.model, call.version);
   const { request, options, encode } = decode(stage);
+  refuseDuplicateOutputs(request);
   options.signal = call.signal;
   const trace = call.tracing?.begin(stage.name, stage.version, request.id, call.header);
   if (trace) {

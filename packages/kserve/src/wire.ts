@@ -75,8 +75,9 @@ export function inferRequestFromWire(msg: ModelInferRequest, stage = ""): InferR
       if (input.contents) {
         throw new StageError(
           Code.InvalidArgument,
-          stage,
-          `input ${input.name}: contents and raw_input_contents are both set`,
+          "",
+          // Triton's text (grpc/infer_handler.cc), which names the model itself.
+          `contents field must not be specified when using raw_input_contents for '${input.name}' for model '${msg.modelName}'`,
         );
       }
       return tensorFromRaw("input", input, bytes, stage, msg.id || undefined);

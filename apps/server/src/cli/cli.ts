@@ -11,6 +11,7 @@ import {
   type ApiRestrictions,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   DEFAULT_HTTP_MAX_INPUT_BYTES,
+  DEFAULT_MAX_UNREAD_ANSWER_BYTES,
   type GrpcServerTlsOptions,
   headerForwardPattern,
   parseRestriction,
@@ -30,7 +31,7 @@ import { Command, InvalidArgumentError, Option } from "commander";
 import type { MetricsOptions } from "../observability/metrics.js";
 import type { OtelSettings } from "../observability/otel-settings.js";
 import type { TraceValues } from "../observability/tracing.js";
-import { SERVER_VERSION } from "../server.js";
+import { SERVER_NAME, SERVER_VERSION } from "../server.js";
 import { type CacheChoice, readCacheConfig } from "./cache-config.js";
 import { readTraceConfig, type TraceFlags } from "./trace-config.js";
 import { addCompatFlags, compatWarnings } from "./triton-flags.js";
@@ -114,7 +115,12 @@ export const program = new Command("trellis-server")
     "the repository served when no --model-repository (or --model-store) is given; one that is given replaces it (what `pnpm start` passes: ../../models)",
   )
   .option("--model-store <path>", "the same as --model-repository, as tritonserver's", collect, [])
-  .option("--id <name>", "the server's name, in server metadata (GET /v2, gRPC ServerMetadata)", "trellis")
+  .option(
+    "--id <name>",
+    "the server's name, in server metadata (GET /v2, gRPC ServerMetadata); Triton's, by default, which its example clients check",
+    SERVER_NAME,
+  )
+  .option("--server-version <version>", "the version server metadata reports", SERVER_VERSION)
   .option("--http-port <port>", "HTTP/REST (KServe v2 + Triton extensions) port; 0 picks a free port", port, 8000)
   .option(
     "--grpc-port <port>",
@@ -241,6 +247,12 @@ export const program = new Command("trellis-server")
     DEFAULT_MAX_LOAD_BYTES,
   )
   .option(
+    "--grpc-max-unread-answer-bytes <bytes>",
+    "most bytes of gRPC answers written and not yet read by their clients, across all connections; past it the connection holding the most is reset (GOAWAY ENHANCE_YOUR_CALM) (default 256 MiB)",
+    bytes,
+    DEFAULT_MAX_UNREAD_ANSWER_BYTES,
+  )
+  .option(
     "--max-inflight-decompressed-bytes <bytes>",
     "most bytes of decompressed request messages and bodies held at once across all requests on every port (each request's share is given back when it is answered); a compressed request that would pass it is refused RESOURCE_EXHAUSTED (HTTP 429) naming this flag (default 256 MiB)",
     bytes,
@@ -284,7 +296,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--grpc-restricted-protocol <categories:header=value>",
-    "the same for gRPC methods (refused with UNAVAILABLE, as tritonserver); repeatable",
+    "the same for gRPC methods, the key sent as the header triton-grpc-protocol-<header> (refused with UNAVAILABLE, as tritonserver); repeatable",
     collect,
     [],
   )
@@ -521,6 +533,7 @@ export interface Flags extends TraceFlags {
   modelRepository: string[];
   modelStore: string[];
   id: string;
+  serverVersion: string;
   disableAutoCompleteConfig?: boolean;
   modelLoadThreadCount: number;
   modelLoadRetryCount: number;
@@ -529,6 +542,7 @@ export interface Flags extends TraceFlags {
   maxLoadFiles: number;
   maxLoadBytes: number;
   maxInflightDecompressedBytes: number;
+  grpcMaxUnreadAnswerBytes: number;
   rateLimit: "off" | "execution_count";
   rateLimitResource: string[];
   responseCacheByteSize?: string;
@@ -698,7 +712,10 @@ export function repositoryApiWarnings(
   return warnings;
 }
 
-function restrictions(option: string, specs: string[]): ApiRestrictions | undefined {
+/** Before a --grpc-restricted-protocol key, the header a gRPC client sends it under (Triton's grpc_server.h). */
+const GRPC_RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-";
+
+function restrictions(option: string, specs: string[], headerPrefix = ""): ApiRestrictions | undefined {
   if (specs.length === 0) return undefined;
   const into: ApiRestrictions = {};
   for (const spec of specs) {
@@ -708,7 +725,10 @@ function restrictions(option: string, specs: string[]): ApiRestrictions | undefi
       throw new UsageError(`${option} ${(err as Error).message}`);
     }
   }
-  return into;
+  // As tritonserver: HTTP checks the header <key>; gRPC checks triton-grpc-protocol-<key>, and nothing else.
+  return Object.fromEntries(
+    Object.entries(into).map(([category, rule]) => [category, { ...rule, header: `${headerPrefix}${rule.header}` }]),
+  ) as ApiRestrictions;
 }
 
 /**
@@ -862,7 +882,11 @@ export async function readCommandLine(argv: string[] = process.argv): Promise<Se
     );
   }
   const httpRestrictions = restrictions("--http-restricted-api", flags.httpRestrictedApi);
-  const grpcRestrictions = restrictions("--grpc-restricted-protocol", flags.grpcRestrictedProtocol);
+  const grpcRestrictions = restrictions(
+    "--grpc-restricted-protocol",
+    flags.grpcRestrictedProtocol,
+    GRPC_RESTRICTED_HEADER_PREFIX,
+  );
   warnings.push(...repositoryApiWarnings(flags, httpRestrictions, grpcRestrictions));
   return {
     flags,

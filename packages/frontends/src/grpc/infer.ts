@@ -215,6 +215,13 @@ function inputContents(
       return sharedMemory.read(ref, `input ${input.name}`);
     }
     const bytes = raw.length > 0 ? raw[byIndex ? i : next++] : undefined;
+    if (bytes && input.contents) {
+      throw new StageError(
+        Code.InvalidArgument,
+        "",
+        `contents field must not be specified when using raw_input_contents for '${input.name}' for model '${msg.modelName}'`,
+      );
+    }
     if (bytes) return bytes;
     // An input sent as typed contents, among others in shared memory: its bytes too.
     if (!input.contents) {

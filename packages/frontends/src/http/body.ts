@@ -74,18 +74,22 @@ export const headerOf = (req: IncomingMessage, name: string): string | undefined
   return Array.isArray(v) ? v[0] : v;
 };
 
-export function parseJson(bytes: Uint8Array, what: string): unknown {
+export function parseJson(bytes: Uint8Array, what: string, parse: (text: string) => unknown = JSON.parse): unknown {
   if (bytes.byteLength === 0) return {};
   try {
-    return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("utf8"));
+    return parse(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("utf8"));
   } catch (err) {
     throw new StageError(Code.InvalidArgument, "", `failed to parse the ${what} JSON: ${(err as Error).message}`);
   }
 }
 
 /** A JSON body that must be an object (an empty body is an empty object). */
-export function parseObject(bytes: Uint8Array, what: string): Record<string, unknown> {
-  const body = parseJson(bytes, what);
+export function parseObject(
+  bytes: Uint8Array,
+  what: string,
+  parse?: (text: string) => unknown,
+): Record<string, unknown> {
+  const body = parseJson(bytes, what, parse);
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     throw badRequest(`the ${what} must be a JSON object, got ${shownValue(body)}`);
   }
@@ -117,11 +121,12 @@ export interface BodyLimits {
  * request_compression_algorithm sends gzip or deflate); the decompressed body has the same limit.
  */
 export async function readBody(req: IncomingMessage, { maxBytes, budget }: BodyLimits): Promise<Buffer> {
-  const tooLarge = (size: string, what = "request body") =>
+  // Triton's text (http_server.cc EVBufferToJson); a body refused before it is all read gives the bytes read so far.
+  const tooLarge = (size: string, what = "request JSON size") =>
     new StageError(
       Code.InvalidArgument,
       "",
-      `${what} of ${size} bytes exceeds the maximum allowed value of ${maxBytes} bytes; use --http-max-input-size to increase the limit`,
+      `${what} of ${size} bytes exceeds the maximum allowed input size of ${maxBytes} bytes. Use --http-max-input-size to increase the limit.`,
     );
   const encoding = contentEncoding(req);
   const declared = Number(req.headers["content-length"] ?? 0);
@@ -130,7 +135,7 @@ export async function readBody(req: IncomingMessage, { maxBytes, budget }: BodyL
   let total = 0;
   for await (const chunk of req) {
     total += (chunk as Buffer).byteLength;
-    if (total > maxBytes) throw tooLarge(`more than ${maxBytes}`);
+    if (total > maxBytes) throw tooLarge(String(total));
     chunks.push(chunk as Buffer);
   }
   const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks);
@@ -141,7 +146,7 @@ export async function readBody(req: IncomingMessage, { maxBytes, budget }: BodyL
     // The server is short of room for decompressed bodies right now, not this body too large.
     if (err instanceof DecompressionBudgetExhausted) throw new HttpError(429, err.message);
     if ((err as { code?: string }).code === "ERR_BUFFER_TOO_LARGE") {
-      throw tooLarge(`more than ${maxBytes}`, `${encoding}-decompressed request body`);
+      throw tooLarge(`more than ${maxBytes}`, `${encoding}-decompressed request JSON size`);
     }
     throw new StageError(
       Code.InvalidArgument,

@@ -60,6 +60,6 @@ export interface Exchange {
   rest: RestFrontend;
   req: IncomingMessage;
   res: ServerResponse;
-  /** The route pattern's groups (index 1 on), percent-decoded with the path. */
+  /** The route pattern's groups (index 1 on), each percent-decoded whole. */
   match: RegExpExecArray;
 }

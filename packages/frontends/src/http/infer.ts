@@ -17,8 +17,10 @@ import {
   tensorToRaw,
   withoutSharedMemory,
 } from "@trellis/kserve/wire";
+import type { ModelConfig } from "@trellis/protocol";
 import {
   Code,
+  datatypeFromConfig,
   type InferOptions,
   type InferRequest,
   type InferResponse,
@@ -29,6 +31,7 @@ import {
   StageError,
   type Tensor,
 } from "@trellis/stage";
+import { elementSize, requestPrefix } from "@trellis/stage/backend";
 import { forwardedHeaders, withForwardedHeaders } from "../header-forwarding.js";
 import { type DecodedInfer, type InferCall, inferAnswers, inferOnce } from "../infer.js";
 import { badRequest, headerOf, parseJson, parseObject, sendError, sendJson } from "./body.js";
@@ -37,7 +40,9 @@ import { generateAnswer, generateRequest } from "./generate.js";
 import {
   type JsonInferRequest,
   type JsonTensor,
+  LongIntegerSeen,
   parametersFromJson,
+  parseExactJson,
   stringifyJson,
   tensorFromBinary,
   tensorFromJson,
@@ -147,15 +152,16 @@ const modelOf = (x: Exchange) => x.match[1] ?? "";
 export async function inferRoute(x: Exchange): Promise<void> {
   const { rest, req, res } = x;
   const received = receipt();
+  let config: ModelConfig;
   try {
-    rest.registry.resolve(modelOf(x), x.match[2] ?? "");
+    config = rest.registry.resolve(modelOf(x), x.match[2] ?? "").config;
   } catch (err) {
     return sendError(res, err, rest.withheld);
   }
   const body = await rest.body(req);
   received.endNs = nowNs();
   // Decoded before the model is looked up again, so a malformed request is refused as such.
-  const decoded = decodeInfer({ rest, req, body, model: modelOf(x), received });
+  const decoded = decodeInfer({ rest, req, body, model: modelOf(x), config, received });
   const answer = await inferOnce(httpCall(x, received), () => decoded);
   await sendInferAnswer(req, res, answer);
 }
@@ -167,11 +173,20 @@ interface InferBody {
   body: Buffer;
   /** The model the path names (errors name it). */
   model: string;
+  /** Its config, from which a raw binary request's one input is deduced. */
+  config: ModelConfig;
   received: Receipt;
 }
 
-/** The body's JSON header and binary section, split where the binary extension's header length says. */
-function splitBody({ rest, req, body }: InferBody): { json: JsonInferRequest; binary: Uint8Array } {
+/**
+ * The body's JSON header and binary section, split where the binary extension's header length
+ * says; undefined for a raw binary request (a header length of 0: the whole body is the one
+ * input's bytes, no JSON at all).
+ */
+function splitBody(
+  { rest, req, body }: InferBody,
+  exact: boolean,
+): { json: JsonInferRequest; binary: Uint8Array } | undefined {
   const headerLength = binaryHeaderLength(req, rest.ctx.binaryMime);
   let jsonPart: Uint8Array = body;
   let binary: Uint8Array = new Uint8Array(0);
@@ -182,13 +197,56 @@ function splitBody({ rest, req, body }: InferBody): { json: JsonInferRequest; bi
         `Inference-Header-Content-Length ${headerLength} is not within the ${body.byteLength}-byte body`,
       );
     }
+    if (n === 0 && !rest.ctx.binaryMime) return undefined;
     jsonPart = body.subarray(0, n);
     binary = body.subarray(n);
   }
-  const json = parseObject(jsonPart, "inference request") as unknown as JsonInferRequest;
+  const parse = exact ? parseExactJson : undefined;
+  const json = parseObject(jsonPart, "inference request", parse) as unknown as JsonInferRequest;
   if (!Array.isArray(json.inputs)) throw badRequest("request has no 'inputs' array");
   if (json.outputs !== undefined && !Array.isArray(json.outputs)) throw badRequest("'outputs' must be an array");
   return { json, binary };
+}
+
+/**
+ * A raw binary request's one input, its name, datatype and shape deduced from the model's config
+ * as Triton's core does (infer_request.cc Normalize): only for a model of one input, with at most
+ * one variable-sized dimension (its size from the byte count), BYTES only for one element (the
+ * body is that element, without a length prefix). Refused with Triton's texts.
+ */
+function rawInput(config: ModelConfig, model: string, body: Uint8Array): Tensor {
+  const prefix = requestPrefix(undefined);
+  if (config.input.length !== 1) {
+    throw badRequest(
+      `${prefix}Raw request must only have 1 input (found 1) to be deduced but got ${config.input.length} inputs in '${model}' model configuration`,
+    );
+  }
+  const input = config.input[0] as ModelConfig["input"][number];
+  const shape: number[] = config.maxBatchSize !== 0 ? [1] : [];
+  let dynamicAxis = -1;
+  let known = 1;
+  for (const d of input.dims.map(Number)) {
+    if (d === -1) {
+      if (dynamicAxis !== -1) {
+        throw badRequest(
+          `${prefix}The shape of the raw input '${input.name}' can not be deduced because there are more than one variable-sized dimension`,
+        );
+      }
+      dynamicAxis = shape.length;
+    } else {
+      known *= d;
+    }
+    shape.push(d);
+  }
+  const datatype = datatypeFromConfig(input.dataType);
+  if (datatype === "BYTES") {
+    if (dynamicAxis !== -1 || known !== 1) {
+      throw badRequest(`${prefix}For BYTE datatype raw input '${input.name}', the model must have input shape [1]`);
+    }
+    return { name: input.name, datatype, shape, data: [body] };
+  }
+  if (dynamicAxis !== -1) shape[dynamicAxis] = Math.floor(body.byteLength / known / elementSize(datatype));
+  return tensorFromBinary({ name: input.name, datatype, shape }, body, model);
 }
 
 /** The answer to an infer request as it goes back: JSON header, binary outputs after it. */
@@ -204,9 +262,30 @@ interface InferAnswer {
  * refused when of the wrong type, never ignored), with how its answer is encoded.
  */
 function decodeInfer(body: InferBody): DecodedInfer<InferAnswer> {
-  const { json, binary } = splitBody(body);
+  try {
+    return decodeInferAs(body, false);
+  } catch (err) {
+    // An INT64/UINT64 value past 2^53, which JSON.parse rounded: the body read again, exactly.
+    if (err instanceof LongIntegerSeen) return decodeInferAs(body, true);
+    throw err;
+  }
+}
+
+/** decodeInfer with the body's JSON read by JSON.parse, or `exact`ly (64-bit integers as bigints). */
+function decodeInferAs(body: InferBody, exact: boolean): DecodedInfer<InferAnswer> {
+  const split = splitBody(body, exact);
   const shared = body.rest.ctx.sharedMemory;
-  const inputs = decodeInputs({ json, binary, model: body.model, sharedMemory: shared });
+  if (!split) {
+    // A raw binary request: every output comes back binary (Triton's default for it).
+    const request: InferRequest = {
+      inputs: [rawInput(body.config, body.model, body.body)],
+      parameters: withForwarded(body.rest, body.req, undefined),
+    };
+    const placing: OutputPlacing = { binaryOutputs: new Map(), shmOutputs: new Map(), binaryDefault: true };
+    return { request, options: {}, encode: encoderOf(body, placing) };
+  }
+  const { json, binary } = split;
+  const inputs = decodeInputs({ json, binary, model: body.model, sharedMemory: shared, exact });
   const params = parametersFromJson(json.parameters, "request") ?? {};
   // Read from the request's own parameters, before forwarded headers join them.
   const options: InferOptions = inferOptionsFromParameters(params);
@@ -222,11 +301,15 @@ function decodeInfer(body: InferBody): DecodedInfer<InferAnswer> {
     parameters: withForwarded(body.rest, body.req, Object.keys(stageParams).length > 0 ? stageParams : undefined),
   };
   const placing: OutputPlacing = { ...wanted, binaryDefault: binaryDefault === true, sharedMemory: shared };
-  const encode = (response: InferResponse) => {
+  return { request, options, encode: encoderOf(body, placing) };
+}
+
+/** How a request's answers are encoded, stamped on its trace as they go. */
+function encoderOf(body: InferBody, placing: OutputPlacing) {
+  return (response: InferResponse) => {
     body.received.trace?.stamp("HTTP_SEND_START");
     return encodeInfer(response, placing, body.rest);
   };
-  return { request, options, encode };
 }
 
 /** Each input as a tensor: JSON data, its slice of the binary section, or a shared memory region. */
@@ -235,11 +318,13 @@ function decodeInputs({
   binary,
   model,
   sharedMemory,
+  exact,
 }: {
   json: JsonInferRequest;
   binary: Uint8Array;
   model: string;
   sharedMemory: SystemSharedMemory | undefined;
+  exact: boolean;
 }): Tensor[] {
   // For Triton's byte-size refusal, which names the model and the request's id.
   const requestId = typeof json.id === "string" ? json.id : undefined;
@@ -256,7 +341,7 @@ function decodeInputs({
       return tensorFromBinary(t, sharedMemory.read(shm, `input '${t.name}'`), model, requestId);
     }
     const size = t.parameters?.binary_data_size;
-    if (size === undefined) return tensorFromJson(t);
+    if (size === undefined) return tensorFromJson(t, exact);
     if (!Number.isSafeInteger(size) || (size as number) < 0) {
       throw badRequest(`input '${t.name}': binary_data_size must be a byte count, got ${shownValue(size)}`);
     }
@@ -282,8 +367,12 @@ function decodeInputs({
 interface OutputPlacing {
   binaryOutputs: Map<string, boolean>;
   shmOutputs: Map<string, SharedMemoryRef>;
+  /**
+   * How an output the request does not list comes back: the request's binary_data_output
+   * (Triton's default output kind); a listed output is binary only by its own binary_data.
+   */
   binaryDefault: boolean;
-  sharedMemory: SystemSharedMemory | undefined;
+  sharedMemory?: SystemSharedMemory | undefined;
 }
 
 /** The requested outputs, and for each, binary_data and a shared memory region taken off its parameters. */
@@ -305,7 +394,8 @@ function decodeOutputs(
     if (bin !== undefined && typeof bin !== "boolean") {
       throw badRequest(`output '${o.name}': parameter 'binary_data' must be a boolean, got ${shownValue(bin)}`);
     }
-    if (bin !== undefined) binaryOutputs.set(o.name, bin);
+    // Listed: binary only when it says so itself, whatever the request-level flag (as Triton).
+    binaryOutputs.set(o.name, bin === true);
     return Object.keys(rest).length > 0 ? { name: o.name, parameters: rest as Parameters } : { name: o.name };
   });
   return { outputs, binaryOutputs, shmOutputs };

@@ -10,7 +10,8 @@ import { shownValue } from "@trellis/kserve";
 import { contentsFieldOf, tensorFromContents, tensorFromRaw, tensorToContents } from "@trellis/kserve/wire";
 import { type InferTensorContents, InferTensorContentsSchema } from "@trellis/protocol";
 import { Code, type DataType, type Parameters, StageError, type Tensor } from "@trellis/stage";
-import { isDataType } from "@trellis/stage/backend";
+import { elementSize, isDataType } from "@trellis/stage/backend";
+import { parse as parseLossless } from "lossless-json";
 
 export interface JsonTensor {
   name: string;
@@ -29,15 +30,17 @@ export interface JsonInferRequest {
 
 const bad = (message: string) => new StageError(Code.InvalidArgument, "", message);
 
+/** Triton's bound on how deeply a JSON `data` array may nest (http_server.cc HTTP_MAX_JSON_NESTING_DEPTH). */
+export const MAX_DATA_NESTING = 100;
+
 /**
- * `data`'s elements in order, flat or nested (as Triton takes them), walked without recursion:
- * nesting deeper than the shape has dimensions is refused, not followed (a client can nest
- * 200k deep in a few hundred kilobytes).
+ * `data`'s elements in order, flat or nested to any depth (as Triton flattens them), walked
+ * without recursion and refused past Triton's nesting bound with its text: a client can nest
+ * 200k deep in a few hundred kilobytes.
  */
-function flatten(name: string, data: unknown, rank: number): unknown[] {
+function flatten(data: unknown): unknown[] {
   if (!Array.isArray(data)) return [data];
   if (!data.some(Array.isArray)) return data;
-  const maxDepth = Math.max(rank, 1);
   const out: unknown[] = [];
   const arrays: unknown[][] = [data];
   const next: number[] = [0];
@@ -51,14 +54,16 @@ function flatten(name: string, data: unknown, rank: number): unknown[] {
       continue;
     }
     next[top] = i + 1;
+    // The element's depth is the number of arrays around it; Triton refuses one at depth 100.
+    if (arrays.length >= MAX_DATA_NESTING) {
+      throw bad(`JSON nesting depth exceeds maximum allowed limit (${MAX_DATA_NESTING})`);
+    }
     const v = array[i];
-    if (!Array.isArray(v)) {
-      out.push(v);
-    } else if (arrays.length >= maxDepth) {
-      throw bad(`input '${name}': 'data' is nested deeper than its shape's ${rank} dimension${rank === 1 ? "" : "s"}`);
-    } else {
+    if (Array.isArray(v)) {
       arrays.push(v);
       next.push(0);
+    } else {
+      out.push(v);
     }
   }
   return out;
@@ -68,19 +73,48 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
 /** Value ranges of the fixed-width integer types; a typed array would silently wrap anything outside. */
-const INTEGER_RANGE: Partial<Record<DataType, [number, number]>> = {
+const INTEGER_RANGE: Partial<Record<DataType, [bigint, bigint]>> = {
+  INT8: [-(2n ** 7n), 2n ** 7n - 1n],
+  INT16: [-(2n ** 15n), 2n ** 15n - 1n],
+  INT32: [-(2n ** 31n), 2n ** 31n - 1n],
+  INT64: [-(2n ** 63n), 2n ** 63n - 1n],
+  UINT8: [0n, 2n ** 8n - 1n],
+  UINT16: [0n, 2n ** 16n - 1n],
+  UINT32: [0n, 2n ** 32n - 1n],
+  UINT64: [0n, 2n ** 64n - 1n],
+};
+
+/** The same ranges as numbers, for the common path (a JSON.parse number), which needs no bigint. */
+const NUMBER_RANGE: Partial<Record<DataType, [number, number]>> = {
   INT8: [-(2 ** 7), 2 ** 7 - 1],
   INT16: [-(2 ** 15), 2 ** 15 - 1],
   INT32: [-(2 ** 31), 2 ** 31 - 1],
+  INT64: [-(2 ** 63), 2 ** 63],
   UINT8: [0, 2 ** 8 - 1],
   UINT16: [0, 2 ** 16 - 1],
   UINT32: [0, 2 ** 32 - 1],
-  // JSON numbers are doubles: past 2^53 the value a client wrote is already lost.
-  INT64: [Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER],
-  UINT64: [0, Number.MAX_SAFE_INTEGER],
+  UINT64: [0, 2 ** 64],
 };
 
-function element(name: string, datatype: DataType, v: unknown, i: number): unknown {
+const INT64_MAX = 2n ** 63n - 1n;
+
+/**
+ * Thrown when an INT64 or UINT64 element read by JSON.parse is past 2^53, so its literal was
+ * rounded: the caller reads the body again with parseExactJson. The common body never has one,
+ * so it pays nothing for exact 64-bit integers.
+ */
+export class LongIntegerSeen extends StageError {
+  constructor() {
+    // Where a caller does not read again (the generate extension), a clear refusal.
+    super(Code.InvalidArgument, "", "an INT64 or UINT64 value in 'data' is past 2^53: send it as binary data");
+  }
+}
+
+/**
+ * One element of `data` as its datatype's value. Read `exact`ly (parseExactJson), integers past
+ * 2^53 arrive as bigints: INT64 and UINT64 take them whole; another type's range refuses them.
+ */
+function element(name: string, datatype: DataType, v: unknown, i: number, exact: boolean): unknown {
   const wrong = (why = `not a valid ${datatype} value`) =>
     bad(`input '${name}': element ${i} of 'data' is ${shownValue(v)}, ${why}`);
   switch (datatype) {
@@ -92,33 +126,73 @@ function element(name: string, datatype: DataType, v: unknown, i: number): unkno
       return v;
     case "FP32":
     case "FP64":
+      if (typeof v === "bigint") return Number(v);
       if (typeof v !== "number") throw wrong();
       return v;
-    default: {
-      if (typeof v !== "number" || !Number.isInteger(v)) throw wrong();
-      const [min, max] = INTEGER_RANGE[datatype] ?? [v, v];
-      if (v < min || v > max) {
-        const big = datatype === "INT64" || datatype === "UINT64";
-        throw wrong(
-          `outside ${datatype}'s range ${min}..${max}${big ? " that JSON carries exactly (send larger values as binary data)" : ""}`,
-        );
-      }
-      return datatype === "INT64" || datatype === "UINT64" ? BigInt(v) : v;
-    }
+    case "INT64":
+    case "UINT64":
+      // The common case first: a safe integer in range is its exact bigint.
+      if (Number.isSafeInteger(v) && (datatype === "INT64" || (v as number) >= 0)) return BigInt(v as number);
+      return integerElement(datatype, v, exact, wrong);
+    default:
+      return integerElement(datatype, v, exact, wrong);
   }
+}
+
+/** An integer element past the common case: a bigint read exactly, or a number checked against its range. */
+function integerElement(datatype: DataType, v: unknown, exact: boolean, wrong: (why?: string) => StageError): unknown {
+  const range = INTEGER_RANGE[datatype];
+  if (typeof v === "bigint") {
+    // Read exactly and past 2^53: whole for INT64 and UINT64, out of range for any other type.
+    if (range && (v < range[0] || v > range[1])) throw wrong(`outside ${datatype}'s range ${range[0]}..${range[1]}`);
+    return datatype === "INT64" || datatype === "UINT64" ? v : Number(v);
+  }
+  if (typeof v !== "number" || !Number.isInteger(v)) throw wrong();
+  if (!Number.isSafeInteger(v)) {
+    // JSON.parse rounded a long literal: the body is read again, exactly (see parseExactJson).
+    if (!exact && (datatype === "INT64" || datatype === "UINT64")) throw new LongIntegerSeen();
+    // Still a double when read exactly (an exponent form such as 1e300): no exact integer, refused.
+    if (datatype === "INT64" || datatype === "UINT64") throw wrong("outside the range JSON integers carry exactly");
+  }
+  // Compared as numbers: no bigint per element on the common path.
+  const limits = NUMBER_RANGE[datatype];
+  if (range && limits && (v < limits[0] || v > limits[1])) {
+    throw wrong(`outside ${datatype}'s range ${range[0]}..${range[1]}`);
+  }
+  return datatype === "INT64" || datatype === "UINT64" ? BigInt(v) : v;
 }
 
 function header(t: JsonTensor): { name: string; datatype: string; shape: number[] } {
   if (!t || typeof t.name !== "string") throw bad("every input needs a string 'name'");
   if (typeof t.datatype !== "string") throw bad(`input '${t.name}': missing 'datatype'`);
-  if (!Array.isArray(t.shape) || !t.shape.every((d) => Number.isInteger(d))) {
+  const dims = t.shape as unknown[];
+  if (!Array.isArray(dims) || !dims.every((d) => Number.isInteger(d) || typeof d === "bigint")) {
     throw bad(`input '${t.name}': 'shape' must be an array of integers`);
   }
-  return { name: t.name, datatype: t.datatype, shape: t.shape };
+  const shape = dims as (number | bigint)[];
+  // As Triton counts a shape's elements (http_server.cc), before any data is read: an overflow with its text.
+  if (shape.every((d) => d >= 0)) {
+    const count = shape.reduce<bigint>((n, d) => n * BigInt(d), 1n);
+    if (count > INT64_MAX) {
+      throw bad(
+        `invalid shape for input '${t.name}': shape [${shape.join(",")}] causes total element count to exceed maximum size of ${INT64_MAX}`,
+      );
+    }
+    const size = BigInt(isDataType(t.datatype) && t.datatype !== "BYTES" ? elementSize(t.datatype) : 1);
+    if (size > 1n && count > INT64_MAX / size) {
+      throw bad(
+        `byte size overflow for input '${t.name}': element count (${count}) * data type size (${size}) exceeds maximum allowed size (${INT64_MAX})`,
+      );
+    }
+  }
+  return { name: t.name, datatype: t.datatype, shape: shape.map(Number) };
 }
 
-/** An input from JSON `data`. */
-export function tensorFromJson(t: JsonTensor): Tensor {
+/** Triton's refusal of `data` with more or fewer elements than the shape holds (http_server.cc ReadDataFromJson). */
+const SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field";
+
+/** An input from JSON `data`, its body read by JSON.parse or, `exact`, by parseExactJson. */
+export function tensorFromJson(t: JsonTensor, exact = false): Tensor {
   const h = header(t);
   if (!isDataType(h.datatype)) throw bad(`input '${h.name}': unknown datatype "${h.datatype}"`);
   const field = contentsFieldOf(h.datatype);
@@ -128,9 +202,10 @@ export function tensorFromJson(t: JsonTensor): Tensor {
     );
   }
   if (t.data === undefined) throw bad(`input '${h.name}': no 'data' and no binary_data_size parameter`);
-  const flat = flatten(h.name, t.data, h.shape.length);
+  const flat = flatten(t.data);
+  if (h.shape.every((d) => d >= 0) && flat.length !== h.shape.reduce((n, d) => n * d, 1)) throw bad(SHAPE_MISMATCH);
   const contents = create(InferTensorContentsSchema);
-  (contents[field] as unknown[]) = flat.map((v, i) => element(h.name, h.datatype as DataType, v, i));
+  (contents[field] as unknown[]) = flat.map((v, i) => element(h.name, h.datatype as DataType, v, i, exact));
   return tensorFromContents("input", h, contents);
 }
 
@@ -178,6 +253,20 @@ export function stringifyJson(body: unknown): string {
   return head + rest.map((part) => part.replace(/^(-?\d+)"/, "$1")).join("");
 }
 
+/** A JSON number's text as the value it writes: an integer past 2^53 as an exact bigint. */
+function exactNumber(text: string): number | bigint {
+  const n = Number(text);
+  return Number.isSafeInteger(n) || !/^-?\d+$/.test(text) ? n : BigInt(text);
+}
+
+/**
+ * JSON with integers past 2^53 kept exact (as bigints), as Triton reads INT64 and UINT64 data:
+ * lossless-json, for a body JSON.parse rounded (LongIntegerSeen).
+ */
+export function parseExactJson(text: string): unknown {
+  return parseLossless(text, null, exactNumber);
+}
+
 /** JSON parameters as stage Parameters (strings, numbers, booleans only). */
 export function parametersFromJson(params: Record<string, unknown> | undefined, where: string): Parameters | undefined {
   if (params === undefined) return undefined;
@@ -186,7 +275,7 @@ export function parametersFromJson(params: Record<string, unknown> | undefined, 
   }
   const out: Parameters = {};
   for (const [k, v] of Object.entries(params)) {
-    if (typeof v === "string" || typeof v === "number" || typeof v === "boolean") out[k] = v;
+    if (typeof v === "string" || typeof v === "number" || typeof v === "boolean" || typeof v === "bigint") out[k] = v;
     else {
       throw bad(
         `${where}: parameter '${k}' has invalid type. It should be either 'int', 'double', 'bool', or 'string'.`,

@@ -26,7 +26,7 @@ import type { Exchange } from "./context.js";
 import { generateRoute, inferRoute } from "./infer.js";
 
 export interface Route {
-  /** The decoded path it answers; its groups are the handler's `match`. */
+  /** The path it answers, as sent (percent-encoded); its groups, decoded, are the handler's `match`. */
   path: RegExp;
   /** The methods it takes; any other is answered 405. */
   methods: readonly string[];
@@ -157,7 +157,7 @@ async function traceSettings(x: Exchange): Promise<void> {
 async function repositoryIndexRoute({ rest, req, res }: Exchange): Promise<void> {
   const body = parseObject(await rest.body(req), "index request");
   if (body.ready !== undefined && typeof body.ready !== "boolean") {
-    throw badRequest(`index request: 'ready' must be a boolean, got ${shownValue(body.ready)}`);
+    throw badRequest("Invalid value for 'ready': expected a boolean");
   }
   const rows = await repositoryIndex(rest.registry, body.ready === true);
   sendJson(
@@ -270,7 +270,7 @@ const PREFIX_CATEGORIES: readonly [string, ApiCategory][] = [
   ["/v2/repository/", "model-repository"],
 ];
 
-/** The route for a decoded path and its groups, or only the group its prefix falls in. */
+/** The route for a path as sent and its groups, or only the group its prefix falls in. */
 export function findRoute(
   path: string,
 ): { route: Route; match: RegExpExecArray } | { route: undefined; category: ApiCategory | undefined } {
