@@ -74,18 +74,47 @@ function prepareConfig(pkg, entry) {
 
 const relative = (file) => path.relative(root, file);
 
-/** The report's changed lines (git's word-free line diff) and the exported names on them. */
-function describeChange(committed, fresh) {
-  const diff = spawnSync("git", ["diff", "--no-index", "--no-color", "-U0", "--", committed, fresh], {
+const DECLARATION =
+  /^(?:export\s+)?(?:declare\s+)?(?:default\s+)?(?:abstract\s+)?(?:function|class|interface|type|const|let|var|enum|namespace)\s+([A-Za-z_$][\w$]*)/;
+
+/** A report's top-level declarations by name (overloads joined; an import or re-export line is its own entry). */
+function declarations(reportFile) {
+  const text = readFileSync(reportFile, "utf8");
+  const body = text.slice(text.indexOf("```ts") + 5, text.lastIndexOf("```"));
+  const byName = new Map();
+  let current;
+  let leadingComments = [];
+  for (const line of body.split("\n")) {
+    if (line.trim() === "") continue;
+    const declared = DECLARATION.exec(line)?.[1] ?? (/^(?:import|export\s*\{)/.test(line) ? line : undefined);
+    if (declared !== undefined) {
+      current = declared;
+      byName.set(current, `${byName.get(current) ?? ""}${leadingComments.join("\n")}${line}\n`);
+      leadingComments = [];
+    } else if (line.startsWith("//")) {
+      leadingComments.push(line); // the release tag and warnings of the next declaration
+    } else if (current !== undefined) {
+      byName.set(current, `${byName.get(current)}${line}\n`);
+    }
+  }
+  return byName;
+}
+
+/** Which declarations were removed, added or changed between the committed report and the built one. */
+function describeChange(committed, built) {
+  const before = declarations(committed);
+  const after = declarations(built);
+  const names = [];
+  for (const [name, text] of before) {
+    if (!after.has(name)) names.push(`removed: ${name}`);
+    else if (after.get(name) !== text) names.push(`changed: ${name}`);
+  }
+  for (const name of after.keys()) if (!before.has(name)) names.push(`added:   ${name}`);
+  const diff = spawnSync("git", ["diff", "--no-index", "--no-color", "-U0", "--", committed, built], {
     encoding: "utf8",
   });
   const changed = diff.stdout.split("\n").filter((line) => /^[-+](?![-+])/.test(line));
-  const names = new Set();
-  for (const line of changed) {
-    const match = /\b(?:function|class|interface|type|const|let|enum|namespace)\s+([A-Za-z_$][\w$]*)/.exec(line);
-    if (match?.[1]) names.add(`${line[0] === "-" ? "removed or changed" : "added or changed"}: ${match[1]}`);
-  }
-  return { changed, names: [...names] };
+  return { changed, names };
 }
 
 /** Runs one entry point; returns a problem description (string) or undefined when the report matches. */
