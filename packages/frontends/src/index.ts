@@ -20,6 +20,7 @@ export {
   serverCompression,
   serveStage,
 } from "./grpc/serve.js";
+export { DEFAULT_MAX_UNREAD_ANSWER_BYTES } from "./grpc/unread-answers.js";
 export { headerForwardPattern } from "./header-forwarding.js";
 export { DEFAULT_HTTP_MAX_INPUT_BYTES, httpStatus } from "./http/body.js";
 export type { RestContext } from "./http/context.js";

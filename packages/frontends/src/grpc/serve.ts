@@ -30,6 +30,7 @@ import { guardRepositoryLoad, type LoadGuardOptions } from "./load-guard.js";
 import { grpcModelInferHandler, MODEL_INFER_PATH, withReadableGrpcMessage } from "./model-infer.js";
 import { type ResponseCompressionLevel, responseAlgorithm } from "./response-compression.js";
 import { healthService, inferenceService, type ServeOptions } from "./service.js";
+import { DEFAULT_MAX_UNREAD_ANSWER_BYTES, UnreadAnswers } from "./unread-answers.js";
 
 function asRegistry(x: Stage | ModelRegistry): ModelRegistry {
   return typeof (x as ModelRegistry).resolve === "function" ? (x as ModelRegistry) : stageRegistry(x as Stage);
@@ -111,6 +112,12 @@ export interface GrpcServerOptions extends ServeOptions {
    * core picks for the level among those the client accepts.
    */
   responseCompression?: ResponseCompressionLevel;
+  /**
+   * Bytes of answers written and not yet taken by their clients, across all connections
+   * (default DEFAULT_MAX_UNREAD_ANSWER_BYTES); past it the connection holding the most is
+   * reset (GOAWAY ENHANCE_YOUR_CALM).
+   */
+  maxUnreadAnswerBytes?: number;
 }
 
 export interface GrpcServerTlsOptions {
@@ -145,6 +152,8 @@ export interface GrpcServer {
   server: http2.Http2Server | http2.Http2SecureServer;
   /** The HTTP/2 sessions open right now (for GOAWAY at shutdown). */
   sessions: ReadonlySet<http2.ServerHttp2Session>;
+  /** The bound on unread answers across those sessions. */
+  unreadAnswers: UnreadAnswers;
 }
 
 /**
@@ -163,6 +172,7 @@ export function createGrpcServer(
     tls,
     restrictions,
     responseCompression = "none",
+    maxUnreadAnswerBytes = DEFAULT_MAX_UNREAD_ANSWER_BYTES,
     ...options
   }: GrpcServerOptions = {},
 ): GrpcServer {
@@ -249,13 +259,20 @@ export function createGrpcServer(
   // A client resetting its own calls must not break the connection its other calls share (see http2-resets.ts).
   ignoreIdleStreamFrames(server, !!tls);
   const sessions = new Set<http2.ServerHttp2Session>();
+  const unreadAnswers = new UnreadAnswers(maxUnreadAnswerBytes, (held, total) =>
+    options.logger?.warn(
+      { heldBytes: held, totalBytes: total, limitBytes: maxUnreadAnswerBytes },
+      "gRPC connection reset: its unread answers put the total over --grpc-max-unread-answer-bytes",
+    ),
+  );
   server.on("session", (s) => {
     widenSessionWindow(s);
     closeOnResetDrift(s);
+    unreadAnswers.watch(s);
     sessions.add(s);
     s.on("close", () => sessions.delete(s));
   });
-  return { server, sessions };
+  return { server, sessions, unreadAnswers };
 }
 
 /** `trailers` with Connect's refusal of a message over readMaxBytes reworded by namingInputLimit. */
