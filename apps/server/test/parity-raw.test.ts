@@ -286,6 +286,12 @@ describe("JSON data: nesting, element counts, sizes (Triton's texts)", () => {
     });
   });
 
+  it("keeps 400 for a negative dimension (a deliberate difference: docs/triton-parity.md)", async () => {
+    const negative = await infer(fp32Input([1, 2], [-2]));
+    expect(negative.status).toBe(400);
+    expect(typeof negative.json.error).toBe("string");
+  });
+
   it("refuses a body over --http-max-input-size with Triton's text", async () => {
     const { status, json } = await infer(fp32Input(Array(20_000).fill(1.25), [20_000]));
     expect(status).toBe(400);

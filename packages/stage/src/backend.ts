@@ -22,7 +22,9 @@ export { countFramedElements, framedBytesOf, frameElements, packedBytes } from "
 export { answersOf, decoupledRefusal } from "./stage.js";
 export {
   type FirstResponseSample,
+  type IsolationSample,
   observeFirstResponses,
+  observeIsolation,
   observeRequests,
   type RequestObserver,
   type RequestSample,
