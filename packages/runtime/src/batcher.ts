@@ -437,14 +437,13 @@ class Batcher implements DynamicBatcher {
         break;
       }
     }
-    if (quarantined && isolation?.laneTurn(batch.length > 0)) return { batch: [quarantined], lane: true };
-    if (batch.length === 0) return undefined;
+    if (quarantined && isolation?.laneTurn()) return { batch: [quarantined], lane: true };
+    if (batch.length === 0) return quarantined && isolation ? { waitNs: isolation.laneWaitNs() } : undefined;
     if (total === maxBatchSize) return { batch };
     if (bestPreferred > 0) return { batch: batch.slice(0, bestPreferred) };
     if (full) return { batch };
     const oldest = Math.min(...batch.map((p) => p.enqueuedNs));
     const waitNs = oldest + this.delayNs - nowNs();
-    if (waitNs > 0 && quarantined) return { batch: [quarantined], lane: true }; // the instance would idle
     return waitNs <= 0 ? { batch } : { waitNs };
   }
 

@@ -4,8 +4,11 @@
  * can be), and the halves that succeed answer their requests. Re-runs spend a per-model budget
  * that merged executions earn back slowly; while it is spent, requests whose content recently
  * failed are kept out of merged batches and run alone in a quarantine lane, which gets one turn
- * per LANE_EVERY merged executions while good requests wait (any time when none wait), so a
- * client that keeps sending a failing request cannot drag its neighbours' batches down.
+ * per LANE_EVERY merged executions, or after LANE_IDLE_MS without one (a model with no good
+ * traffic), so a client that keeps sending a failing request cannot drag its neighbours' batches
+ * down. (Under closed-loop clients the queue is often empty the moment a batch ends, its clients
+ * still reading their answers: a lane that ran whenever no good request waited would run after
+ * every batch.)
  */
 import { createHash } from "node:crypto";
 import type { InferRequest, StatisticsRecorder } from "@trellis/stage";
@@ -18,8 +21,10 @@ const MAX_SUSPECTS = 4096;
 const BUDGET_BURST = 16;
 /** What each merged execution earns back: re-runs stay within 1/16 of executions over time. */
 const BUDGET_PER_EXECUTION = 1 / 16;
-/** While good requests wait, the lane runs one request per this many merged executions. */
+/** The lane runs one request per this many merged executions… */
 export const LANE_EVERY = 8;
+/** …or when no merged execution started for this long. */
+const LANE_IDLE_MS = 5;
 
 /** One model's isolation state: its re-run budget, the contents that recently failed, the lane's turn. */
 export class FailureIsolation {
@@ -28,6 +33,7 @@ export class FailureIsolation {
   private readonly keys = new WeakMap<InferRequest, string>();
   private budget = BUDGET_BURST;
   private sinceLane = 0;
+  private lastMergedMs = 0;
 
   constructor(private readonly recorder: StatisticsRecorder) {}
 
@@ -72,12 +78,18 @@ export class FailureIsolation {
       return;
     }
     this.sinceLane += 1;
+    this.lastMergedMs = performance.now();
     this.budget = Math.min(BUDGET_BURST, this.budget + BUDGET_PER_EXECUTION);
   }
 
-  /** Whether the lane may run now: no good request waits, or enough merged executions ran since its last turn. */
-  laneTurn(goodWaiting: boolean): boolean {
-    return !goodWaiting || this.sinceLane >= LANE_EVERY;
+  /** Whether the lane may run now: enough merged executions ran since its last turn, or none for a while. */
+  laneTurn(): boolean {
+    return this.sinceLane >= LANE_EVERY || this.laneWaitNs() === 0;
+  }
+
+  /** How long until the lane's turn comes without merged executions (ns; 0: it has). */
+  laneWaitNs(): number {
+    return Math.max(0, Math.ceil((this.lastMergedMs + LANE_IDLE_MS - performance.now()) * 1e6));
   }
 
   /** A digest of the request's inputs (names, datatypes, shapes, bytes), computed once per request. */

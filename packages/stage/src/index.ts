@@ -17,13 +17,7 @@ export type {
   StageMetadata,
   TensorMetadata,
 } from "./stage.js";
-export {
-  type ExecutionTimes,
-  type IsolationSample,
-  nowNs,
-  observeIsolation,
-  StatisticsRecorder,
-} from "./statistics.js";
+export { type ExecutionTimes, nowNs, StatisticsRecorder } from "./statistics.js";
 export {
   bytesTensor,
   bytesToStrings,

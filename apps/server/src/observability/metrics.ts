@@ -6,8 +6,7 @@
 import { cpus, freemem, totalmem } from "node:os";
 import type { ManagedStage } from "@trellis/model-repository";
 import type { ModelStatistics } from "@trellis/protocol";
-import { observeIsolation } from "@trellis/stage";
-import { observeFirstResponses, observeRequests } from "@trellis/stage/backend";
+import { observeFirstResponses, observeIsolation, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
 
 export interface MetricsSource {
