@@ -67,7 +67,7 @@ export function tensorFromRaw(
   const { name } = header;
   const count = elementCount(shape);
   if (datatype === "BYTES") {
-    return { name, datatype, shape, data: unframeBytes(role, name, shape, count, raw, stage) };
+    return { name, datatype, shape, data: unframeBytes(role, name, shape, count, raw, stage, requestId) };
   }
   const needed = count * elementSize(datatype);
   if (raw.byteLength !== needed && role === "input" && stage) {
@@ -95,10 +95,28 @@ function unframeBytes(
   count: number,
   raw: Uint8Array,
   stage: string,
+  requestId?: string,
 ): Uint8Array[] {
   const found = countFramedElements(raw);
-  if (typeof found === "string") throw fail(role, name, found, stage);
+  // A request's input is refused in Triton's words (core's string input checks).
+  const triton = role === "input" && stage !== "";
+  if (typeof found !== "number") {
+    if (triton && found.kind === "prefix") {
+      throw requestRefusal(tritonMessages.stringLengthIndicator(requestId, stage, name, found.remaining));
+    }
+    if (triton && found.index >= count) {
+      throw requestRefusal(tritonMessages.stringCountOver(requestId, stage, name, count));
+    }
+    throw fail(role, name, found.message, stage);
+  }
   if (found !== count) {
+    if (triton) {
+      throw requestRefusal(
+        found > count
+          ? tritonMessages.stringCountOver(requestId, stage, name, count)
+          : tritonMessages.stringCount(requestId, stage, name, count, found),
+      );
+    }
     throw fail(role, name, `BYTES shape ${formatShape(shape)} needs ${count} elements, got ${found}`, stage);
   }
   return packedBytes(raw, count);

@@ -31,6 +31,7 @@ export {
   checkModelName,
   inferOptionsFromParameters,
   modelNameProblem,
+  modelNameRefusal,
   shownValue,
 } from "./request-checks.js";
 export {

@@ -6,6 +6,7 @@
 
 import type { InferOptions, Parameters } from "@trellis/stage";
 import { Code, StageError } from "@trellis/stage";
+import { tritonMessages } from "@trellis/stage/backend";
 
 type ParameterValue = Parameters[string] | Uint8Array | null | undefined;
 
@@ -61,20 +62,34 @@ const CONTROL = /[\u0000-\u001f\u007f]/;
 /**
  * Why `name` cannot be a model's name, or undefined when it can. A load with files makes a folder
  * of that name, so it is one folder name: no separators, no '.' or '..', no control characters
- * (a NUL cuts a path short), at most 255 bytes.
+ * (a NUL cuts a path short), at most 255 bytes. Where Triton refuses it too (empty or only
+ * whitespace; '..' or a '/'), this is Triton's whole message (core's ValidateModelName).
  */
 export function modelNameProblem(name: string): string | undefined {
-  if (name === "") return "a model name must not be empty";
-  if (name === "." || name === "..") return `a model name must not be "${name}"`;
-  if (/[/\\]/.test(name) || CONTROL.test(name)) return "a model name must not contain '/', '\\' or control characters";
+  const trimmed = name.trim();
+  if (trimmed === "") return tritonMessages.emptyModelName();
+  if (trimmed === ".." || name.includes("/")) return tritonMessages.modelNamePathTraversal(name);
+  if (name === ".") return `a model name must not be "${name}"`;
+  if (name.includes("\\") || CONTROL.test(name)) return "a model name must not contain '/', '\\' or control characters";
   if (Buffer.byteLength(name) > 255) return "a model name must be at most 255 bytes";
   return undefined;
 }
 
+/**
+ * The refusal of `name` as a model's name, or undefined when it can be one: Triton's words as they
+ * are where Triton refuses it too, else `prefix: why`.
+ */
+export function modelNameRefusal(name: string, prefix = `invalid model name ${shownValue(name)}`): string | undefined {
+  const problem = modelNameProblem(name);
+  if (problem === undefined) return undefined;
+  const triton = problem === tritonMessages.emptyModelName() || problem === tritonMessages.modelNamePathTraversal(name);
+  return triton ? problem : `${prefix}: ${problem}`;
+}
+
 /** A model name a repository request (load, unload) may carry, else INVALID_ARGUMENT saying why. */
 export function checkModelName(name: string): void {
-  const problem = modelNameProblem(name);
-  if (problem) throw new StageError(Code.InvalidArgument, "", `invalid model name ${shownValue(name)}: ${problem}`);
+  const refusal = modelNameRefusal(name);
+  if (refusal) throw new StageError(Code.InvalidArgument, "", refusal);
 }
 
 /** Longest file override path, and longest name in it (Linux's PATH_MAX and NAME_MAX). */

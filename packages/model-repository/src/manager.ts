@@ -16,7 +16,7 @@ import {
   type ModelRegistry,
   type ModelRepositoryControl,
   type ModelUnloadOptions,
-  modelNameProblem,
+  modelNameRefusal,
   tooManyLoadBytes,
   tooManyLoadFiles,
 } from "@trellis/kserve";
@@ -912,9 +912,8 @@ const notPolled = (name: string) => `failed to load '${name}', failed to poll fr
 
 /** `name` from a client's load or unload, refused (INVALID_ARGUMENT) when it cannot name a model. */
 function checkedName(name: string, action: string): string {
-  const problem = modelNameProblem(name);
-  if (problem)
-    throw new StageError(Code.InvalidArgument, "", `failed to ${action} ${JSON.stringify(name)}: ${problem}`);
+  const refusal = modelNameRefusal(name, `failed to ${action} ${JSON.stringify(name)}`);
+  if (refusal) throw new StageError(Code.InvalidArgument, "", refusal);
   return name;
 }
 

@@ -18,7 +18,13 @@ export { internal, invalidArgument, notFound, resourceExhausted, toConnectError,
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
 export type { RateLimitedInstance, RateLimiterResource, RateLimiterSlot } from "./instances.js";
 export { modelFilePath } from "./model-files.js";
-export { countFramedElements, framedBytesOf, frameElements, packedBytes } from "./packed-bytes.js";
+export {
+  countFramedElements,
+  type FramingProblem,
+  framedBytesOf,
+  frameElements,
+  packedBytes,
+} from "./packed-bytes.js";
 export { answersOf, decoupledRefusal } from "./stage.js";
 export {
   type FirstResponseSample,

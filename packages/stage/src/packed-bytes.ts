@@ -24,24 +24,39 @@ interface Packing {
 
 const packings = new WeakMap<object, Packing>();
 
+/** Why a buffer is not well framed: where, and what went wrong there. */
+export interface FramingProblem {
+  /** The element whose prefix or bytes are wrong. */
+  index: number;
+  /** "prefix": fewer than 4 bytes left for its length; "overrun": its length runs past the end. */
+  kind: "prefix" | "overrun";
+  /** Bytes left after the prefix ("overrun") or at it ("prefix"). */
+  remaining: number;
+  message: string;
+}
+
 /**
- * The number of elements in `framed` (KServe BYTES framing), or a description of
- * why it is not well framed: a length prefix cut short, or an element running
- * past the end. Reads the prefixes only; allocates nothing.
+ * The number of elements in `framed` (KServe BYTES framing), or why it is not
+ * well framed: a length prefix cut short, or an element running past the end.
+ * Reads the prefixes only; allocates nothing unless it fails.
  */
-export function countFramedElements(framed: Uint8Array): number | string {
+export function countFramedElements(framed: Uint8Array): number | FramingProblem {
   const view = new DataView(framed.buffer, framed.byteOffset, framed.byteLength);
   const end = framed.byteLength;
   let offset = 0;
   let count = 0;
   while (offset < end) {
     if (end - offset < FRAME_PREFIX_BYTES) {
-      return `BYTES element ${count}: truncated length prefix at byte ${offset} (${end - offset} of 4 bytes)`;
+      const remaining = end - offset;
+      const message = `BYTES element ${count}: truncated length prefix at byte ${offset} (${remaining} of 4 bytes)`;
+      return { index: count, kind: "prefix", remaining, message };
     }
     const length = view.getUint32(offset, true);
     offset += FRAME_PREFIX_BYTES;
     if (length > end - offset) {
-      return `BYTES element ${count}: length ${length} at byte ${offset - FRAME_PREFIX_BYTES} runs past the end (${end - offset} bytes left)`;
+      const remaining = end - offset;
+      const message = `BYTES element ${count}: length ${length} at byte ${offset - FRAME_PREFIX_BYTES} runs past the end (${remaining} bytes left)`;
+      return { index: count, kind: "overrun", remaining, message };
     }
     offset += length;
     count++;

@@ -68,6 +68,16 @@ export const tritonMessages = {
     `${requestPrefix(id)}input byte size mismatch for input '${input}' for model '${model}'. Expected ${expected}, got ${given}`,
   stringCount: (id: string | undefined, model: string, input: string, expected: number, given: number) =>
     `${requestPrefix(id)}expected ${expected} string elements for inference input '${input}' for model '${model}', got ${given}`,
+  /** More elements than the shape holds: Triton stops counting at the first one too many. */
+  stringCountOver: (id: string | undefined, model: string, input: string, expected: number) =>
+    `${requestPrefix(id)}unexpected number of string elements ${expected + 1} for inference input '${input}' for model '${model}', expecting ${expected}`,
+  stringLengthIndicator: (id: string | undefined, model: string, input: string, available: number) =>
+    `${requestPrefix(id)}incomplete string length indicator for inference input '${input}' for model '${model}', expecting 4 bytes but only ${available} bytes available. Please make sure the string length indicator is in one buffer.`,
+  /** Load and unload: a name empty once trimmed of whitespace (core's ValidateModelName). */
+  emptyModelName: () => "Model name cannot be empty. Please enter a valid name to deploy.",
+  /** Load and unload: a name that is ".." or holds '/', once trimmed (core's ValidateModelName). */
+  modelNamePathTraversal: (name: string) =>
+    `invalid model name '${name}', model name must not contain path traversal characters`,
 };
 
 /** A model input as a request is checked against it; `dims` without the batch dimension. */

@@ -28,7 +28,15 @@ describe("packed BYTES elements", () => {
   });
 
   it("say why a framing is broken", () => {
-    expect(countFramedElements(new Uint8Array([1, 0]))).toMatch(/truncated length prefix at byte 0/);
-    expect(countFramedElements(new Uint8Array([5, 0, 0, 0, 1]))).toMatch(/length 5 at byte 0 runs past the end/);
+    expect(countFramedElements(new Uint8Array([1, 0]))).toMatchObject({
+      index: 0,
+      kind: "prefix",
+      remaining: 2,
+      message: expect.stringMatching(/truncated length prefix at byte 0/),
+    });
+    expect(countFramedElements(new Uint8Array([5, 0, 0, 0, 1]))).toMatchObject({
+      kind: "overrun",
+      message: expect.stringMatching(/length 5 at byte 0 runs past the end/),
+    });
   });
 });
