@@ -13,7 +13,15 @@ import http from "node:http";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ModelInferRequestSchema } from "@trellis/protocol";
-import { identityModel, rejectionOf, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import {
+  grpcJsInferenceClient,
+  identityModel,
+  rejectionOf,
+  removeDir,
+  type ServerProcess,
+  startServerProcess,
+  streamAll,
+} from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { binaryResponse, echoConfig, grpcClientOf, type ModelSpec, makeRepository, postJson } from "./helpers.js";
 
@@ -216,6 +224,23 @@ describe("duplicate requested outputs", () => {
     expect([err.code, err.rawMessage]).toEqual([Code.InvalidArgument, DUPLICATE]);
     const ok = await client.modelInfer(request(["A_out", "B_out"]));
     expect(ok.outputs.map((o) => o.name)).toEqual(["A_out", "B_out"]);
+  });
+
+  it("gRPC ModelStreamInfer (grpc-js): the stream answers the duplicate with Triton's text, the next request served", async () => {
+    const client = grpcJsInferenceClient(`127.0.0.1:${server.grpcPort}`);
+    try {
+      const request = (outputs: string[]) => ({
+        model_name: "three",
+        inputs: threeInputs.map((i) => ({ name: i.name, datatype: "FP32", shape: [2] })),
+        raw_input_contents: threeInputs.map(() => Buffer.from(bytesOf(Float32Array.from([1, 2])))),
+        outputs: outputs.map((name) => ({ name })),
+      });
+      const answers = await streamAll(client, [request(["A_out", "A_out"]), request(["A_out"])]);
+      expect(answers.map((a) => a.error_message)).toEqual([DUPLICATE, ""]);
+      expect(answers[1]?.infer_response.outputs.map((o) => o.name)).toEqual(["A_out"]);
+    } finally {
+      client.close();
+    }
   });
 
   it("gRPC: contents beside raw_input_contents is refused with Triton's text", async () => {
