@@ -2,7 +2,10 @@
  * ONNX Runtime session options from config.pbtxt, with the parameter names
  * Triton's onnxruntime backend uses.
  */
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
 import { availableParallelism } from "node:os";
+import { dirname, join } from "node:path";
 import { type ModelConfig, ModelInstanceGroup_Kind } from "@trellis/protocol";
 import { rateLimiterResources } from "@trellis/runtime";
 import { Code, configInteger, configParameter, StageError } from "@trellis/stage";
@@ -41,6 +44,7 @@ export function planInstances(config: ModelConfig): InstancePlan[] {
     ?.split(",")
     .map((s) => s.trim().toLowerCase())
     .filter(Boolean);
+  const gpuProviders = explicit ?? gpuAcceleratorProviders(config);
   const plans: InstancePlan[] = [];
   for (const g of groups) {
     const count = Math.max(1, g.count);
@@ -49,7 +53,7 @@ export function planInstances(config: ModelConfig): InstancePlan[] {
       const gpus = g.gpus.length > 0 ? g.gpus : [0];
       for (const deviceId of gpus) {
         for (let i = 0; i < count; i++)
-          plans.push({ kind: "GPU", deviceId, executionProviders: explicit ?? ["cuda"], rateLimiter });
+          plans.push({ kind: "GPU", deviceId, executionProviders: gpuProviders, rateLimiter });
       }
     } else {
       // KIND_AUTO and KIND_MODEL land on the CPU: this build has no GPU to pick automatically.
@@ -58,6 +62,55 @@ export function planInstances(config: ModelConfig): InstancePlan[] {
     }
   }
   return plans;
+}
+
+/** Triton's ORT backend names for optimization.execution_accelerators.gpu_execution_accelerator. */
+const GPU_ACCELERATORS = ["tensorrt", "cuda"] as const;
+
+/**
+ * The execution providers a GPU instance runs with, from Triton's
+ * `optimization { execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }`:
+ * TensorRT first with CUDA behind it for the nodes TensorRT does not take (Triton's
+ * order), or CUDA alone. Asking for an accelerator this onnxruntime-node binary has no
+ * provider library for fails the load here, naming it, instead of onnxruntime
+ * falling back to the CPU without a word.
+ */
+function gpuAcceleratorProviders(config: ModelConfig): string[] {
+  const asked = (config.optimization?.executionAccelerators?.gpuExecutionAccelerator ?? []).map((a) =>
+    a.name.trim().toLowerCase(),
+  );
+  const unknown = asked.find((name) => !(GPU_ACCELERATORS as readonly string[]).includes(name));
+  if (unknown !== undefined) {
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `gpu_execution_accelerator "${unknown}": expected one of ${GPU_ACCELERATORS.join(", ")}`,
+    );
+  }
+  const providers = asked.includes("tensorrt") ? ["tensorrt", "cuda"] : ["cuda"];
+  for (const name of new Set(asked)) {
+    const provider = name === "tensorrt" ? providers : ["cuda"];
+    const missing = provider.find((p) => !executionProviderInstalled(p));
+    if (missing !== undefined) {
+      throw new StageError(
+        Code.Unavailable,
+        config.name,
+        `gpu_execution_accelerator "${name}": this onnxruntime-node has no ${missing} execution provider (libonnxruntime_providers_${missing}.so); install its GPU build (see @trellis/inference-onnx's README) or remove the accelerator from config.pbtxt`,
+      );
+    }
+  }
+  return providers;
+}
+
+/**
+ * Whether onnxruntime-node's own folder holds the provider library for this execution
+ * provider. Only Linux is known here; elsewhere onnxruntime says so itself at load.
+ */
+function executionProviderInstalled(provider: string): boolean {
+  if (process.platform !== "linux" || provider === "cpu") return true;
+  const dist = dirname(createRequire(import.meta.url).resolve("onnxruntime-node"));
+  const library = `libonnxruntime_providers_${provider}.so`;
+  return existsSync(join(dist, "..", "bin", "napi-v6", "linux", process.arch, library));
 }
 
 /** onnxruntime-node SessionOptions, as sent to a session worker. */
@@ -102,7 +155,7 @@ export function sessionOptions(config: ModelConfig, plan: InstancePlan, cpuInsta
     );
   }
   const executionProviders = plan.executionProviders.map((ep) =>
-    ep === "cuda" ? { name: "cuda", deviceId: plan.deviceId } : ep,
+    ep === "cuda" || ep === "tensorrt" ? { name: ep, deviceId: plan.deviceId } : ep,
   );
   return {
     intraOpNumThreads: intra,

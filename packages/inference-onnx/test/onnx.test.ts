@@ -439,6 +439,53 @@ describe("MobileNetV2 int8 (../shared/models)", () => {
   });
 });
 
+describe("ONNX Runtime's GPU execution accelerators (Triton's optimization.execution_accelerators)", () => {
+  const providerInstalled = (name: string) =>
+    existsSync(
+      join(
+        dirname(createRequire(import.meta.url).resolve("onnxruntime-node")),
+        "..",
+        "bin",
+        "napi-v6",
+        "linux",
+        "x64",
+        `libonnxruntime_providers_${name}.so`,
+      ),
+    );
+  const base = `max_batch_size: 8\ninstance_group [{ count: 1 kind: KIND_CPU }]`;
+  const asking = (name: string) =>
+    `${base}\noptimization { execution_accelerators { gpu_execution_accelerator [ { name: "${name}" } ] } }`;
+
+  it.each(["tensorrt", "cuda"])(
+    "%s: fails the load naming the missing provider where the binary lacks it; the same config without it loads",
+    async (accelerator) => {
+      if (providerInstalled(accelerator) && providerInstalled("cuda")) {
+        const stage = await load(`mnet_${accelerator}`, MOBILENET_PATH, asking(accelerator));
+        expect(await stage.isReady()).toBe(true);
+      } else {
+        const pending = load(`mnet_plain_${accelerator}`, MOBILENET_PATH, base);
+        const err = await loadError(`mnet_${accelerator}`, MOBILENET_PATH, asking(accelerator));
+        expect(err.code).toBe(Code.Unavailable);
+        expect(err.message).toContain(`gpu_execution_accelerator "${accelerator}": this onnxruntime-node has no`);
+        expect(err.message).toMatch(/execution provider \(libonnxruntime_providers_(tensorrt|cuda)\.so\)/);
+        expect(err.message).not.toMatch(/\/work|node_modules/);
+        const plain = await pending;
+        const res = await Promise.all([1, 2].map((seed) => plain.infer(imageRequest(1, seed))));
+        expect(res.map((r) => r.outputs[0]!.shape)).toEqual([
+          [1, 1000],
+          [1, 1000],
+        ]);
+      }
+    },
+  );
+
+  it("an accelerator Triton's ORT backend does not name is refused with the names it takes", async () => {
+    const err = await loadError("mnet_bogus", MOBILENET_PATH, asking("warp_drive"));
+    expect(err.code).toBe(Code.InvalidArgument);
+    expect(err.message).toContain('gpu_execution_accelerator "warp_drive": expected one of tensorrt, cuda');
+  });
+});
+
 describe("hand-built ONNX models", () => {
   const toy = identityModel([
     { name: "a", type: "float32", shape: ["N", 4] },
