@@ -9,45 +9,22 @@
  */
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { graphModel, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
+import {
+  GATHER_WEIGHTS,
+  GATHER_WIDTH,
+  gatherConfig,
+  gatherModel,
+  removeDir,
+  type ServerProcess,
+  startServerProcess,
+} from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { makeRepository, metricValue, postJson, scrape } from "./helpers.js";
 
 const MODEL = "gather";
-const WIDTH = 64;
-
-/** y[n] = ((x[n]·W)·W)·W [idx[n]]: W a fixed matrix, so each row's answer can be checked here. */
-const weights = Float32Array.from({ length: WIDTH * WIDTH }, (_, i) => (((i * 7) % 13) - 6) / 64);
-
-function gatherModel(): Uint8Array {
-  return graphModel(
-    [
-      { op: "MatMul", inputs: ["x", "W"], outputs: ["h1"] },
-      { op: "MatMul", inputs: ["h1", "W"], outputs: ["h2"] },
-      { op: "MatMul", inputs: ["h2", "W"], outputs: ["h3"] },
-      { op: "GatherElements", inputs: ["h3", "idx"], outputs: ["y"], ints: { axis: 1 } },
-    ],
-    [
-      { name: "x", type: "float32", shape: ["N", WIDTH] },
-      { name: "idx", type: "int64", shape: ["N", 1] },
-    ],
-    [{ name: "y", type: "float32", shape: ["N", 1] }],
-    {},
-    [{ name: "W", dims: [WIDTH, WIDTH], values: weights }],
-  );
-}
-
-const CONFIG = `name: "${MODEL}"
-backend: "onnxruntime"
-max_batch_size: 64
-input [
-  { name: "x", data_type: TYPE_FP32, dims: [ ${WIDTH} ] },
-  { name: "idx", data_type: TYPE_INT64, dims: [ 1 ] }
-]
-output [ { name: "y", data_type: TYPE_FP32, dims: [ 1 ] } ]
-instance_group [ { count: 1, kind: KIND_CPU } ]
-dynamic_batching { max_queue_delay_microseconds: 2000 }
-`;
+const WIDTH = GATHER_WIDTH;
+const weights = GATHER_WEIGHTS;
+const CONFIG = gatherConfig(MODEL);
 
 /** What the model answers for x, column idx (in float64; compared with a tolerance). */
 function expected(x: Float32Array, idx: number): number {

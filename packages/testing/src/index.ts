@@ -21,6 +21,10 @@ export {
 export {
   ACCUMULATOR_CONFIG,
   accumulatorModel,
+  GATHER_WEIGHTS,
+  GATHER_WIDTH,
+  gatherConfig,
+  gatherModel,
   graphModel,
   identityModel,
   type ToyInitializer,

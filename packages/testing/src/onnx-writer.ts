@@ -149,3 +149,49 @@ sequence_batching {
     initial_state { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "zero" } } ]
 }
 `;
+
+/** The width of gatherModel's rows. */
+export const GATHER_WIDTH = 64;
+/** gatherModel's matrix W [64, 64]: fixed values, so a test can compute each answer itself. */
+export const GATHER_WEIGHTS = Float32Array.from(
+  { length: GATHER_WIDTH * GATHER_WIDTH },
+  (_, i) => (((i * 7) % 13) - 6) / 64,
+);
+
+/**
+ * A model that fails a whole run on one row's value (issue 45): y[n] = (((x[n]·W)·W)·W)[idx[n]],
+ * x [N, 64] FP32, idx [N, 1] INT64 (GatherElements on axis 1). An index out of [0, 64) makes
+ * onnxruntime refuse the run, whatever the other rows hold.
+ */
+export function gatherModel(): Uint8Array {
+  return graphModel(
+    [
+      { op: "MatMul", inputs: ["x", "W"], outputs: ["h1"] },
+      { op: "MatMul", inputs: ["h1", "W"], outputs: ["h2"] },
+      { op: "MatMul", inputs: ["h2", "W"], outputs: ["h3"] },
+      { op: "GatherElements", inputs: ["h3", "idx"], outputs: ["y"], ints: { axis: 1 } },
+    ],
+    [
+      { name: "x", type: "float32", shape: ["N", GATHER_WIDTH] },
+      { name: "idx", type: "int64", shape: ["N", 1] },
+    ],
+    [{ name: "y", type: "float32", shape: ["N", 1] }],
+    {},
+    [{ name: "W", dims: [GATHER_WIDTH, GATHER_WIDTH], values: GATHER_WEIGHTS }],
+  );
+}
+
+/** gatherModel's config.pbtxt: dynamic batching (max_batch_size 64, a 2 ms delay), one CPU instance. */
+export function gatherConfig(name: string): string {
+  return `name: "${name}"
+backend: "onnxruntime"
+max_batch_size: 64
+input [
+  { name: "x", data_type: TYPE_FP32, dims: [ ${GATHER_WIDTH} ] },
+  { name: "idx", data_type: TYPE_INT64, dims: [ 1 ] }
+]
+output [ { name: "y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+`;
+}
