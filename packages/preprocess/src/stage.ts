@@ -30,6 +30,7 @@ import {
   modelConfigOf,
   type RequestSpec,
 } from "@trellis/stage/backend";
+import { FairLimiter } from "./fair-limiter.js";
 import { decodeCrop, ElementError, unwrap } from "./image.js";
 import { lookupTables, rowWriter } from "./normalize.js";
 import { type PreprocessParameters, parametersFromConfig, resolveParameters } from "./options.js";
@@ -47,23 +48,6 @@ export interface PreprocessOptions extends Partial<PreprocessParameters> {
 
 const DEFAULT_INPUT = "RAW_IMAGE";
 const DEFAULT_OUTPUT = "PREPROCESSED_IMAGE";
-
-/** A counting semaphore: bounds decodes in flight (memory: a 4000x3000 decode is 36 MB). */
-class Limiter {
-  private active = 0;
-  private readonly waiting: (() => void)[] = [];
-  constructor(private readonly limit: number) {}
-  async run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.active >= this.limit) await new Promise<void>((r) => this.waiting.push(r));
-    this.active++;
-    try {
-      return await fn();
-    } finally {
-      this.active--;
-      this.waiting.shift()?.();
-    }
-  }
-}
 
 function outputShape(p: PreprocessParameters): number[] {
   return p.layout === "NCHW" ? [3, p.cropSize, p.cropSize] : [p.cropSize, p.cropSize, 3];
@@ -130,7 +114,8 @@ export function preprocessDefinition(options: PreprocessOptions = {}): StageDefi
   const inputName = config.input[0]!.name;
   const outputName = config.output[0]!.name;
   const batching = config.maxBatchSize > 0;
-  const limiter = new Limiter(params.concurrency);
+  // Decode slots go to waiting requests in turn (see fair-limiter.ts).
+  const limiter = new FairLimiter(params.concurrency);
   const gate = options.cpuGate;
   const tables = lookupTables(params);
   const perImage = 3 * params.cropSize * params.cropSize;
@@ -172,7 +157,7 @@ export function preprocessDefinition(options: PreprocessOptions = {}): StageDefi
       };
       await Promise.all(
         items.map((element, index) =>
-          limiter.run(async () => {
+          limiter.run(request, async () => {
             markStarted();
             // One bad element fails its request: skip that request's work that can no longer be used.
             if (failures.length > 0 || signal?.aborted) return;
