@@ -104,11 +104,6 @@ export interface DynamicBatcherOptions {
    */
   admit?: (instance: number) => (() => void) | Promise<() => void>;
   recorder: StatisticsRecorder;
-  /**
-   * The failure isolation `executeRequests` reports to (a merged executor's): requests it
-   * quarantines run alone, in their lane. Made here for `execute`.
-   */
-  isolation?: FailureIsolation;
 }
 
 /** A priority level's queue, as the runtime's admission checks it (Triton's max_queue_size is per level). */
@@ -199,8 +194,20 @@ const removeFrom = (list: Pending[], p: Pending) => {
 export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {
   if (options.executeRequests) return new Batcher(options, options.executeRequests);
   if (!options.execute) throw new StageError(Code.Internal, options.name, "a batcher needs execute or executeRequests");
-  const isolation = options.isolation ?? new FailureIsolation(options.recorder);
-  return new Batcher({ ...options, isolation }, mergedExecutor(options.name, options.execute, isolation));
+  const isolation = new FailureIsolation(options.recorder);
+  return new Batcher(options, mergedExecutor(options.name, options.execute, isolation), isolation);
+}
+
+/**
+ * The model runtime's batcher: `executeRequests` (a merged executor made with `isolation`)
+ * reports failures to `isolation`, whose quarantined requests run alone, in their lane.
+ */
+export function createIsolatedBatcher(
+  options: DynamicBatcherOptions,
+  executeRequests: RequestsExecutor,
+  isolation: FailureIsolation,
+): DynamicBatcher {
+  return new Batcher(options, executeRequests, isolation);
 }
 
 class Batcher implements DynamicBatcher {
@@ -224,11 +231,11 @@ class Batcher implements DynamicBatcher {
   private admitting = false;
   /** schedule() as the delay timer's callback, made once: the timer is re-armed as requests arrive. */
   private readonly scheduleLater = () => this.schedule();
-  private readonly isolation: FailureIsolation | undefined;
 
   constructor(
     private readonly options: DynamicBatcherOptions,
     private readonly executeRequests: RequestsExecutor,
+    private readonly isolation?: FailureIsolation,
   ) {
     const { maxBatchSize, dynamicBatching: db } = options;
     this.name = options.name;
@@ -243,7 +250,6 @@ class Batcher implements DynamicBatcher {
     this.levels = levels;
     this.defaultIndex = defaultIndex;
     this.free = Array.from({ length: instances }, (_, i) => instances - 1 - i);
-    this.isolation = options.isolation;
   }
 
   get queued(): number {

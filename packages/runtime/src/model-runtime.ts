@@ -48,7 +48,7 @@ import {
   type BatchContext,
   type BatchingStrategy,
   type BatchResult,
-  createDynamicBatcher,
+  createIsolatedBatcher,
   type DynamicBatcher,
   mergedExecutor,
   type RequestsExecutor,
@@ -227,22 +227,24 @@ export async function createModelRuntime(options: ModelRuntimeOptions): Promise<
     slots.length > 0
       ? (instance: number) => admitBoth(slots[instance]?.admit(), backendAdmit && (() => backendAdmit(instance)))
       : backendAdmit;
-  const batcher = createDynamicBatcher({
-    name,
-    version,
-    maxBatchSize: config.maxBatchSize,
-    dynamicBatching: batchingOf(config),
-    instances,
-    strategy,
-    recorder,
-    validate: (request) => {
-      check(request);
+  const batcher = createIsolatedBatcher(
+    {
+      name,
+      version,
+      maxBatchSize: config.maxBatchSize,
+      dynamicBatching: batchingOf(config),
+      instances,
+      strategy,
+      recorder,
+      validate: (request) => {
+        check(request);
+      },
+      ...(admit ? { admit } : {}),
+      ...(backend.tracesSteps ? { passTrace: true } : {}),
     },
-    ...(admit ? { admit } : {}),
-    ...(backend.tracesSteps ? { passTrace: true } : {}),
-    executeRequests: run,
+    run,
     isolation,
-  });
+  );
   const served = new ServedModel({ options, version, recorder, spec, check, run, batcher, sequencer, slots, bounded });
   return served.stage();
 }
