@@ -390,12 +390,13 @@ describe("INT64 and UINT64 beyond 2^53 in JSON data", () => {
   it("refuses one outside the type's range, and a long integer for an FP32 input is its nearest float", async () => {
     const over = await post("int64", "INT64", ["9223372036854775808"]);
     expect(over.status).toBe(400);
-    expect((await over.json()).error).toContain("outside INT64's range");
+    expect(((await over.json()) as { error: string }).error).toContain("outside INT64's range");
     const negative = await post("uint64", "UINT64", ["-9007199254740993"]);
     expect(negative.status).toBe(400);
     const float = await post("fp32", "FP32", ["16777216000000000"]);
     expect(float.status).toBe(200);
-    expect((await float.json()).outputs[0].data).toEqual([16777216000000000]);
+    const answer = (await float.json()) as { outputs: { data: number[] }[] };
+    expect(answer.outputs[0]?.data).toEqual([16777216000000000]);
   });
 });
 
@@ -406,7 +407,7 @@ describe("percent-encoded model names over HTTP", () => {
     expect((await fetch(`${server.http}/v2/models/${encoded}/ready`)).status).toBe(200);
     expect((await fetch(`${server.http}/v2/models/${name}/ready`)).status).toBe(200);
     const meta = await fetch(`${server.http}/v2/models/${encoded}`);
-    expect((await meta.json()).name).toBe(name);
+    expect(((await meta.json()) as { name: string }).name).toBe(name);
     const { status, json } = await postJson(`${server.http}/v2/models/${encoded}/versions/1/infer`, {
       inputs: [fp32Input([1, 2])],
     });

@@ -92,7 +92,12 @@ describe("restricted protocols, with the headers Triton's docs give a client", (
         "triton-grpc-protocol-infer-key": "infer-value",
       });
       expect(fromBinary(ServerReadyResponseSchema, ready as Buffer).ready).toBe(true);
-      for (const md of [{}, { "infer-key": "infer-value" }, { "triton-grpc-protocol-infer-key": "guess" }]) {
+      const refused: Record<string, string>[] = [
+        {},
+        { "infer-key": "infer-value" },
+        { "triton-grpc-protocol-infer-key": "guess" },
+      ];
+      for (const md of refused) {
         for (const [method, request] of [
           ["ModelInfer", inferRequest],
           ["ServerReady", readyRequest],
@@ -125,7 +130,12 @@ describe("restricted protocols, with the headers Triton's docs give a client", (
         body: JSON.stringify({ inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] }),
       });
     expect((await infer({ "infer-key": "infer-value" })).status).toBe(200);
-    for (const headers of [{}, { "triton-grpc-protocol-infer-key": "infer-value" }, { "infer-key": "x" }]) {
+    const refused: Record<string, string>[] = [
+      {},
+      { "triton-grpc-protocol-infer-key": "infer-value" },
+      { "infer-key": "x" },
+    ];
+    for (const headers of refused) {
       const res = await infer(headers);
       expect(res.status).toBe(403);
       expect(((await res.json()) as { error: string }).error).toMatch(
