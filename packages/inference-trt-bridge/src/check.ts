@@ -25,6 +25,28 @@ function shapeAccepts(remote: number[], local: number[]): boolean {
 }
 
 /**
+ * A SavedModel served without Triton's batching (max_batch_size 0) whose signature leaves the
+ * leading dim of every tensor free (-1) takes a batch through that dim: a batching local
+ * config may send its batch there.
+ */
+function leadingDimFree(metadata: StageMetadata): boolean {
+  const tensors = [...metadata.inputs, ...metadata.outputs];
+  return tensors.length > 0 && tensors.every((t) => t.shape[0] === -1);
+}
+
+/** What the remote's platform names its tensors after, when a name is not found. */
+function namingHint(platform: string): string {
+  if (platform === "pytorch_libtorch") {
+    return " (a pytorch_libtorch model's tensors are named <name>__<index> in forward()'s order, as input__0 and output__0: TorchScript keeps no names; name the bridge config's tensors so)";
+  }
+  if (platform === "tensorflow_savedmodel") {
+    return " (a tensorflow_savedmodel model's tensors carry its serving signature's names: saved_model_cli show --dir model.savedmodel --tag_set serve --signature_def serving_default lists them)";
+  }
+  if (platform === "tensorrt_plan") return " (a tensorrt_plan model's tensors carry the engine's binding names)";
+  return "";
+}
+
+/**
  * Checks names, datatypes, shapes and max_batch_size; throws a load error
  * naming the tensor with expected and got. Returns the conversions needed.
  */
@@ -38,7 +60,7 @@ export function checkRemote(
   const fail = (msg: string) => new StageError(Code.InvalidArgument, stage, `${remoteLabel} does not match: ${msg}`);
   const localBatch = local.config.maxBatchSize;
   const remoteBatch = remote.config.maxBatchSize;
-  if (localBatch > 0 && remoteBatch < localBatch) {
+  if (localBatch > 0 && remoteBatch < localBatch && !(remoteBatch === 0 && leadingDimFree(remote.metadata))) {
     throw fail(
       remoteBatch === 0
         ? `max_batch_size: expected a batching model accepting ${localBatch}, got a model without batching (max_batch_size 0)`
@@ -52,7 +74,8 @@ export function checkRemote(
     const r = remotes.find((t) => t.name === l.name);
     if (!r) {
       throw fail(
-        `${role} ${l.name}: expected a remote ${role} named ${l.name}, got [${remotes.map((t) => t.name).join(", ")}]`,
+        `${role} ${l.name}: expected a remote ${role} named ${l.name}, got [${remotes.map((t) => t.name).join(", ")}]` +
+          namingHint(remote.config.platform || remote.metadata.platform),
       );
     }
     if (r.datatype !== l.datatype) {
