@@ -105,6 +105,17 @@ describe("restricted APIs", () => {
 
   it("refuses to start with a restriction it cannot read, saying why", async () => {
     const bad = await startupRefusal(["--model-repository", repo, "--http-restricted-api", "models:k=v"]);
-    expect(String(bad)).toContain('trellis-server: --http-restricted-api "models:k=v": unknown category "models"');
+    expect(String(bad)).toContain("trellis-server: unknown restricted api 'models'");
+    const twice = await startupRefusal([
+      "--model-repository",
+      repo,
+      "--grpc-restricted-protocol",
+      "health:a=1",
+      "--grpc-restricted-protocol",
+      "health,inference:b=2",
+    ]);
+    expect(String(twice)).toContain(
+      "trellis-server: restricted protocol 'health' can not be specified in multiple config groups",
+    );
   });
 });

@@ -31,6 +31,7 @@ export {
   type ApiCategory,
   type ApiRestrictions,
   parseRestriction,
+  type RestrictionFlag,
   restrictionError,
   restrictionInterceptor,
 } from "./restrictions.js";

@@ -23,15 +23,30 @@ export type ApiCategory = (typeof API_CATEGORIES)[number];
 /** Per category, the header a request must carry (lower case) and its value. */
 export type ApiRestrictions = Partial<Record<ApiCategory, { header: string; value: string }>>;
 
+/** Which flag a restriction came from: its name in Triton's messages, and what it restricts. */
+export interface RestrictionFlag {
+  /** The flag without its dashes, "http-restricted-api" or "grpc-restricted-protocol". */
+  option: string;
+  /** What each category names: an "api" (HTTP) or a "protocol" (gRPC). */
+  feature: "api" | "protocol";
+}
+
+const HTTP_RESTRICTION: RestrictionFlag = { option: "http-restricted-api", feature: "api" };
+
 /**
  * Adds one restriction in Triton's syntax, "<category>[,<category>...]:<header>=<value>",
- * to `into`; throws an Error saying what is wrong with `spec`.
+ * to `into`; throws an Error saying what is wrong with `spec`, in tritonserver's words
+ * (its command-line parser's ParseRestrictedFeatureOption).
  */
-export function parseRestriction(spec: string, into: ApiRestrictions = {}): ApiRestrictions {
+export function parseRestriction(
+  spec: string,
+  into: ApiRestrictions = {},
+  flag: RestrictionFlag = HTTP_RESTRICTION,
+): ApiRestrictions {
   const colon = spec.indexOf(":");
-  const equals = spec.indexOf("=", colon);
-  if (colon <= 0 || equals <= colon + 1) {
-    throw new Error(`"${spec}": expected <category>[,<category>...]:<header>=<value>`);
+  const equals = spec.indexOf("=", colon + 1);
+  if (colon <= 0 || equals <= colon + 1 || equals === spec.length - 1) {
+    throw new Error(`--${flag.option} option format is '<config name>:<setting>=<value>'. Got ${spec}`);
   }
   const header = spec
     .slice(colon + 1, equals)
@@ -40,10 +55,10 @@ export function parseRestriction(spec: string, into: ApiRestrictions = {}): ApiR
   const value = spec.slice(equals + 1);
   for (const name of spec.slice(0, colon).split(",")) {
     const category = name.trim() as ApiCategory;
-    if (!API_CATEGORIES.includes(category)) {
-      throw new Error(`"${spec}": unknown category "${name}" (categories: ${API_CATEGORIES.join(", ")})`);
+    if (!API_CATEGORIES.includes(category)) throw new Error(`unknown restricted ${flag.feature} '${name}'`);
+    if (into[category]) {
+      throw new Error(`restricted ${flag.feature} '${name}' can not be specified in multiple config groups`);
     }
-    if (into[category]) throw new Error(`"${spec}": category ${category} is restricted twice`);
     into[category] = { header, value };
   }
   return into;

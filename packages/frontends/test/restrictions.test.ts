@@ -13,12 +13,22 @@ describe("restricted APIs", () => {
     });
   });
 
-  it("says what is wrong with a bad spec", () => {
+  it("says what is wrong with a bad spec, in tritonserver's words", () => {
     expect(() => parseRestriction("model-repository")).toThrow(
-      /expected <category>\[,<category>...\]:<header>=<value>/,
+      "--http-restricted-api option format is '<config name>:<setting>=<value>'. Got model-repository",
     );
-    expect(() => parseRestriction("models:k=v")).toThrow(/unknown category "models" \(categories: health, metadata/);
-    expect(() => parseRestriction("inference:k=v", parseRestriction("inference:j=w"))).toThrow(/restricted twice/);
+    expect(() => parseRestriction("inference:k=")).toThrow(
+      "--http-restricted-api option format is '<config name>:<setting>=<value>'. Got inference:k=",
+    );
+    expect(() => parseRestriction("models:k=v")).toThrow("unknown restricted api 'models'");
+    expect(() => parseRestriction("inference:k=v", parseRestriction("inference:j=w"))).toThrow(
+      "restricted api 'inference' can not be specified in multiple config groups",
+    );
+    const grpc = { option: "grpc-restricted-protocol", feature: "protocol" } as const;
+    expect(() => parseRestriction("models:k=v", {}, grpc)).toThrow("unknown restricted protocol 'models'");
+    expect(() => parseRestriction("health", {}, grpc)).toThrow(
+      "--grpc-restricted-protocol option format is '<config name>:<setting>=<value>'. Got health",
+    );
   });
 
   it("maps every gRPC method to its category and refuses a call without the header", () => {

@@ -718,11 +718,13 @@ const GRPC_RESTRICTED_HEADER_PREFIX = "triton-grpc-protocol-";
 function restrictions(option: string, specs: string[], headerPrefix = ""): ApiRestrictions | undefined {
   if (specs.length === 0) return undefined;
   const into: ApiRestrictions = {};
+  const flag = { option: option.slice(2), feature: option.startsWith("--grpc") ? "protocol" : "api" } as const;
   for (const spec of specs) {
     try {
-      parseRestriction(spec, into);
+      parseRestriction(spec, into, flag);
     } catch (err) {
-      throw new UsageError(`${option} ${(err as Error).message}`);
+      // tritonserver's own words, which name the flag themselves.
+      throw new UsageError((err as Error).message);
     }
   }
   // As tritonserver: HTTP checks the header <key>; gRPC checks triton-grpc-protocol-<key>, and nothing else.
