@@ -33,7 +33,9 @@ describe("fair decode slots", () => {
     const stage = createPreprocess({ name: "p", concurrency: 1 });
     const photo = readFixtureImage("chelsea.jpg");
     const answered: string[] = [];
-    const many = stage.infer(rawImageRequest(Array.from({ length: 8 }, () => photo))).then(() => answered.push("eight"));
+    const many = stage
+      .infer(rawImageRequest(Array.from({ length: 8 }, () => photo)))
+      .then(() => answered.push("eight"));
     const one = stage.infer(rawImageRequest([photo])).then(() => answered.push("one"));
     await Promise.all([many, one]);
     expect(answered).toEqual(["one", "eight"]);
