@@ -176,7 +176,29 @@ describe("--allow-client-shm true", () => {
     const tooBig = await client
       .systemSharedMemoryRegister({ name: "big", key: key("out"), byteSize: 10n ** 9n })
       .catch((e: ConnectError) => e);
-    expect((tooBig as ConnectError).rawMessage).toMatch(/runs past the \d+ bytes of/);
+    expect((tooBig as ConnectError).code).toBe(Code.InvalidArgument);
+    expect((tooBig as ConnectError).rawMessage).toMatch(
+      /^failed to register shared memory region 'big': invalid args \(.*runs past the \d+ bytes of/,
+    );
+    // Triton's codes and words: an object shm_open cannot open is INTERNAL; a key of only slashes INVALID_ARGUMENT.
+    const missing = await client
+      .systemSharedMemoryRegister({ name: "missing", key: "/trellis-no-such-object", byteSize: 8n })
+      .catch((e: ConnectError) => e);
+    expect((missing as ConnectError).code).toBe(Code.Internal);
+    expect((missing as ConnectError).rawMessage).toBe("Unable to open shared memory region: '/trellis-no-such-object'");
+    const missingHttp = await postJson(`${server.http}/v2/systemsharedmemory/region/missing/register`, {
+      key: "/trellis-no-such-object",
+      byte_size: 8,
+    });
+    expect(missingHttp.status).toBe(500);
+    expect(missingHttp.json.error).toBe("Unable to open shared memory region: '/trellis-no-such-object'");
+    const slashes = await client
+      .systemSharedMemoryRegister({ name: "slashes", key: "//", byteSize: 8n })
+      .catch((e: ConnectError) => e);
+    expect((slashes as ConnectError).code).toBe(Code.InvalidArgument);
+    expect((slashes as ConnectError).rawMessage).toBe(
+      "cannot register shared memory region 'slashes' - invalid shm key '//'",
+    );
 
     // Unregistered, a region is no longer there to name.
     await client.systemSharedMemoryUnregister({ name: "output_data" });

@@ -96,15 +96,14 @@ function openObject(dir: string, key: string, fail: (why: string) => StageError)
       `key '${JSON.stringify(key).slice(1, -1)}' is not a shared memory object name ("/name", as shm_open takes it)`,
     );
   }
+  // What shm_open cannot open (no such object; a symbolic link, which it does not follow; a folder)
+  // is INTERNAL in Triton's words (its shared_memory_manager.cc), naming the key only.
+  const unopenable = () => new StageError(Code.Internal, "", `Unable to open shared memory region: '${key}'`);
   let fd: number;
   try {
     fd = openSync(join(dir, object), constants.O_RDWR | constants.O_NOFOLLOW | constants.O_NONBLOCK);
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === "ELOOP") throw fail(`'${key}' is not a shared memory object: it is a symbolic link`);
-    if (code === "EISDIR") throw fail(`'${key}' is not a shared memory object: it is a folder`);
-    if (code === "ENOENT") throw fail(`unable to open shared memory object '${key}': no such object`);
-    throw fail(`unable to open shared memory object '${key}': ${code ?? (err as Error).message}`);
+  } catch {
+    throw unopenable();
   }
   if (!fstatSync(fd).isFile()) {
     closeSync(fd);
@@ -123,6 +122,8 @@ export class SystemSharedMemory {
   register(name: string, key: string, offset: number, byteSize: number): void {
     const fail = (why: string) => invalid(`failed to register system shared memory region '${name}': ${why}`);
     if (!name) throw fail("the region needs a name");
+    // Triton's check of the key (common.cc ValidateSharedMemoryKey): one of only slashes, or none, names nothing.
+    if (/^\/*$/.test(key)) throw invalid(`cannot register shared memory region '${name}' - invalid shm key '${key}'`);
     if (this.regions.has(name)) {
       throw new StageError(Code.AlreadyExists, "", `shared memory region '${name}' already in manager`);
     }
@@ -130,7 +131,10 @@ export class SystemSharedMemory {
     const size = fstatSync(fd).size;
     if (offset + byteSize > size) {
       closeSync(fd);
-      throw fail(`offset ${offset} + byte_size ${byteSize} runs past the ${size} bytes of '${key}'`);
+      // Triton's words first (CheckSharedMemoryRegionSize), then which bounds.
+      throw invalid(
+        `failed to register shared memory region '${name}': invalid args (offset ${offset} + byte_size ${byteSize} runs past the ${size} bytes of '${key}')`,
+      );
     }
     this.regions.set(name, { name, key, offset, byteSize, fd });
   }
