@@ -13,6 +13,14 @@ import {
   type ModelEnsembling_Step,
   type ModelInput,
 } from "@trellis/protocol";
+import {
+  remoteTensorNames,
+  TRT_WORKFLOWS,
+  type TrtWorkflow,
+  tfTrtScript,
+  torchTrtScript,
+  WORKFLOW_RULES,
+} from "./trt-plan-workflows.js";
 
 export interface TrtPlanOptions {
   /** The ONNX model, as trtexec will see it (the path is used as given). */
@@ -43,6 +51,8 @@ export interface TrtPlanOptions {
   endpoint?: string;
   /** GPU instances of the engine in Triton (default 1). */
   instances?: number;
+  /** What builds the optimised model (default "trtexec"): see trt-plan-workflows.ts. */
+  workflow?: TrtWorkflow;
 }
 
 export interface TrtPlanFile {
@@ -52,6 +62,9 @@ export interface TrtPlanFile {
 }
 
 export interface TrtPlan {
+  workflow: TrtWorkflow;
+  /** Torch-TensorRT and TF-TRT: the Python build script, written at `path` (relative to `out`). */
+  script?: TrtPlanFile;
   /** The container release and its TensorRT major version the commands are for. */
   release: string;
   tensorrt: TensorRtMajor;
@@ -305,8 +318,16 @@ function ensembleConfigText(
   config: ModelConfig,
   bridgeModel: string,
   step: readonly ModelEnsembling_Step[],
+  rename: (name: string) => string = (name) => name,
 ) {
-  const steps = step.map((s) => (s.modelName === config.name ? { ...s, modelName: bridgeModel } : s));
+  const renameKeys = (m: Record<string, string>) =>
+    Object.fromEntries(Object.entries(m).map(([k, v]) => [rename(k), v]));
+  // The bridge's tensors carry the remote's names (input__0...), so the step's maps' keys follow them.
+  const steps = step.map((s) =>
+    s.modelName === config.name
+      ? { ...s, modelName: bridgeModel, inputMap: renameKeys(s.inputMap), outputMap: renameKeys(s.outputMap) }
+      : s,
+  );
   return `${HEADER}
 # ${ensemble.name} with its inference step on TensorRT: TypeScript preprocess and
 # postprocess here, ${config.name} replaced by ${bridgeModel} (the bridge to Triton).
@@ -318,6 +339,97 @@ ${tensors("input", ensemble.input)}
 ${tensors("output", ensemble.output)}
 ${ensembleSteps(steps)}
 `;
+}
+
+/** Triton's config.pbtxt for a Torch-TensorRT or TF-TRT model: its platform, its tensor names, its file. */
+function frameworkTritonConfigText(
+  b: BuildInputs & { workflow: Exclude<TrtWorkflow, "trtexec"> },
+  remote: ModelConfig,
+  batch: { min: number; opt: number; max: number },
+) {
+  const rules = WORKFLOW_RULES[b.workflow];
+  const tool = b.workflow === "torch-trt" ? "Torch-TensorRT (torch_tensorrt.compile)" : "TF-TRT (TrtGraphConverterV2)";
+  const naming =
+    b.workflow === "torch-trt"
+      ? "# TorchScript keeps no tensor names: Triton's PyTorch backend names them <name>__<index>, in forward()'s order."
+      : "# The tensors carry the SavedModel's serving_default signature names.";
+  const ioType = b.ioFp16 ? DataType.TYPE_FP16 : undefined;
+  return `${HEADER}
+# ResNet-50 optimised by ${tool} (batch ${batch.min}/${batch.opt}/${batch.max}${b.fp16 ? ", FP16" : ", FP32"}${b.ioFp16 ? ", FP16 I/O" : ""}),
+# served by a real Triton: tritonserver --model-repository=<this folder's parent> --grpc-port 8101.
+${naming}
+# Triton loads 1/${rules.modelFile} (not committed; the build script writes it, in the
+# ${rules.container(b.release)} container, served by tritonserver:${b.release}-py3: same release).
+name: "${b.tritonModel}"
+platform: "${rules.platform}"
+backend: "${rules.backend}"
+max_batch_size: ${remote.maxBatchSize}
+${tensors("input", remote.input, ioType)}
+${tensors("output", remote.output, ioType)}
+${dynamicBatching(remote)}
+instance_group [
+  {
+    count: ${b.options.instances ?? 1}
+    kind: KIND_GPU
+    gpus: [ 0 ]
+  }
+]
+`;
+}
+
+/** The Torch-TensorRT or TF-TRT build: the script and how to run it, bare and in the framework container. */
+function frameworkBuild(
+  b: BuildInputs & { workflow: Exclude<TrtWorkflow, "trtexec"> },
+  config: ModelConfig,
+  batch: { min: number; opt: number; max: number },
+) {
+  const versionDir = dirname(b.enginePath);
+  const scriptInputs = {
+    versionDir,
+    itemDims: config.input[0]!.dims.map(Number),
+    batch,
+    fp16: b.fp16,
+    ioFp16: b.ioFp16,
+  };
+  const text = b.workflow === "torch-trt" ? torchTrtScript(scriptInputs) : tfTrtScript(scriptInputs);
+  const path = join("recipes", `${b.tritonModel}.py`);
+  const scriptPath = join(b.options.out, path);
+  const command = ["python", scriptPath].map(shellQuote).join(" ");
+  const image = WORKFLOW_RULES[b.workflow].container(b.release);
+  // HOME=/tmp: as the caller's user the container has no writable home for the weights' download cache.
+  const inContainer = `docker run --gpus all --rm --user "$(id -u):$(id -g)" -e HOME=/tmp -v "$PWD:/work" -w /work ${image} ${command}`;
+  return { script: { path, text }, command, args: [scriptPath], steps: [command], docker: [inContainer] };
+}
+
+/** The workflow, checked, and the names Triton gives the model's tensors under it. */
+function workflowOf(options: TrtPlanOptions, config: ModelConfig, ioFp16: boolean) {
+  const workflow = options.workflow ?? "trtexec";
+  if (!TRT_WORKFLOWS.includes(workflow)) {
+    throw new TrtPlanError(`workflow must be one of ${TRT_WORKFLOWS.join(", ")}, got ${workflow}`);
+  }
+  if (workflow === "trtexec") return { workflow, remote: config };
+  if (workflow === "tf-trt" && ioFp16) {
+    throw new TrtPlanError("--io-fp16: the tf-trt recipe's signature is FP32 (TF-TRT keeps it); drop --io-fp16");
+  }
+  if (config.input.length !== 1 || config.input[0]!.dims.length !== 3) {
+    throw new TrtPlanError(
+      `${options.config}: the ${workflow} recipe builds ResNet-50 from one CHW image input, got ${config.input.length} input(s)`,
+    );
+  }
+  const names = remoteTensorNames(
+    workflow,
+    config.input.map((t) => t.name),
+    config.output.map((t) => t.name),
+  );
+  if (!names) {
+    throw new TrtPlanError(`${options.config}: the ${workflow} recipe's signature has one input and one output`);
+  }
+  const remote: ModelConfig = {
+    ...config,
+    input: config.input.map((t, i) => ({ ...t, name: names.inputs[i]! })),
+    output: config.output.map((t, i) => ({ ...t, name: names.outputs[i]! })),
+  };
+  return { workflow, remote };
 }
 
 /** Computes the command and the files; writes nothing. */
@@ -339,11 +451,13 @@ export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
       `${options.ensemble}: no ensemble step runs ${config.name} (steps: ${step.map((s) => s.modelName).join(", ") || "none"})`,
     );
   }
+  const { workflow, remote } = workflowOf(options, config, ioFp16);
+  const rules = WORKFLOW_RULES[workflow];
 
-  const tritonModel = options.tritonModel ?? TRT_NAMES.tritonModel;
-  const bridgeModel = `${config.name}${TRT_NAMES.bridgeSuffix}`;
-  const ensembleModel = `${ensemble.name}${TRT_NAMES.bridgeSuffix}`;
-  const enginePath = join(options.out, TRT_NAMES.tritonDir, tritonModel, "1", "model.plan");
+  const tritonModel = options.tritonModel ?? TRT_NAMES.tritonModel.replace(/_trt$/, rules.suffix);
+  const bridgeModel = `${config.name}${rules.suffix}`;
+  const ensembleModel = `${ensemble.name}${rules.suffix}`;
+  const enginePath = join(options.out, TRT_NAMES.tritonDir, tritonModel, "1", rules.modelFile);
 
   const shapes: TrtPlan["shapes"] = {};
   for (const input of config.input) {
@@ -354,14 +468,30 @@ export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
     };
   }
   const inputs: BuildInputs = { options, release, tensorrt, fp16, ioFp16, tritonModel, enginePath, shapes };
-  const tritonConfig = tritonConfigText(inputs, config, batch);
-  const bridgeConfig = bridgeConfigText(inputs, config, bridgeModel);
-  const ensembleConfig = ensembleConfigText(ensemble, ensembleModel, config, bridgeModel, step);
+  const framework = workflow === "trtexec" ? undefined : { ...inputs, workflow };
+  const tritonConfig = framework
+    ? frameworkTritonConfigText(framework, remote, batch)
+    : tritonConfigText(inputs, config, batch);
+  const bridgeConfig = bridgeConfigText(inputs, remote, bridgeModel);
+  const localToRemote = new Map(
+    [...config.input, ...config.output].map((t, i) => [t.name, [...remote.input, ...remote.output][i]!.name]),
+  );
+  const ensembleConfig = ensembleConfigText(
+    ensemble,
+    ensembleModel,
+    config,
+    bridgeModel,
+    step,
+    (name) => localToRemote.get(name) ?? name,
+  );
+  const frameworkSteps = framework ? frameworkBuild(framework, config, batch) : undefined;
+  const build = frameworkSteps ?? buildCommands(inputs);
 
   return {
+    workflow,
     release,
     tensorrt,
-    ...buildCommands(inputs),
+    ...build,
     enginePath,
     shapes,
     files: [
@@ -371,6 +501,7 @@ export async function planTrt(options: TrtPlanOptions): Promise<TrtPlan> {
       { path: join(TRT_NAMES.trellisDir, bridgeModel, "1", ".gitkeep"), text: "" },
       { path: join(TRT_NAMES.trellisDir, ensembleModel, "config.pbtxt"), text: ensembleConfig },
       { path: join(TRT_NAMES.trellisDir, ensembleModel, "1", ".gitkeep"), text: "" },
+      ...(frameworkSteps ? [frameworkSteps.script] : []),
     ],
   };
 }

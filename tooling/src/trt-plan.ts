@@ -1,11 +1,12 @@
 #!/usr/bin/env node
-// CLI: pnpm trt:plan [--release yy.mm] [--tensorrt 8|10|11] [--io-fp16] [--onnx FILE] [--out DIR] ...
+// CLI: pnpm trt:plan [--workflow trtexec|torch-trt|tf-trt] [--release yy.mm] [--tensorrt 8|10|11] [--io-fp16] [--onnx FILE] [--out DIR] ...
 // Prints the commands that build the engine (for that release's TensorRT) and writes the GPU model repositories.
 import { join, relative } from "node:path";
 import { Command } from "commander";
 import { scriptArgv } from "./argv.js";
 import { DEFAULT_REPOSITORY } from "./paths.js";
 import { DEFAULT_RELEASE, planTrt, TRT_RELEASES, TrtPlanError, writeTrtPlan } from "./trt-plan-recipe.js";
+import { TRT_WORKFLOWS, type TrtWorkflow } from "./trt-plan-workflows.js";
 
 // pnpm runs scripts in tooling/; paths on the command line mean the caller's directory.
 if (process.env.INIT_CWD) process.chdir(process.env.INIT_CWD);
@@ -19,6 +20,11 @@ const int = (v: string) => {
 const program = new Command("trt:plan")
   .description(
     "print the commands that build the TensorRT engine, and write the GPU model repositories (Triton + Trellis bridge)",
+  )
+  .option(
+    "--workflow <tool>",
+    `what builds the optimised model: ${TRT_WORKFLOWS.join(" | ")} (tensorrt_plan, pytorch_libtorch, tensorflow_savedmodel in Triton)`,
+    "trtexec",
   )
   .option(
     "--release <yy.mm>",
@@ -46,7 +52,7 @@ const program = new Command("trt:plan")
     "GPU repositories root (writes <out>/triton and <out>/trellis)",
     rel(join(DEFAULT_REPOSITORY, "gpu")),
   )
-  .option("--triton-model <name>", "engine's model name in Triton", "resnet50_trt")
+  .option("--triton-model <name>", "model name in Triton (default resnet50_trt, resnet50_torchtrt or resnet50_tftrt)")
   .option("--endpoint <url>", "Triton's gRPC URL, as the bridge reaches it", "http://127.0.0.1:8101")
   .option("--min-batch <n>", "profile min batch (default 1)", int)
   .option("--opt-batch <n>", "profile opt batch (default max_batch_size)", int)
@@ -60,7 +66,7 @@ const o = program.opts<{
   config: string;
   ensemble: string;
   out: string;
-  tritonModel: string;
+  tritonModel?: string;
   endpoint: string;
   minBatch?: number;
   optBatch?: number;
@@ -72,6 +78,7 @@ const o = program.opts<{
   ioFp16: boolean;
   workspace?: number;
   dryRun: boolean;
+  workflow: TrtWorkflow;
 }>();
 
 try {
@@ -80,11 +87,18 @@ try {
     const written = await writeTrtPlan(plan, o.out);
     for (const p of written) console.error(`wrote ${rel(p)}`);
   }
-  console.error(
-    `build the engine on the GPU machine with TensorRT ${plan.tensorrt}.x (release ${plan.release}: the TensorRT of the Triton that serves it):`,
-  );
-  for (const step of plan.steps) console.log(step);
-  console.error(`or in NVIDIA's TensorRT container of release ${plan.release}:`);
+  if (plan.script) {
+    console.error(`build script (${rel(join(o.out, plan.script.path))}), run on the GPU machine:`);
+    console.error(plan.script.text);
+    for (const step of plan.steps) console.log(step);
+    console.error(`or in NVIDIA's framework container of release ${plan.release}:`);
+  } else {
+    console.error(
+      `build the engine on the GPU machine with TensorRT ${plan.tensorrt}.x (release ${plan.release}: the TensorRT of the Triton that serves it):`,
+    );
+    for (const step of plan.steps) console.log(step);
+    console.error(`or in NVIDIA's TensorRT container of release ${plan.release}:`);
+  }
   for (const step of plan.docker) console.error(step);
 } catch (err) {
   if (err instanceof TrtPlanError || (err instanceof Error && err.name === "ModelConfigError")) {
