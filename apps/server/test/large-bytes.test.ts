@@ -9,7 +9,7 @@
 import { readFileSync } from "node:fs";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { GRPCInferenceService, type ModelInferRequest } from "@trellis/protocol";
+import { GRPCInferenceService } from "@trellis/protocol";
 import { identityModel, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { makeRepository } from "./helpers.js";
@@ -32,9 +32,9 @@ function framed(count: number): Buffer {
   return raw;
 }
 
-const request = (raw: Uint8Array, count: number): Partial<ModelInferRequest> => ({
+const request = (raw: Uint8Array, count: number) => ({
   modelName: "ident_bytes",
-  inputs: [{ name: "IN", datatype: "BYTES", shape: [BigInt(count)], parameters: {} }] as ModelInferRequest["inputs"],
+  inputs: [{ name: "IN", datatype: "BYTES", shape: [BigInt(count)] }],
   rawInputContents: [raw],
 });
 
