@@ -39,8 +39,10 @@ const LAYERS = {
   "@trellis/frontends": [...CONTRACT, "@trellis/kserve"],
   "@trellis/inference-onnx": SERVING,
   "@trellis/inference-trt-bridge": SERVING,
+  "@trellis/backend-python": SERVING,
   "@trellis/model-repository": [
     ...SERVING,
+    "@trellis/backend-python",
     "@trellis/inference-onnx",
     "@trellis/inference-trt-bridge",
     "@trellis/preprocess",

@@ -62,6 +62,8 @@ export interface LoadStageOptions {
   cpuGate?: CpuGate;
   /** The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size); 0: none. */
   defaultMaxQueueSize?: number;
+  /** Python models (backend "python"): which python3 runs them (--python-executable), each execution's deadline. */
+  python?: { pythonExecutable?: string; executeTimeoutMs?: number };
   logger?: StageLogger;
 }
 
@@ -323,14 +325,19 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
     return serveTypescript(made, model, options);
   }
   if (backend === "python") {
-    const replacement = trellisReplacement(config);
-    throw new StageError(
-      Code.InvalidArgument,
-      model.name,
-      replacement
-        ? `backend "python" is not supported: Trellis runs TypeScript stages, and ${replacement} does what this model's model.py does. In config.pbtxt, replace backend: "python" with the lines: backend: "typescript" parameters { key: "module" value: { string_value: "${replacement}" } }`
-        : `backend "python" is not supported: Trellis runs TypeScript stages. Set backend: "typescript" and either parameters { key: "module" value: { string_value: "<stage package>" } } or put a model.js exporting createStage(options) in the version folder ${version} (the TypeScript counterpart of model.py)`,
-    );
+    // Triton's Python backend, as a migration bridge: model.py runs only from this repository folder.
+    const { createPythonBackend, pythonModelFile } = await import("@trellis/backend-python");
+    if (!(await exists(pythonModelFile(config, model.modelDir, version))))
+      throw pythonRefusal(config, model.name, version);
+    const python = await createPythonBackend({
+      config,
+      modelDir: model.modelDir,
+      version,
+      ...(options.python ?? {}),
+      ...(options.models ? { models: options.models } : {}),
+      ...(logger ? { logger } : {}),
+    });
+    return serveModel({ config, version, backend: python }, model, options);
   }
   const what = backend ? `backend "${backend}"` : config.platform ? `platform "${config.platform}"` : "no backend";
   throw new StageError(
@@ -452,6 +459,19 @@ function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions
     }
     return stage;
   };
+}
+
+/** A Python model without its model file: where its TypeScript counterpart goes. */
+function pythonRefusal(config: ModelConfig, name: string, version: string): StageError {
+  const replacement = trellisReplacement(config);
+  const file = config.defaultModelFilename || "model.py";
+  return new StageError(
+    Code.InvalidArgument,
+    name,
+    replacement
+      ? `backend "python" needs ${file} in the version folder ${version}; ${replacement} does what this model's model.py does: in config.pbtxt, replace backend: "python" with the lines: backend: "typescript" parameters { key: "module" value: { string_value: "${replacement}" } }`
+      : `backend "python" needs ${file} in the version folder ${version}; or set backend: "typescript" and either parameters { key: "module" value: { string_value: "<stage package>" } } or put a model.js exporting createStage(options) in the version folder ${version} (the TypeScript counterpart of model.py)`,
+  );
 }
 
 /**

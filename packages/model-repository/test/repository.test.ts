@@ -69,7 +69,7 @@ const files: Record<string, string> = {
   "chain/config.pbtxt": chain(),
   "chain/1/.keep": "",
   "legacy/config.pbtxt": unary("legacy", `backend: "python"`),
-  "legacy/1/model.py": "",
+  "legacy/1/.keep": "",
   "tf/config.pbtxt": unary("tf", `platform: "tensorflow_savedmodel"`),
   "tf/1/.keep": "",
   "nomodule/config.pbtxt": unary("nomodule", `backend: "typescript"`),
@@ -334,7 +334,7 @@ ensemble_scheduling { step [ { model_name: "decoupled_ts" model_version: -1 inpu
   it("refuses python and unknown backends with directions", async () => {
     const py = await loadStage(await find("legacy"), { version: "1" }).catch((e) => e);
     expect(py.code).toBe(Code.InvalidArgument);
-    expect(py.rawMessage).toContain('backend "python" is not supported');
+    expect(py.rawMessage).toContain('backend "python" needs model.py in the version folder 1');
     expect(py.rawMessage).toContain('backend: "typescript"');
     const tf = await loadStage(await find("tf"), { version: "1" }).catch((e) => e);
     expect(tf.rawMessage).toContain('unsupported platform "tensorflow_savedmodel"');

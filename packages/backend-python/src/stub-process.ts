@@ -1,0 +1,231 @@
+/**
+ * One model instance: a python3 process running stub.py, answering one execution at a time.
+ * A crash (exit) or a hang (the execution's deadline) fails that execution UNAVAILABLE naming
+ * the model; the next execution starts a fresh process (the instance restarted).
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import type { InferRequest, ModelCaller, Tensor } from "@trellis/stage";
+import { Code, StageError } from "@trellis/stage";
+import { decodeTensor, encodeFrame, encodeTensors, type Frame, FrameReader, type TensorMeta } from "./frames.js";
+
+export const STUB_PATH = fileURLToPath(new URL("../python/stub.py", import.meta.url));
+
+export interface StubOptions {
+  modelName: string;
+  pythonExecutable: string;
+  /** initialize(args)'s dict, and the model file to load. */
+  initialize: Record<string, string>;
+  modelFile: string;
+  /** Longest one execution (or the load) may take before the process is killed. */
+  executeTimeoutMs: number;
+  maxFrameBytes: number;
+  models?: ModelCaller;
+  onLog?: (line: string) => void;
+}
+
+export type StubAnswer = Tensor[] | Error;
+
+type Waiter = { resolve(frame: Frame): void; reject(error: Error): void };
+
+export class StubProcess {
+  private child: ChildProcess | undefined;
+  private waiter: Waiter | undefined;
+  private stderrTail = "";
+  private starting: Promise<void> | undefined;
+  /** How many processes this instance has started (1 + restarts). */
+  starts = 0;
+
+  constructor(private readonly options: StubOptions) {}
+
+  /** Starts the process and loads the model, or throws with the traceback's last lines. */
+  start(): Promise<void> {
+    this.starting ??= this.launch().catch((e: unknown) => {
+      this.starting = undefined;
+      throw e;
+    });
+    return this.starting;
+  }
+
+  private async launch(): Promise<void> {
+    const { options } = this;
+    this.starts += 1;
+    const child = spawn(options.pythonExecutable, ["-u", STUB_PATH], { stdio: ["pipe", "pipe", "pipe"] });
+    this.child = child;
+    const reader = new FrameReader(options.maxFrameBytes);
+    const spawned = new Promise<void>((resolve, reject) => {
+      child.once("spawn", resolve);
+      child.once("error", (e: NodeJS.ErrnoException) => {
+        if (this.child === child) this.child = undefined;
+        reject(
+          new StageError(
+            Code.Unavailable,
+            options.modelName,
+            e.code === "ENOENT"
+              ? `the Python executable "${options.pythonExecutable}" was not found (set --python-executable)`
+              : `the Python executable "${options.pythonExecutable}" could not start: ${e.message}`,
+          ),
+        );
+      });
+    });
+    child.stdout?.on("data", (chunk: Buffer) => {
+      try {
+        for (const frame of reader.push(chunk)) this.deliver(frame);
+      } catch (e) {
+        this.fail(new StageError(Code.Internal, options.modelName, (e as Error).message));
+        this.detach(child);
+        child.kill("SIGKILL");
+      }
+    });
+    child.stderr?.on("data", (chunk: Buffer) => {
+      const text = chunk.toString();
+      this.stderrTail = (this.stderrTail + text).slice(-4000);
+      options.onLog?.(text);
+    });
+    child.on("exit", (code, signal) => {
+      // A process already stopped (its deadline passed) has failed its execution already.
+      if (this.child !== child) return;
+      this.detach(child);
+      this.fail(
+        new StageError(
+          Code.Unavailable,
+          options.modelName,
+          `model "${options.modelName}": its Python process exited (${signal ?? `code ${code}`}); the instance restarts for the next request`,
+        ),
+      );
+    });
+    child.stdin?.on("error", () => {});
+    await spawned;
+    const answer = await this.exchange(
+      { type: "init", model_file: options.modelFile, initialize: options.initialize },
+      [],
+    );
+    if (answer.header.type === "load_failed") {
+      child.kill("SIGKILL");
+      throw new StageError(
+        Code.InvalidArgument,
+        options.modelName,
+        `model.py failed to load: ${String(answer.header.message)}`,
+      );
+    }
+  }
+
+  private deliver(frame: Frame): void {
+    if (frame.header.type === "bls") {
+      void this.answerBls(frame);
+      return;
+    }
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.resolve(frame);
+  }
+
+  /** The next execution starts a fresh process; this one's late output and exit are ignored. */
+  private detach(child: ChildProcess): void {
+    if (this.child !== child) return;
+    this.child = undefined;
+    this.starting = undefined;
+  }
+
+  private fail(error: Error): void {
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.reject(error);
+  }
+
+  /** Sends one frame and waits for the stub's answer, killing the process past the deadline. */
+  private exchange(header: object, parts: Uint8Array[]): Promise<Frame> {
+    const child = this.child;
+    if (!child?.stdin)
+      return Promise.reject(
+        new StageError(Code.Unavailable, this.options.modelName, "its Python process is not running"),
+      );
+    return new Promise<Frame>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.fail(
+          new StageError(
+            Code.Unavailable,
+            this.options.modelName,
+            `model "${this.options.modelName}": its Python process gave no answer within ${this.options.executeTimeoutMs} ms and was stopped; the instance restarts for the next request`,
+          ),
+        );
+        this.detach(child);
+        child.kill("SIGKILL");
+      }, this.options.executeTimeoutMs);
+      this.waiter = {
+        resolve: (f) => {
+          clearTimeout(timer);
+          resolve(f);
+        },
+        reject: (e) => {
+          clearTimeout(timer);
+          reject(e);
+        },
+      };
+      child.stdin?.write(encodeFrame(header, parts));
+    });
+  }
+
+  /** Runs `execute(requests)` in the stub: each request's outputs, or an error of its own. */
+  async execute(requests: readonly InferRequest[]): Promise<StubAnswer[]> {
+    await this.start();
+    const parts: Uint8Array[] = [];
+    let offset = 0;
+    const wire = requests.map((r, i) => {
+      const inputs = encodeTensors(r.inputs, parts, offset);
+      offset = parts.reduce((n, p) => n + p.byteLength, 0);
+      return { id: r.id ?? String(i), inputs, outputs: (r.outputs ?? []).map((o) => o.name) };
+    });
+    const frame = await this.exchange({ type: "execute", id: 1, requests: wire }, parts);
+    const name = this.options.modelName;
+    if (frame.header.type === "failed") {
+      const error = new StageError(Code.Internal, name, String(frame.header.message));
+      return requests.map(() => error);
+    }
+    const responses = (frame.header.responses ?? []) as { outputs?: TensorMeta[]; error?: string }[];
+    if (responses.length !== requests.length) {
+      const error = new StageError(
+        Code.Internal,
+        name,
+        `model "${name}": execute() returned ${responses.length} responses for ${requests.length} requests`,
+      );
+      return requests.map(() => error);
+    }
+    return responses.map((r) =>
+      r.error !== undefined
+        ? new StageError(Code.Internal, name, r.error)
+        : (r.outputs ?? []).map((m) => decodeTensor(m, frame.body)),
+    );
+  }
+
+  /** A BLS request from the model: run by the server's models, answered on the same pipe. */
+  private async answerBls(frame: Frame): Promise<void> {
+    const { header, body } = frame;
+    const child = this.child;
+    let reply: Buffer;
+    try {
+      if (!this.options.models) throw new Error("BLS needs the server's models");
+      const inputs = (header.inputs as TensorMeta[]).map((m) => decodeTensor(m, body));
+      const outputs = (header.outputs as string[]).map((name) => ({ name }));
+      const version = typeof header.version === "string" && header.version ? { version: header.version } : {};
+      const answer = await this.options.models.infer(String(header.model), { inputs, outputs }, version);
+      const parts: Uint8Array[] = [];
+      reply = encodeFrame({ type: "bls_result", outputs: encodeTensors(answer.outputs, parts) }, parts);
+    } catch (e) {
+      reply = encodeFrame({ type: "bls_result", error: (e as Error).message });
+    }
+    child?.stdin?.write(reply);
+  }
+
+  /** Calls finalize() and ends the process (killed if it does not end in time). */
+  async close(): Promise<void> {
+    const child = this.child;
+    if (!child) return;
+    try {
+      await this.exchange({ type: "finalize" }, []);
+    } catch {
+      // A process that cannot finalize is stopped below all the same.
+    }
+    child.kill("SIGKILL");
+  }
+}
