@@ -6,7 +6,7 @@
  * Run: node apps/server/dist/bench/large-bytes.js (after pnpm build). LARGE_BYTES_MAIN runs
  * another build's dist/main.js (the commit before, say) for a before/after.
  */
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -63,7 +63,8 @@ try {
   console.log(`one request: ${await one()}; server VmHWM ${peakMiB()} MiB`);
   for (const n of CONCURRENCY) {
     const outcomes = await Promise.all(Array.from({ length: n }, one));
-    const alive = server.proc.exitCode === null && server.proc.signalCode === null;
+    // /proc/<pid> goes with the process, before its exit event may have arrived here.
+    const alive = existsSync(`/proc/${server.proc.pid}/status`) && server.proc.exitCode === null;
     console.log(`${n} at once: ${outcomes.join(", ")}; server ${alive ? `alive, VmHWM ${peakMiB()} MiB` : "DEAD"}`);
     if (!alive) break;
   }
