@@ -94,6 +94,7 @@ async function repositoryManager(settings: Settings, logger: Logger, responseCac
     maxInstancesPerModel: flags.maxInstancesPerModel,
     maxLoadFiles: flags.maxLoadFiles,
     maxLoadBytes: flags.maxLoadBytes,
+    python: { pythonExecutable: flags.pythonExecutable },
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });

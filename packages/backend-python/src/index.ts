@@ -4,11 +4,11 @@
  * TritonPythonModel; the model runtime batches, checks and counts as for any backend, and this
  * backend only runs `execute(requests)` and answers each request.
  */
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelInstanceGroup_Kind } from "@trellis/protocol";
 import { instanceCount, type ModelBackend } from "@trellis/runtime";
-import type { ModelCaller, StageLogger } from "@trellis/stage";
+import { Code, type ModelCaller, StageError, type StageLogger } from "@trellis/stage";
 import { StubProcess } from "./stub-process.js";
 
 export { STUB_PATH } from "./stub-process.js";
@@ -31,7 +31,11 @@ export interface PythonBackendOptions {
 
 /** The model file: default_model_filename, else model.py, in the version folder. */
 export function pythonModelFile(config: ModelConfig, modelDir: string, version: string): string {
-  return join(modelDir, version, config.defaultModelFilename || "model.py");
+  const file = config.defaultModelFilename || "model.py";
+  // Only a file of the version folder itself: never a path out of the repository.
+  if (file !== basename(file) || file === ".." || file.includes("\\"))
+    throw new StageError(Code.InvalidArgument, config.name, `default_model_filename "${file}" must be a file name in the version folder`);
+  return join(modelDir, version, file);
 }
 
 /** initialize(args) as Triton's python backend fills it. */

@@ -69,6 +69,8 @@ export interface RepositoryManagerOptions {
   rateLimiter?: RateLimiter;
   /** Queue bound of a model whose config sets no max_queue_size (--default-max-queue-size; 0: unbounded; default DEFAULT_MAX_QUEUE_SIZE). */
   defaultMaxQueueSize?: number;
+  /** Python models (backend "python"): which python3 runs them (--python-executable), each execution's deadline. */
+  python?: LoadStageOptions["python"];
   /**
    * Lets a load request's overrides upload executable code and change a model's `parameters`
    * (which name code, files and endpoints): --allow-unsafe-load-overrides, default false.
@@ -89,8 +91,8 @@ export const DEFAULT_MAX_LOAD_BYTES = 1024 * 1024 * 1024;
 /** How many of a load's files are written at once. */
 const LOAD_WRITE_CONCURRENCY = 16;
 
-/** Files a load request may not upload unless unsafe overrides are allowed: what Node or ORT would run. */
-const CODE_FILE = /\.(?:[cm]?[jt]s|node|wasm|so|dylib|dll)$/i;
+/** Files a load request may not upload unless unsafe overrides are allowed: what Node, ORT or Python would run. */
+const CODE_FILE = /\.(?:[cm]?[jt]s|node|wasm|so|dylib|dll|py[cdw]?|pth)$/i;
 
 interface VersionEntry {
   version: string;
@@ -156,8 +158,10 @@ export class RepositoryManager implements ModelRegistry {
       | "maxInstancesPerModel"
       | "maxLoadFiles"
       | "maxLoadBytes"
+      | "python"
     >
   > & {
+    python?: LoadStageOptions["python"];
     maxInstancesPerModel: number;
     maxLoadFiles: number;
     maxLoadBytes: number;
@@ -564,7 +568,13 @@ export class RepositoryManager implements ModelRegistry {
       );
     const code = Object.keys(files).find((path) => CODE_FILE.test(path));
     if (code !== undefined) throw refuse(`file override 'file:${code}' is executable code`);
-    const ours = this.models.get(name)?.model?.config.parameters ?? {};
+    const repository = this.models.get(name)?.model?.config;
+    if (
+      config.backend === "python" &&
+      (repository?.backend !== "python" || repository.defaultModelFilename !== config.defaultModelFilename)
+    )
+      throw refuse("the 'config' parameter makes the model run Python code its repository config does not name");
+    const ours = repository?.parameters ?? {};
     const theirs = config.parameters;
     const changed = [...new Set([...Object.keys(ours), ...Object.keys(theirs)])].filter(
       (key) => ours[key]?.stringValue !== theirs[key]?.stringValue,
@@ -698,6 +708,7 @@ export class RepositoryManager implements ModelRegistry {
         defaultMaxQueueSize: this.opts.defaultMaxQueueSize,
         cpuGate: this.cpuGate,
         models: this.modelCaller,
+        ...(this.opts.python ? { python: this.opts.python } : {}),
         logger: this.opts.logger,
       });
       try {

@@ -241,6 +241,11 @@ export const program = new Command("trellis-server")
     DEFAULT_MAX_LOAD_FILES,
   )
   .option(
+    "--python-executable <path>",
+    "the python3 that runs Python models (backend \"python\"), one process per instance; it needs numpy and what each model.py imports",
+    "python3",
+  )
+  .option(
     "--max-load-bytes <bytes>",
     "most bytes one model load request's file overrides may hold together (default 1 GiB); more are refused 400 / INVALID_ARGUMENT naming this flag, before anything is written",
     bytes,
@@ -541,6 +546,7 @@ export interface Flags extends TraceFlags {
   maxInstancesPerModel: number;
   maxLoadFiles: number;
   maxLoadBytes: number;
+  pythonExecutable: string;
   maxInflightDecompressedBytes: number;
   grpcMaxUnreadAnswerBytes: number;
   rateLimit: "off" | "execution_count";

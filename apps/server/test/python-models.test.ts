@@ -1,0 +1,160 @@
+/**
+ * Issue 42, black-box: the seed deployment's own Python models (../shared/fixtures/triton-python,
+ * .py files unchanged, instance_group count lowered in a config copy) served by the real server
+ * beside the shared MobileNetV2, against the TypeScript ensemble; a truncated JPEG failing only its
+ * own request; and the load API never running client-supplied Python.
+ */
+import { existsSync } from "node:fs";
+import { copyFile, readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { Code, type ConnectError } from "@connectrpc/connect";
+import {
+  fixturePhotos,
+  makeSeedRepository,
+  readFixtureImage,
+  removeDir,
+  type ServerProcess,
+  sharedDir,
+  startServerProcess,
+  TRUNCATED_PHOTO,
+} from "@trellis/testing";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { classifyOverHttp, explicitModels, grpcClientOf } from "./helpers.js";
+
+const PYTHON_MODELS = join(sharedDir, "fixtures", "triton-python");
+const ENSEMBLE = "resnet50_ensemble";
+const stringParam = (value: string) => ({ parameterChoice: { case: "stringParam" as const, value } });
+const bytesParam = (value: Uint8Array) => ({ parameterChoice: { case: "bytesParam" as const, value } });
+
+/** The seed's preprocess.py takes base64 text (as the seed's clients send); @trellis/preprocess takes it too. */
+const base64Of = (photo: string) => new TextEncoder().encode(Buffer.from(readFixtureImage(photo)).toString("base64"));
+const top5Labels = (answer: string) => (JSON.parse(answer) as { top5_labels: string[] }).top5_labels;
+/**
+ * The top-5 as (probability to 6 digits, label), ties in label order: the int8 model gives tied
+ * logits, which numpy's argsort and @trellis/postprocess order differently (see the README).
+ */
+function rankedTop5(answer: string): string[] {
+  const { top5_labels: labels, top5_probs: probs } = JSON.parse(answer) as {
+    top5_labels: string[];
+    top5_probs: number[];
+  };
+  return labels
+    .map((label, i) => ({ label, p: (probs[i] as number).toFixed(6) }))
+    .sort((a, b) => (a.p === b.p ? a.label.localeCompare(b.label) : Number(b.p) - Number(a.p)))
+    .map((x) => `${x.p} ${x.label}`);
+}
+
+let tsRepo: string;
+let pyRepo: string;
+let ts: ServerProcess;
+let py: ServerProcess;
+
+/** The seed repository with the two Python models put back as a Triton user's repository holds them. */
+async function pythonSeedRepository(): Promise<string> {
+  const repo = await makeSeedRepository({ prefix: "trellis-python-seed-" });
+  for (const [model, file] of [
+    ["resnet50_preprocess", "preprocess.py"],
+    ["resnet50_postprocess", "postprocess.py"],
+  ] as const) {
+    const config = await readFile(join(PYTHON_MODELS, model, "config.pbtxt"), "utf8");
+    // 32 processes per model is for a big machine; this one has 2 cores.
+    await writeFile(join(repo, model, "config.pbtxt"), config.replace(/count: 32/, "count: 2"));
+    await copyFile(join(PYTHON_MODELS, model, "1", file), join(repo, model, "1", file));
+  }
+  return repo;
+}
+
+beforeAll(async () => {
+  [tsRepo, pyRepo] = await Promise.all([makeSeedRepository({ prefix: "trellis-ts-seed-" }), pythonSeedRepository()]);
+  [ts, py] = await Promise.all([
+    startServerProcess(["--model-repository", tsRepo]),
+    startServerProcess([...explicitModels(pyRepo, ENSEMBLE), "--python-executable", "/usr/bin/python3"]),
+  ]);
+}, 120_000);
+afterAll(async () => {
+  expect(await ts?.stop()).toBe(0);
+  expect(await py?.stop()).toBe(0);
+  await Promise.all([removeDir(tsRepo), removeDir(pyRepo)]);
+});
+
+describe("the seed ensemble with its Python models", () => {
+  it("classifies every shared photo with the TypeScript ensemble's top-5", async () => {
+    const photos = fixturePhotos();
+    const differing: string[] = [];
+    expect(photos.length).toBeGreaterThanOrEqual(13);
+    for (const photo of photos) {
+      const [fromPython, fromTypescript] = await Promise.all([
+        classifyOverHttp(py.http, base64Of(photo), ENSEMBLE),
+        classifyOverHttp(ts.http, base64Of(photo), ENSEMBLE),
+      ]);
+      const [p, t] = [rankedTop5(fromPython), rankedTop5(fromTypescript)];
+      // The same five probabilities; the same labels above the fifth's, whose tie (if any) may pick others.
+      expect(
+        p.map((x) => x.slice(0, 8)),
+        photo,
+      ).toEqual(t.map((x) => x.slice(0, 8)));
+      const cut = (list: string[]) => list.filter((x) => x.slice(0, 8) !== (list[4] as string).slice(0, 8));
+      expect(cut(p), photo).toEqual(cut(t));
+      if (fromPython !== fromTypescript) differing.push(photo);
+    }
+    // Not byte-identical where logits tie (numpy's argsort order) or a float differs in its last digit.
+    console.log(
+      `python vs typescript ensemble: ${photos.length - differing.length}/${photos.length} answers byte-identical; differing: ${differing.join(", ")}`,
+    );
+  }, 120_000);
+
+  it("fails only truncated.jpg's request, with preprocess.py's own error, among good ones in flight", async () => {
+    const good = fixturePhotos().slice(0, 8);
+    const results = await Promise.allSettled([
+      classifyOverHttp(py.http, base64Of(TRUNCATED_PHOTO), ENSEMBLE),
+      ...good.map((p) => classifyOverHttp(py.http, base64Of(p), ENSEMBLE)),
+    ]);
+    expect(results[0]?.status).toBe("rejected");
+    expect(String((results[0] as PromiseRejectedResult).reason)).toContain("object has no attribute 'img_size'");
+    const failedGood = results.slice(1).filter((r) => r.status === "rejected");
+    expect(failedGood).toEqual([]);
+  }, 60_000);
+});
+
+describe("the load API and Python", () => {
+  it("never runs uploaded Python: a model.py upload, nor a config naming an uploaded file", async () => {
+    const client = grpcClientOf(py);
+    const marker = join(pyRepo, "ran.txt");
+    const source = new TextEncoder().encode(`open(${JSON.stringify(marker)}, "w").write("ran")\n`);
+    const config = (file?: string) =>
+      JSON.stringify({ name: "uploaded", backend: "python", ...(file ? { default_model_filename: file } : {}) });
+    const attempts = [
+      { config: config(), file: "1/model.py", words: "file override 'file:1/model.py' is executable code" },
+      {
+        config: config("notes.txt"),
+        file: "1/notes.txt",
+        words: "the 'config' parameter makes the model run Python code its repository config does not name",
+      },
+    ];
+    for (const attempt of attempts) {
+      const err = await client
+        .repositoryModelLoad({
+          modelName: "uploaded",
+          parameters: { config: stringParam(attempt.config), [`file:${attempt.file}`]: bytesParam(source) },
+        })
+        .catch((e: unknown) => e);
+      expect((err as ConnectError).code).toBe(Code.PermissionDenied);
+      expect((err as ConnectError).rawMessage).toContain(attempt.words);
+    }
+    // An override of a repository Python model may not point it at another file either.
+    const repointed = await client
+      .repositoryModelLoad({
+        modelName: "resnet50_postprocess",
+        parameters: {
+          config: stringParam(
+            JSON.stringify({ name: "resnet50_postprocess", backend: "python", default_model_filename: "other.py" }),
+          ),
+        },
+      })
+      .catch((e: unknown) => e);
+    expect((repointed as ConnectError).code).toBe(Code.PermissionDenied);
+    expect(existsSync(marker)).toBe(false);
+    // The served Python models answer all the same.
+    expect(top5Labels(await classifyOverHttp(py.http, base64Of("chelsea.jpg"), ENSEMBLE))).toHaveLength(5);
+  });
+});
