@@ -19,6 +19,7 @@ import {
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { formatAgreement, shadowCompare } from "../tools/shadow-compare.js";
 import { classifyOverHttp, explicitModels, grpcClientOf } from "./helpers.js";
 
 const PYTHON_MODELS = join(sharedDir, "fixtures", "triton-python");
@@ -114,6 +115,29 @@ describe("the seed ensemble with its Python models", () => {
     const failedGood = results.slice(1).filter((r) => r.status === "rejected");
     expect(failedGood).toEqual([]);
   }, 60_000);
+});
+
+describe("shadow mode", () => {
+  it("preprocess.py and @trellis/preprocess (seed mode) agree to max |Δ| 0 on every shared photo", async () => {
+    const photos = fixturePhotos();
+    const rows = await shadowCompare({
+      pythonRepository: pyRepo,
+      typescriptRepository: tsRepo,
+      images: photos.map((p) => readFixtureImage(p)),
+      pythonExecutable: "/usr/bin/python3",
+    });
+    console.log(formatAgreement(rows));
+    const pre = rows.find((r) => r.output === "resnet50_preprocess.PREPROCESSED_IMAGE");
+    expect(pre).toMatchObject({
+      requests: photos.length,
+      elements: photos.length * 3 * 224 * 224,
+      mismatching: 0,
+      maxAbsDelta: 0,
+    });
+    const post = rows.find((r) => r.output === "resnet50_postprocess.OUTPUT_RESULTS");
+    // Compared string by string; how many differ is the figure the report gives (see the README).
+    expect(post).toMatchObject({ requests: photos.length, elements: photos.length });
+  }, 120_000);
 });
 
 describe("the load API and Python", () => {

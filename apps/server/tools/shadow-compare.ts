@@ -1,0 +1,127 @@
+/**
+ * Shadow comparison of a Triton Python model with its TypeScript replacement: both run on the same
+ * inputs and every output is compared, numbers by max |Δ| and mismatching elements, strings by
+ * exact equality. Run on the seed's chain (preprocess -> inference -> postprocess): each image
+ * goes through both preprocesses, the Python one's tensor through the ONNX model, and those logits
+ * through both postprocesses, so each pair sees exactly the same input.
+ */
+import { loadModel } from "@trellis/model-repository";
+import { bytesTensor, type InferResponse, type Stage, type Tensor } from "@trellis/stage";
+
+export interface OutputAgreement {
+  /** `<model>.<output>` */
+  output: string;
+  /** Requests compared. */
+  requests: number;
+  elements: number;
+  /** Numbers: elements whose values differ; strings: elements whose bytes differ. */
+  mismatching: number;
+  /** Numbers only: the largest |python - typescript|. */
+  maxAbsDelta?: number;
+}
+
+export interface ShadowOptions {
+  /** The Triton repository with the Python models (and the ONNX model between them). */
+  pythonRepository: string;
+  /** The repository with their TypeScript replacements under the same names. */
+  typescriptRepository: string;
+  /** Encoded images; each is sent as base64 text, as the seed's clients send it. */
+  images: readonly Uint8Array[];
+  pythonExecutable?: string;
+  models?: { preprocess: string; inference: string; postprocess: string };
+}
+
+const SEED = {
+  preprocess: "resnet50_preprocess",
+  inference: "resnet50_inference",
+  postprocess: "resnet50_postprocess",
+};
+
+/** Adds one pair of answers to the running agreement of each output. */
+export function compareAnswers(
+  model: string,
+  python: InferResponse,
+  typescript: InferResponse,
+  into: Map<string, OutputAgreement>,
+) {
+  for (const p of python.outputs) {
+    const t = typescript.outputs.find((o) => o.name === p.name);
+    const key = `${model}.${p.name}`;
+    const row = into.get(key) ?? { output: key, requests: 0, elements: 0, mismatching: 0 };
+    into.set(key, row);
+    row.requests += 1;
+    if (!t) throw new Error(`${key}: the TypeScript model gave no output ${p.name}`);
+    compareTensors(p, t, row);
+  }
+}
+
+function compareTensors(p: Tensor, t: Tensor, row: OutputAgreement): void {
+  const pd = p.data as ArrayLike<unknown>;
+  const td = t.data as ArrayLike<unknown>;
+  if (pd.length !== td.length)
+    throw new Error(`${row.output}: ${pd.length} elements from Python, ${td.length} from TypeScript`);
+  row.elements += pd.length;
+  if (p.datatype === "BYTES") {
+    for (let i = 0; i < pd.length; i++)
+      if (Buffer.compare(pd[i] as Uint8Array, td[i] as Uint8Array) !== 0) row.mismatching++;
+    return;
+  }
+  let max = row.maxAbsDelta ?? 0;
+  for (let i = 0; i < pd.length; i++) {
+    const d = Math.abs(Number(pd[i]) - Number(td[i]));
+    if (d !== 0 || Number.isNaN(d)) row.mismatching++;
+    if (d > max) max = d;
+  }
+  row.maxAbsDelta = max;
+}
+
+const request = (name: string, tensor: Tensor) => ({ inputs: [{ ...tensor, name }] });
+
+/** Runs the chain on every image and gives each output's agreement. */
+export async function shadowCompare(options: ShadowOptions): Promise<OutputAgreement[]> {
+  const names = options.models ?? SEED;
+  const python = options.pythonExecutable ? { python: { pythonExecutable: options.pythonExecutable } } : {};
+  const stages: Stage[] = [];
+  const load = async (repository: string, name: string) => {
+    const stage = await loadModel(repository, name, python);
+    stages.push(stage);
+    return stage;
+  };
+  try {
+    const pyPre = await load(options.pythonRepository, names.preprocess);
+    const tsPre = await load(options.typescriptRepository, names.preprocess);
+    const inference = await load(options.pythonRepository, names.inference);
+    const pyPost = await load(options.pythonRepository, names.postprocess);
+    const tsPost = await load(options.typescriptRepository, names.postprocess);
+    const rows = new Map<string, OutputAgreement>();
+    const inputName = (s: Stage) => s.config.input[0]?.name ?? "";
+    for (const image of options.images) {
+      const raw = bytesTensor(inputName(pyPre), [1, 1], [Buffer.from(image).toString("base64")]);
+      const [p, t] = await Promise.all([pyPre.infer({ inputs: [raw] }), tsPre.infer(request(inputName(tsPre), raw))]);
+      compareAnswers(names.preprocess, p, t, rows);
+      const logits = await inference.infer(request(inputName(inference), p.outputs[0] as Tensor));
+      const scores = logits.outputs[0] as Tensor;
+      const [pp, tp] = await Promise.all([
+        pyPost.infer(request(inputName(pyPost), scores)),
+        tsPost.infer(request(inputName(tsPost), scores)),
+      ]);
+      compareAnswers(names.postprocess, pp, tp, rows);
+    }
+    return [...rows.values()];
+  } finally {
+    await Promise.all(stages.map((s) => s.close()));
+  }
+}
+
+/** The agreement as a table, one row per output. */
+export function formatAgreement(rows: readonly OutputAgreement[]): string {
+  const lines = [
+    "| output | requests | elements | mismatching | max abs delta |",
+    "| --- | ---: | ---: | ---: | ---: |",
+  ];
+  for (const r of rows) {
+    const delta = r.maxAbsDelta === undefined ? "(strings: exact)" : String(r.maxAbsDelta);
+    lines.push(`| ${r.output} | ${r.requests} | ${r.elements} | ${r.mismatching} | ${delta} |`);
+  }
+  return lines.join("\n");
+}
