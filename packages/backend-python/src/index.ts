@@ -22,6 +22,8 @@ export interface PythonBackendOptions {
   pythonExecutable?: string;
   /** Longest one execution may take before its process is stopped and restarted; default 60 s. */
   executeTimeoutMs?: number;
+  /** Longest a process may take to load the model (imports, initialize); default 120 s. */
+  loadTimeoutMs?: number;
   /** Largest frame a stub may send; default 1 GiB. */
   maxFrameBytes?: number;
   /** The server's models, for BLS requests. */
@@ -34,7 +36,11 @@ export function pythonModelFile(config: ModelConfig, modelDir: string, version: 
   const file = config.defaultModelFilename || "model.py";
   // Only a file of the version folder itself: never a path out of the repository.
   if (file !== basename(file) || file === ".." || file.includes("\\"))
-    throw new StageError(Code.InvalidArgument, config.name, `default_model_filename "${file}" must be a file name in the version folder`);
+    throw new StageError(
+      Code.InvalidArgument,
+      config.name,
+      `default_model_filename "${file}" must be a file name in the version folder`,
+    );
   return join(modelDir, version, file);
 }
 
@@ -71,6 +77,7 @@ export async function createPythonBackend(options: PythonBackendOptions): Promis
         modelFile: pythonModelFile(config, modelDir, version),
         initialize: initializeArgs(config, modelDir, version, i),
         executeTimeoutMs: options.executeTimeoutMs ?? 60_000,
+        loadTimeoutMs: options.loadTimeoutMs ?? 120_000,
         maxFrameBytes: options.maxFrameBytes ?? 1 << 30,
         ...(options.models ? { models: options.models } : {}),
         onLog: (text) => options.logger?.info({ model: config.name }, text.trimEnd()),

@@ -17,8 +17,10 @@ export interface StubOptions {
   /** initialize(args)'s dict, and the model file to load. */
   initialize: Record<string, string>;
   modelFile: string;
-  /** Longest one execution (or the load) may take before the process is killed. */
+  /** Longest one execution may take before the process is killed. */
   executeTimeoutMs: number;
+  /** Longest the load (imports, initialize) may take, at start and at each restart. */
+  loadTimeoutMs: number;
   maxFrameBytes: number;
   models?: ModelCaller;
   onLog?: (line: string) => void;
@@ -134,7 +136,7 @@ export class StubProcess {
   }
 
   /** Sends one frame and waits for the stub's answer, killing the process past the deadline. */
-  private exchange(header: object, parts: Uint8Array[]): Promise<Frame> {
+  private exchange(header: object, parts: Uint8Array[], timeoutMs = this.options.executeTimeoutMs): Promise<Frame> {
     const child = this.child;
     if (!child?.stdin)
       return Promise.reject(
@@ -146,12 +148,12 @@ export class StubProcess {
           new StageError(
             Code.Unavailable,
             this.options.modelName,
-            `model "${this.options.modelName}": its Python process gave no answer within ${this.options.executeTimeoutMs} ms and was stopped; the instance restarts for the next request`,
+            `model "${this.options.modelName}": its Python process gave no answer within ${timeoutMs} ms and was stopped; the instance restarts for the next request`,
           ),
         );
         this.detach(child);
         child.kill("SIGKILL");
-      }, this.options.executeTimeoutMs);
+      }, timeoutMs);
       this.waiter = {
         resolve: (f) => {
           clearTimeout(timer);

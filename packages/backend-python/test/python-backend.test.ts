@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseModelConfig } from "@trellis/protocol";
 import { createModelRuntime, type ModelRuntime } from "@trellis/runtime";
-import { Code, type InferRequest, StageError, tensor } from "@trellis/stage";
+import { Code, type InferRequest, type ModelCaller, StageError, tensor } from "@trellis/stage";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPythonBackend, type PythonBackend } from "../src/index.js";
 
@@ -143,6 +143,57 @@ describe("a Python model", () => {
       expect(valuesOf(await served.runtime.infer(request(4)))).toEqual([8, 2]);
     }
     expect(served.backend.instanceStarts()[0]).toBe(before + 2);
+  }, 30_000);
+});
+
+// BLS: asks model "double" (through the server's models) and adds 1 to its answer; async_exec too.
+const BLS_MODEL = `import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            call = pb_utils.InferenceRequest(model_name="double", inputs=[pb_utils.Tensor("X", x.as_numpy())], requested_output_names=["Y"])
+            first = call.exec()
+            second = asyncio.run(call.async_exec())
+            missing = pb_utils.InferenceRequest(model_name="absent", inputs=[x], requested_output_names=["Y"]).exec()
+            if first.has_error() or second.has_error() or not missing.has_error():
+                raise pb_utils.TritonModelException("BLS answered wrongly")
+            y = pb_utils.get_output_tensor_by_name(first, "Y").as_numpy() + pb_utils.get_output_tensor_by_name(second, "Y").as_numpy()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", y)]))
+        return responses
+`;
+
+describe("BLS", () => {
+  it("calls another model through the server's models, exec and async_exec, and a missing model is an error response", async () => {
+    await writeModel("bls", BLS_MODEL);
+    const target = await serve("double");
+    const calls: string[] = [];
+    const models: ModelCaller = {
+      infer: (model, req) => {
+        calls.push(model);
+        if (model !== "double") return Promise.reject(new StageError(Code.NotFound, model, `no model "${model}"`));
+        return target.runtime.infer(req);
+      },
+      inferStream: () => {
+        throw new Error("not used");
+      },
+      isReady: async (model) => model === "double",
+    };
+    const config = parseModelConfig(CONFIG("bls"));
+    const modelDir = join(root, "bls");
+    const backend = await createPythonBackend({ config, modelDir, version: "1", models });
+    const runtime = await createModelRuntime({ config, backend, modelDir });
+    try {
+      expect(valuesOf(await runtime.infer(request(3, 4)))).toEqual([12, 16]);
+      expect(calls).toEqual(["double", "double", "absent"]);
+    } finally {
+      await runtime.close();
+      await target.runtime.close();
+    }
   }, 30_000);
 });
 
