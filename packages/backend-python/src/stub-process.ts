@@ -101,6 +101,7 @@ export class StubProcess {
     const answer = await this.exchange(
       { type: "init", model_file: options.modelFile, initialize: options.initialize },
       [],
+      options.loadTimeoutMs,
     );
     if (answer.header.type === "load_failed") {
       child.kill("SIGKILL");
