@@ -242,7 +242,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--python-executable <path>",
-    "the python3 that runs Python models (backend \"python\"), one process per instance; it needs numpy and what each model.py imports",
+    'the python3 that runs Python models (backend "python"), one process per instance; it needs numpy and what each model.py imports',
     "python3",
   )
   .option(
