@@ -94,7 +94,7 @@ async function repositoryManager(settings: Settings, logger: Logger, responseCac
     maxInstancesPerModel: flags.maxInstancesPerModel,
     maxLoadFiles: flags.maxLoadFiles,
     maxLoadBytes: flags.maxLoadBytes,
-    python: { pythonExecutable: flags.pythonExecutable },
+    python: { pythonExecutable: flags.pythonExecutable, executeTimeoutMs: flags.pythonExecuteTimeoutSecs * 1000 },
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });

@@ -5,7 +5,7 @@
  * own request; and the load API never running client-supplied Python.
  */
 import { existsSync } from "node:fs";
-import { copyFile, readFile, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Code, type ConnectError } from "@connectrpc/connect";
 import {
@@ -20,7 +20,7 @@ import {
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { formatAgreement, shadowCompare } from "../tools/shadow-compare.js";
-import { classifyOverHttp, explicitModels, grpcClientOf } from "./helpers.js";
+import { classifyOverHttp, explicitModels, grpcClientOf, postJson } from "./helpers.js";
 
 const PYTHON_MODELS = join(sharedDir, "fixtures", "triton-python");
 const ENSEMBLE = "resnet50_ensemble";
@@ -62,14 +62,55 @@ async function pythonSeedRepository(): Promise<string> {
     await writeFile(join(repo, model, "config.pbtxt"), config.replace(/count: 32/, "count: 2"));
     await copyFile(join(PYTHON_MODELS, model, "1", file), join(repo, model, "1", file));
   }
+  // A model.py failing on purpose: X[0] == 13 sleeps forever, 66 exits the process, 5 gets no response.
+  await mkdir(join(repo, "faulty", "1"), { recursive: true });
+  await writeFile(join(repo, "faulty", "config.pbtxt"), FAULTY_CONFIG);
+  await writeFile(join(repo, "faulty", "1", "model.py"), FAULTY_MODEL);
   return repo;
+}
+
+const FAULTY_CONFIG = `name: "faulty"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+`;
+const FAULTY_MODEL = `import os, time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x[0][0] == 13:
+                time.sleep(3600)
+            if x[0][0] == 66:
+                os._exit(1)
+            if x[0][0] == 5:
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x * 2)]))
+        return responses
+`;
+
+function inferFaulty(server: ServerProcess, first: number): ReturnType<typeof postJson> {
+  return postJson(`${server.http}/v2/models/faulty/infer`, {
+    inputs: [{ name: "X", datatype: "FP32", shape: [1, 2], data: [first, 1] }],
+  });
 }
 
 beforeAll(async () => {
   [tsRepo, pyRepo] = await Promise.all([makeSeedRepository({ prefix: "trellis-ts-seed-" }), pythonSeedRepository()]);
   [ts, py] = await Promise.all([
     startServerProcess(["--model-repository", tsRepo]),
-    startServerProcess([...explicitModels(pyRepo, ENSEMBLE), "--python-executable", "/usr/bin/python3"]),
+    startServerProcess([
+      ...explicitModels(pyRepo, ENSEMBLE, "faulty"),
+      "--python-executable",
+      "/usr/bin/python3",
+      "--python-execute-timeout-secs",
+      "3",
+    ]),
   ]);
 }, 120_000);
 afterAll(async () => {
@@ -114,6 +155,32 @@ describe("the seed ensemble with its Python models", () => {
     expect(String((results[0] as PromiseRejectedResult).reason)).toContain("object has no attribute 'img_size'");
     const failedGood = results.slice(1).filter((r) => r.status === "rejected");
     expect(failedGood).toEqual([]);
+  }, 60_000);
+});
+
+describe("a model.py that hangs, exits or answers too few", () => {
+  it("is bounded and named each time, the ensemble answering throughout, the instance back after restart", async () => {
+    const cases = [
+      { first: 13, status: 503, words: 'model "faulty": its Python process gave no answer within 3000 ms' },
+      { first: 66, status: 503, words: 'model "faulty": its Python process exited (code 1)' },
+      { first: 5, status: 500, words: 'model "faulty": execute() returned 0 responses for 1 requests' },
+    ];
+    for (const c of cases) {
+      const failing = inferFaulty(py, c.first);
+      // The other models answer while this one hangs or dies.
+      const meanwhile = await Promise.all(
+        fixturePhotos()
+          .slice(0, 4)
+          .map((p) => classifyOverHttp(py.http, base64Of(p), ENSEMBLE)),
+      );
+      expect(meanwhile).toHaveLength(4);
+      const failed = await failing;
+      expect(failed.status, JSON.stringify(failed.json)).toBe(c.status);
+      expect(failed.json.error).toContain(c.words);
+      const back = await inferFaulty(py, 3);
+      expect(back.status).toBe(200);
+      expect(back.json.outputs[0].data).toEqual([6, 2]);
+    }
   }, 60_000);
 });
 

@@ -246,6 +246,12 @@ export const program = new Command("trellis-server")
     "python3",
   )
   .option(
+    "--python-execute-timeout-secs <secs>",
+    "longest one execute(requests) of a Python model may take; past it its process is stopped, its requests fail UNAVAILABLE naming the model, and the next request starts a fresh process",
+    positiveCount,
+    60,
+  )
+  .option(
     "--max-load-bytes <bytes>",
     "most bytes one model load request's file overrides may hold together (default 1 GiB); more are refused 400 / INVALID_ARGUMENT naming this flag, before anything is written",
     bytes,
@@ -547,6 +553,7 @@ export interface Flags extends TraceFlags {
   maxLoadFiles: number;
   maxLoadBytes: number;
   pythonExecutable: string;
+  pythonExecuteTimeoutSecs: number;
   maxInflightDecompressedBytes: number;
   grpcMaxUnreadAnswerBytes: number;
   rateLimit: "off" | "execution_count";
