@@ -18,6 +18,9 @@ export interface OutputAgreement {
   mismatching: number;
   /** Numbers only: the largest |python - typescript|. */
   maxAbsDelta?: number;
+  /** Requests both models refused (agreeing), and requests only one refused (disagreeing). */
+  bothFailed?: number;
+  oneFailed?: number;
 }
 
 export interface ShadowOptions {
@@ -97,8 +100,22 @@ export async function shadowCompare(options: ShadowOptions): Promise<OutputAgree
     const inputName = (s: Stage) => s.config.input[0]?.name ?? "";
     for (const image of options.images) {
       const raw = bytesTensor(inputName(pyPre), [1, 1], [Buffer.from(image).toString("base64")]);
-      const [p, t] = await Promise.all([pyPre.infer({ inputs: [raw] }), tsPre.infer(request(inputName(tsPre), raw))]);
-      compareAnswers(names.preprocess, p, t, rows);
+      const [ps, ts] = await Promise.allSettled([
+        pyPre.infer({ inputs: [raw] }),
+        tsPre.infer(request(inputName(tsPre), raw)),
+      ]);
+      if (ps.status === "rejected" || ts.status === "rejected") {
+        // An image one model refuses: agreement if both do, a mismatch if only one does.
+        const key = `${names.preprocess}.${pyPre.config.output[0]?.name ?? ""}`;
+        const row = rows.get(key) ?? { output: key, requests: 0, elements: 0, mismatching: 0 };
+        rows.set(key, row);
+        row.requests += 1;
+        if (ps.status === "rejected" && ts.status === "rejected") row.bothFailed = (row.bothFailed ?? 0) + 1;
+        else row.oneFailed = (row.oneFailed ?? 0) + 1;
+        continue;
+      }
+      const p = ps.value;
+      compareAnswers(names.preprocess, p, ts.value, rows);
       const logits = await inference.infer(request(inputName(inference), p.outputs[0] as Tensor));
       const scores = logits.outputs[0] as Tensor;
       const [pp, tp] = await Promise.all([
@@ -116,12 +133,14 @@ export async function shadowCompare(options: ShadowOptions): Promise<OutputAgree
 /** The agreement as a table, one row per output. */
 export function formatAgreement(rows: readonly OutputAgreement[]): string {
   const lines = [
-    "| output | requests | elements | mismatching | max abs delta |",
-    "| --- | ---: | ---: | ---: | ---: |",
+    "| output | requests | elements | mismatching | max abs delta | both refused | one refused |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
   ];
   for (const r of rows) {
     const delta = r.maxAbsDelta === undefined ? "(strings: exact)" : String(r.maxAbsDelta);
-    lines.push(`| ${r.output} | ${r.requests} | ${r.elements} | ${r.mismatching} | ${delta} |`);
+    lines.push(
+      `| ${r.output} | ${r.requests} | ${r.elements} | ${r.mismatching} | ${delta} | ${r.bothFailed ?? 0} | ${r.oneFailed ?? 0} |`,
+    );
   }
   return lines.join("\n");
 }
