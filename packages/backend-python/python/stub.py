@@ -107,8 +107,24 @@ def error_text(exc):
     return message or type(exc).__name__
 
 
+_STUB_DIR = os.path.dirname(os.path.abspath(__file__))
+_MODEL_DIR = [""]
+
+
+def _shown_path(filename):
+    """A frame's file as a client may see it: relative to the model's folder, else its base name."""
+    if _MODEL_DIR[0] and filename.startswith(_MODEL_DIR[0] + os.sep):
+        return os.path.relpath(filename, _MODEL_DIR[0])
+    return os.path.basename(filename)
+
+
 def last_lines(limit=6):
-    lines = traceback.format_exc().strip().splitlines()
+    """The traceback's last lines, without the stub's own frames or the server's paths."""
+    exc_type, exc, tb = sys.exc_info()
+    frames = [f for f in traceback.extract_tb(tb)
+              if not f.filename.startswith(_STUB_DIR) and not f.filename.startswith("<frozen")]
+    lines = [f'  File "{_shown_path(f.filename)}", line {f.lineno}, in {f.name}' for f in frames]
+    lines += [line.rstrip() for line in traceback.format_exception_only(exc_type, exc)]
     return "\n".join(lines[-limit:])
 
 
@@ -117,6 +133,7 @@ def load_model(args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import triton_python_backend_utils as pb_utils
     path = args["model_file"]
+    _MODEL_DIR[0] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     sys.path.insert(0, os.path.dirname(path))
     spec = importlib.util.spec_from_file_location("trellis_user_model", path)
     module = importlib.util.module_from_spec(spec)
