@@ -203,7 +203,10 @@ describe("loading a Python model", () => {
     await writeModel("badimport", "import not_a_module_anywhere\n");
     for (const [name, words] of [
       ["noclass", "defines no class TritonPythonModel"],
-      ["badimport", `File "1/model.py", line 1, in <module>\nModuleNotFoundError: No module named 'not_a_module_anywhere'`],
+      [
+        "badimport",
+        `File "1/model.py", line 1, in <module>\nModuleNotFoundError: No module named 'not_a_module_anywhere'`,
+      ],
     ] as const) {
       const e = await serve(name).catch((x: StageError) => x);
       expect(e).toBeInstanceOf(StageError);
