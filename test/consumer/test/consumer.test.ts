@@ -43,6 +43,7 @@ const PUBLIC = [
   "packages/postprocess",
   "packages/inference-onnx",
   "packages/inference-trt-bridge",
+  "packages/backend-python",
   "apps/client",
   "apps/server",
   "tooling",
