@@ -173,10 +173,15 @@ describe("a merged batch that fails", () => {
       await Promise.all(goods);
       const err = await refused;
       expect(err.rawMessage).toMatch(/negative value \(-5/);
-      const runs = calls.slice(roundStart).map((c) => c.length);
+      const roundCalls = calls.slice(roundStart);
       // Rounds 1-3 bisect a batch of 8 (6 re-runs each: 16 - 18 < 1 spends the budget); then the
-      // bad content runs alone after the 7 good rows merged.
-      expect(runs).toEqual(round <= 3 ? [8, 4, 4, 2, 2, 1, 1] : [7, 1]);
+      // bad content runs alone and the 7 good rows merge. The lane's turn comes after that merged
+      // run, or after its 5 ms wait on a slow machine: either order.
+      if (round <= 3) expect(roundCalls.map((c) => c.length)).toEqual([8, 4, 4, 2, 2, 1, 1]);
+      else {
+        expect(roundCalls.map((c) => c.length).sort((a, b) => a - b)).toEqual([1, 7]);
+        expect(roundCalls.find((c) => c.length === 1)).toEqual([-5]);
+      }
     }
     expect(recorder.isolation()).toEqual({ reruns: 18, quarantined: 2 });
     expect(recorder.snapshot().inferenceStats?.fail?.count).toBe(5n);
