@@ -6,8 +6,6 @@
  * Run: pnpm --filter @trellis/server bench:python [seconds per round, default 5] [rounds, default 3]
  * (PYTHON=<python3 with numpy and cv2>, default /usr/bin/python3)
  */
-import { copyFile, readFile, writeFile } from "node:fs/promises";
-import { join } from "node:path";
 import {
   closedLoop,
   fixturePhotos,
@@ -18,26 +16,13 @@ import {
   readFixtureImage,
   removeDir,
   type ServerProcess,
-  sharedDir,
   startServerProcess,
 } from "@trellis/testing";
 
 const seconds = Number(process.argv[2] ?? 5);
 const rounds = Number(process.argv[3] ?? 3);
-const PYTHON_MODELS = join(sharedDir, "fixtures", "triton-python");
 
-async function pythonSeedRepository(): Promise<string> {
-  const repo = await makeSeedRepository({ prefix: "trellis-python-bench-" });
-  for (const [model, file] of [
-    ["resnet50_preprocess", "preprocess.py"],
-    ["resnet50_postprocess", "postprocess.py"],
-  ] as const) {
-    const config = await readFile(join(PYTHON_MODELS, model, "config.pbtxt"), "utf8");
-    await writeFile(join(repo, model, "config.pbtxt"), config.replace(/count: 32/, "count: 2"));
-    await copyFile(join(PYTHON_MODELS, model, "1", file), join(repo, model, "1", file));
-  }
-  return repo;
-}
+const pythonSeedRepository = () => makeSeedRepository({ prefix: "trellis-python-bench-", pythonInstances: 2 });
 
 const bodies = fixturePhotos().map((p) =>
   JSON.stringify({

@@ -5,7 +5,7 @@
  * own request; and the load API never running client-supplied Python.
  */
 import { existsSync } from "node:fs";
-import { copyFile, mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Code, type ConnectError } from "@connectrpc/connect";
 import {
@@ -14,7 +14,6 @@ import {
   readFixtureImage,
   removeDir,
   type ServerProcess,
-  sharedDir,
   startServerProcess,
   TRUNCATED_PHOTO,
 } from "@trellis/testing";
@@ -22,7 +21,6 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { formatAgreement, shadowCompare } from "../tools/shadow-compare.js";
 import { classifyOverHttp, explicitModels, grpcClientOf, postJson } from "./helpers.js";
 
-const PYTHON_MODELS = join(sharedDir, "fixtures", "triton-python");
 const ENSEMBLE = "resnet50_ensemble";
 const stringParam = (value: string) => ({ parameterChoice: { case: "stringParam" as const, value } });
 const bytesParam = (value: Uint8Array) => ({ parameterChoice: { case: "bytesParam" as const, value } });
@@ -52,16 +50,8 @@ let py: ServerProcess;
 
 /** The seed repository with the two Python models put back as a Triton user's repository holds them. */
 async function pythonSeedRepository(): Promise<string> {
-  const repo = await makeSeedRepository({ prefix: "trellis-python-seed-" });
-  for (const [model, file] of [
-    ["resnet50_preprocess", "preprocess.py"],
-    ["resnet50_postprocess", "postprocess.py"],
-  ] as const) {
-    const config = await readFile(join(PYTHON_MODELS, model, "config.pbtxt"), "utf8");
-    // 32 processes per model is for a big machine; this one has 2 cores.
-    await writeFile(join(repo, model, "config.pbtxt"), config.replace(/count: 32/, "count: 2"));
-    await copyFile(join(PYTHON_MODELS, model, "1", file), join(repo, model, "1", file));
-  }
+  // 32 processes per model is for a big machine; this one has 2 cores.
+  const repo = await makeSeedRepository({ prefix: "trellis-python-seed-", pythonInstances: 2 });
   // A model.py failing on purpose: X[0] == 13 sleeps forever, 66 exits the process, 5 gets no response.
   await mkdir(join(repo, "faulty", "1"), { recursive: true });
   await writeFile(join(repo, "faulty", "config.pbtxt"), FAULTY_CONFIG);

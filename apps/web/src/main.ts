@@ -4,6 +4,7 @@
  * statistics before and after its request); beside it, the models live.
  */
 import "./style.css";
+import { el } from "./dom.js";
 import {
   type Classifier,
   classifiers,
@@ -23,17 +24,6 @@ const drop = $<HTMLDivElement>("drop");
 const results = $<HTMLUListElement>("results");
 const status = $<HTMLParagraphElement>("status");
 const modelsBody = $<HTMLTableElement>("models").tBodies[0]!;
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  props: Partial<Record<string, string>> = {},
-  ...children: (Node | string)[]
-): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(props)) if (v !== undefined) e.setAttribute(k, v);
-  e.append(...children);
-  return e;
-}
 
 let models: Classifier[] = [];
 /** The ready models whose configs were read (a new one appearing reads them again). */

@@ -4,6 +4,7 @@
  * bars for its queue and compute on one time axis, its batch size, a failed step in red, and
  * a link to the same trace as Chrome trace-event JSON (Perfetto UI opens it).
  */
+import { el } from "./dom.js";
 
 /** A step as the server keeps it (apps/server recent-traces.ts): times in µs from the request's first timestamp. */
 export interface TraceSpan {
@@ -81,17 +82,6 @@ export async function fetchTrace(requestId: string): Promise<KeptTrace | undefin
 
 const ms = (us: number) => `${(us / 1000).toFixed(2)} ms`;
 
-function node<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  attrs: Record<string, string | undefined>,
-  ...children: (Node | string)[]
-): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) if (v !== undefined) e.setAttribute(k, v);
-  e.append(...children);
-  return e;
-}
-
 /** The waterfall of `trace` as a figure: a row per step, bars on one axis, and the export link. */
 export function renderWaterfall(trace: KeptTrace): HTMLElement {
   const rows = waterfallRows(trace.root);
@@ -100,39 +90,39 @@ export function renderWaterfall(trace: KeptTrace): HTMLElement {
   const width = Math.max(1, Math.max(...ends, 1) - start);
   const bar = (cls: string, s: [number, number] | undefined, title: string) => {
     if (!s) return [];
-    const b = node("span", { class: `seg ${cls}`, title: `${title}: ${ms(s[1] - s[0])}`, "data-segment": cls });
+    const b = el("span", { class: `seg ${cls}`, title: `${title}: ${ms(s[1] - s[0])}`, "data-segment": cls });
     b.style.left = `${((s[0] - start) / width) * 100}%`;
     b.style.width = `${Math.max(0.3, ((s[1] - s[0]) / width) * 100)}%`;
     return [b];
   };
-  const table = node(
+  const table = el(
     "table",
     { class: "waterfall", "data-trace": String(trace.id) },
-    node("caption", {}, `This request, step by step (trace ${trace.id}; total ${ms(width)})`),
-    node(
+    el("caption", {}, `This request, step by step (trace ${trace.id}; total ${ms(width)})`),
+    el(
       "thead",
       {},
-      node(
+      el(
         "tr",
         {},
-        node("th", { scope: "col" }, "Step"),
-        node("th", { scope: "col" }, "Batch"),
-        node("th", { scope: "col" }, "Queue"),
-        node("th", { scope: "col" }, "Compute"),
-        node("th", { scope: "col", class: "axis" }, `0 – ${ms(width)}`),
+        el("th", { scope: "col" }, "Step"),
+        el("th", { scope: "col" }, "Batch"),
+        el("th", { scope: "col" }, "Queue"),
+        el("th", { scope: "col" }, "Compute"),
+        el("th", { scope: "col", class: "axis" }, `0 – ${ms(width)}`),
       ),
     ),
-    node(
+    el(
       "tbody",
       {},
       ...rows.map((r) => {
         const label = `${r.model}${r.remote ? " (remote)" : ""}`;
         // Line-break chances after underscores: model names are long and the axis needs the width.
         const parts = label.split(/(?<=_)/).flatMap((p, i) => (i === 0 ? [p] : [document.createElement("wbr"), p]));
-        const name = node("th", { scope: "row" }, ...parts);
+        const name = el("th", { scope: "row" }, ...parts);
         name.style.paddingLeft = `${0.3 + r.depth * 0.9}rem`;
         const dur = (s?: [number, number]) => (s ? String(s[1] - s[0]) : undefined);
-        return node(
+        return el(
           "tr",
           {
             "data-step": r.model,
@@ -145,10 +135,10 @@ export function renderWaterfall(trace: KeptTrace): HTMLElement {
             class: r.failed ? "failed" : undefined,
           },
           name,
-          node("td", { "data-field": "batch" }, r.batchSize !== undefined ? String(r.batchSize) : "–"),
-          node("td", { "data-field": "queue" }, r.queue ? ms(r.queue[1] - r.queue[0]) : "–"),
-          node("td", { "data-field": "compute" }, r.compute ? ms(r.compute[1] - r.compute[0]) : "–"),
-          node(
+          el("td", { "data-field": "batch" }, r.batchSize !== undefined ? String(r.batchSize) : "–"),
+          el("td", { "data-field": "queue" }, r.queue ? ms(r.queue[1] - r.queue[0]) : "–"),
+          el("td", { "data-field": "compute" }, r.compute ? ms(r.compute[1] - r.compute[0]) : "–"),
+          el(
             "td",
             { class: "track" },
             ...bar("request", r.request, r.remote ? "remote request" : "request"),
@@ -159,23 +149,23 @@ export function renderWaterfall(trace: KeptTrace): HTMLElement {
       }),
     ),
   );
-  const download = node(
+  const download = el(
     "a",
     { href: `/v2/traces/${trace.id}/chrome`, download: `trellis-trace-${trace.id}.json`, class: "export" },
     "Download for Perfetto (Chrome trace JSON)",
   );
-  return node(
+  return el(
     "figure",
     { class: "waterfall-figure" },
-    node("div", { class: "scroll" }, table),
-    node(
+    el("div", { class: "scroll" }, table),
+    el(
       "figcaption",
       {},
-      node("span", { class: "key queue" }, "queue"),
+      el("span", { class: "key queue" }, "queue"),
       " ",
-      node("span", { class: "key compute" }, "compute"),
+      el("span", { class: "key compute" }, "compute"),
       " ",
-      node("span", { class: "key request" }, "request (a remote step: the whole call)"),
+      el("span", { class: "key request" }, "request (a remote step: the whole call)"),
       " · ",
       download,
     ),

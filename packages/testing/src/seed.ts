@@ -2,14 +2,27 @@
 import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { LABELS_PATH, MOBILENET_PATH, modelsDir } from "./paths.js";
+import { LABELS_PATH, MOBILENET_PATH, modelsDir, sharedDir } from "./paths.js";
 
 export interface SeedRepositoryOptions {
   /** Temp folder name prefix (default "trellis-seed-"). */
   prefix?: string;
   /** Rewrites a model's config.pbtxt text on the way (e.g. another queue delay, preprocess mode). */
   editConfig?: (model: string, config: string) => string;
+  /**
+   * The seed deployment's own Python models (shared/fixtures/triton-python: preprocess.py,
+   * postprocess.py, their configs with `backend: "python"`) in place of the TypeScript ones, each
+   * config's instance_group count lowered to this (32 processes per model is for a big machine).
+   */
+  pythonInstances?: number;
 }
+
+/** The seed deployment's Python models, as a Triton user's repository holds them. */
+const PYTHON_MODELS = join(sharedDir, "fixtures", "triton-python");
+const PYTHON_FILES = [
+  ["resnet50_preprocess", "preprocess.py"],
+  ["resnet50_postprocess", "postprocess.py"],
+] as const;
 
 /** The seed's models: the `resnet50_*` folders of models/ (models/gpu and the like are not seed models). */
 export async function seedModelNames(): Promise<string[]> {
@@ -31,6 +44,16 @@ export async function makeSeedRepository(options: SeedRepositoryOptions = {}): P
   // A copy, not a link: loaders and child processes see an ordinary file.
   await copyFile(MOBILENET_PATH, join(dir, "resnet50_inference", "1", "model.onnx"));
   await copyFile(LABELS_PATH, join(dir, "resnet50_postprocess", "1", "imagenet_classes.txt"));
+  if (options.pythonInstances !== undefined) {
+    for (const [model, file] of PYTHON_FILES) {
+      const config = await readFile(join(PYTHON_MODELS, model, "config.pbtxt"), "utf8");
+      await writeFile(
+        join(dir, model, "config.pbtxt"),
+        config.replace(/count: 32/, `count: ${options.pythonInstances}`),
+      );
+      await copyFile(join(PYTHON_MODELS, model, "1", file), join(dir, model, "1", file));
+    }
+  }
   return dir;
 }
 
