@@ -4,7 +4,7 @@
  * Triton frames them: a u32 length before each).
  */
 import type { DataType, Tensor } from "@trellis/stage";
-import { frameElements, packedBytes, viewAs } from "@trellis/stage/backend";
+import { framedElements, frameElements, viewAs } from "@trellis/stage/backend";
 
 export interface TensorMeta {
   name: string;
@@ -52,7 +52,7 @@ export function decodeTensor(meta: TensorMeta, body: Uint8Array): Tensor {
   const raw = body.subarray(meta.offset, meta.offset + meta.length);
   const count = meta.shape.reduce((n, d) => n * d, 1);
   if (meta.datatype === "BYTES") {
-    return { name: meta.name, datatype: "BYTES", shape: meta.shape, data: packedBytes(raw, count) };
+    return { name: meta.name, datatype: "BYTES", shape: meta.shape, data: framedElements(raw, count) };
   }
   // A copy, aligned for its typed array, owned by the tensor.
   const copy = new Uint8Array(raw.byteLength);

@@ -39,11 +39,11 @@ import {
   allocate,
   bytesOf,
   elementSize,
+  framedElements,
   frameElements,
   type ModelConfigSource,
   modelConfigOf,
   modelFilePath,
-  packedBytes,
   randomData,
   resourceExhausted,
   viewAs,
@@ -190,7 +190,7 @@ function fromWire(stage: string, w: WireTensor): Tensor {
   if (!datatype) throw new StageError(Code.Internal, stage, `output ${w.name}: unsupported ORT type ${w.type}`);
   if (datatype === "BYTES") {
     const framed = w.data as Uint8Array;
-    return { name: w.name, datatype, shape: w.dims, data: packedBytes(framed, elementCount(w.dims)) };
+    return { name: w.name, datatype, shape: w.dims, data: framedElements(framed, elementCount(w.dims)) };
   }
   const view = w.data as ArrayBufferView;
   const data = viewAs(datatype, new Uint8Array(view.buffer, view.byteOffset, view.byteLength));

@@ -11,9 +11,9 @@ import {
   bytesOf,
   countFramedElements,
   elementSize,
+  framedElements,
   frameElements,
   isDataType,
-  packedBytes,
   requestRefusal,
   type TensorDataMap,
   tritonMessages,
@@ -119,7 +119,7 @@ function unframeBytes(
     }
     throw fail(role, name, `BYTES shape ${formatShape(shape)} needs ${count} elements, got ${found}`, stage);
   }
-  return packedBytes(raw, count);
+  return framedElements(raw, count);
 }
 
 /** A tensor's raw bytes; numeric tensors return a view of their data. */

@@ -22,7 +22,9 @@ export {
   countFramedElements,
   type FramingProblem,
   framedBytesOf,
+  framedElements,
   frameElements,
+  PACKED_MIN_ELEMENTS,
   packedBytes,
 } from "./packed-bytes.js";
 export { answersOf, decoupledRefusal } from "./stage.js";

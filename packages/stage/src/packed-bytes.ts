@@ -151,6 +151,23 @@ export function packedBytes(framed: Uint8Array, count: number): Uint8Array[] {
 }
 
 /**
+ * Below this many elements a BYTES tensor is a plain array of views: for a request's image or
+ * two, the proxy would cost more on every read than the few objects it saves.
+ */
+export const PACKED_MIN_ELEMENTS = 256;
+
+/**
+ * The `count` elements framed in `framed`, as views into it (not copied): packed behind one
+ * array (packedBytes) when there are many, a plain array when there are few. The caller has
+ * checked the framing (countFramedElements).
+ */
+export function framedElements(framed: Uint8Array, count: number): Uint8Array[] {
+  if (count >= PACKED_MIN_ELEMENTS) return packedBytes(framed, count);
+  const p: Packing = { framed, count, unpacked: false };
+  return Array.from({ length: count }, (_, i) => elementAt(p, i));
+}
+
+/**
  * The framed buffer behind `items` when they are still packed (packedBytes,
  * never written to), else undefined: the elements in KServe's BYTES framing
  * without touching them one by one.
