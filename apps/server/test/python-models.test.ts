@@ -5,12 +5,14 @@
  * own request; and the load API never running client-supplied Python.
  */
 import { existsSync } from "node:fs";
-import { mkdir, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Code, type ConnectError } from "@connectrpc/connect";
 import {
   fixturePhotos,
+  LABELS_PATH,
   makeSeedRepository,
+  modelsDir,
   readFixtureImage,
   removeDir,
   type ServerProcess,
@@ -19,7 +21,7 @@ import {
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { formatAgreement, shadowCompare } from "../tools/shadow-compare.js";
-import { classifyOverHttp, explicitModels, grpcClientOf, postJson } from "./helpers.js";
+import { classifyOverHttp, explicitModels, grpcClientOf, postJson, scrape } from "./helpers.js";
 
 const ENSEMBLE = "resnet50_ensemble";
 const stringParam = (value: string) => ({ parameterChoice: { case: "stringParam" as const, value } });
@@ -28,21 +30,6 @@ const bytesParam = (value: Uint8Array) => ({ parameterChoice: { case: "bytesPara
 /** The seed's preprocess.py takes base64 text (as the seed's clients send); @trellis/preprocess takes it too. */
 const base64Of = (photo: string) => new TextEncoder().encode(Buffer.from(readFixtureImage(photo)).toString("base64"));
 const top5Labels = (answer: string) => (JSON.parse(answer) as { top5_labels: string[] }).top5_labels;
-/**
- * The top-5 as (probability to 6 digits, label), ties in label order: the int8 model gives tied
- * logits, which numpy's argsort and @trellis/postprocess order differently (see the README).
- */
-function rankedTop5(answer: string): string[] {
-  const { top5_labels: labels, top5_probs: probs } = JSON.parse(answer) as {
-    top5_labels: string[];
-    top5_probs: number[];
-  };
-  return labels
-    .map((label, i) => ({ label, p: (probs[i] as number).toFixed(6) }))
-    .sort((a, b) => (a.p === b.p ? a.label.localeCompare(b.label) : Number(b.p) - Number(a.p)))
-    .map((x) => `${x.p} ${x.label}`);
-}
-
 let tsRepo: string;
 let pyRepo: string;
 let ts: ServerProcess;
@@ -56,8 +43,23 @@ async function pythonSeedRepository(): Promise<string> {
   await mkdir(join(repo, "faulty", "1"), { recursive: true });
   await writeFile(join(repo, "faulty", "config.pbtxt"), FAULTY_CONFIG);
   await writeFile(join(repo, "faulty", "1", "model.py"), FAULTY_MODEL);
+  // The migration's next step: the ensemble on @trellis/postprocess, with postprocess.py as its
+  // shadow on live traffic (every request compared).
+  const tsPost = (await readFile(join(modelsDir, "resnet50_postprocess", "config.pbtxt"), "utf8"))
+    .replace('name: "resnet50_postprocess"', 'name: "resnet50_postprocess_ts"')
+    .concat('\nparameters { key: "shadow_model" value: { string_value: "resnet50_postprocess" } }\n');
+  await mkdir(join(repo, "resnet50_postprocess_ts", "1"), { recursive: true });
+  await writeFile(join(repo, "resnet50_postprocess_ts", "config.pbtxt"), tsPost);
+  await copyFile(LABELS_PATH, join(repo, "resnet50_postprocess_ts", "1", "imagenet_classes.txt"));
+  const ensemble = (await readFile(join(modelsDir, ENSEMBLE, "config.pbtxt"), "utf8"))
+    .replace(`name: "${ENSEMBLE}"`, `name: "${SHADOWED_ENSEMBLE}"`)
+    .replace('model_name: "resnet50_postprocess"', 'model_name: "resnet50_postprocess_ts"');
+  await mkdir(join(repo, SHADOWED_ENSEMBLE, "1"), { recursive: true });
+  await writeFile(join(repo, SHADOWED_ENSEMBLE, "config.pbtxt"), ensemble);
   return repo;
 }
+
+const SHADOWED_ENSEMBLE = "resnet50_ensemble_ts_post";
 
 const FAULTY_CONFIG = `name: "faulty"
 backend: "python"
@@ -95,7 +97,7 @@ beforeAll(async () => {
   [ts, py] = await Promise.all([
     startServerProcess(["--model-repository", tsRepo]),
     startServerProcess([
-      ...explicitModels(pyRepo, ENSEMBLE, "faulty"),
+      ...explicitModels(pyRepo, ENSEMBLE, "faulty", SHADOWED_ENSEMBLE),
       "--python-executable",
       "/usr/bin/python3",
       "--python-execute-timeout-secs",
@@ -111,29 +113,20 @@ afterAll(async () => {
 });
 
 describe("the seed ensemble with its Python models", () => {
-  it("classifies every shared photo with the TypeScript ensemble's top-5", async () => {
+  it("answers every shared photo byte for byte as the TypeScript ensemble does", async () => {
     const photos = fixturePhotos();
-    const differing: string[] = [];
     expect(photos.length).toBeGreaterThanOrEqual(13);
+    const differing: string[][] = [];
     for (const photo of photos) {
       const [fromPython, fromTypescript] = await Promise.all([
         classifyOverHttp(py.http, base64Of(photo), ENSEMBLE),
         classifyOverHttp(ts.http, base64Of(photo), ENSEMBLE),
       ]);
-      const [p, t] = [rankedTop5(fromPython), rankedTop5(fromTypescript)];
-      // The same five probabilities; the same labels above the fifth's, whose tie (if any) may pick others.
-      expect(
-        p.map((x) => x.slice(0, 8)),
-        photo,
-      ).toEqual(t.map((x) => x.slice(0, 8)));
-      const cut = (list: string[]) => list.filter((x) => x.slice(0, 8) !== (list[4] as string).slice(0, 8));
-      expect(cut(p), photo).toEqual(cut(t));
-      if (fromPython !== fromTypescript) differing.push(photo);
+      expect(top5Labels(fromPython), photo).toHaveLength(5);
+      // The same JSON string: probabilities to the last bit, tied classes in NumPy's order.
+      if (fromPython !== fromTypescript) differing.push([photo, fromPython, fromTypescript]);
     }
-    // Not byte-identical where logits tie (numpy's argsort order) or a float differs in its last digit.
-    console.log(
-      `python vs typescript ensemble: ${photos.length - differing.length}/${photos.length} answers byte-identical; differing: ${differing.join(", ")}`,
-    );
+    expect(differing).toEqual([]);
   }, 120_000);
 
   it("fails only truncated.jpg's request, with preprocess.py's own error, among good ones in flight", async () => {
@@ -176,7 +169,7 @@ describe("a model.py that hangs, exits or answers too few", () => {
 });
 
 describe("shadow mode", () => {
-  it("preprocess.py and @trellis/preprocess (seed mode) agree to max |Δ| 0 on every shared photo", async () => {
+  it("preprocess.py and postprocess.py agree with their replacements on every shared photo: max |Δ| 0, identical strings", async () => {
     const photos = fixturePhotos();
     const rows = await shadowCompare({
       pythonRepository: pyRepo,
@@ -193,8 +186,46 @@ describe("shadow mode", () => {
       maxAbsDelta: 0,
     });
     const post = rows.find((r) => r.output === "resnet50_postprocess.OUTPUT_RESULTS");
-    // Compared string by string; how many differ is the figure the report gives (see the README).
-    expect(post).toMatchObject({ requests: photos.length, elements: photos.length });
+    // Compared string by string: postprocess.py's json.dumps and @trellis/postprocess's are the same bytes.
+    expect(post).toMatchObject({ requests: photos.length, elements: photos.length, mismatching: 0 });
+  }, 120_000);
+});
+
+describe("shadow mode on live traffic", () => {
+  it("@trellis/postprocess in the ensemble, postprocess.py its shadow: every answer agrees, in /metrics", async () => {
+    const photos = fixturePhotos();
+    for (const photo of photos) {
+      const [viaTypescript, viaPython] = await Promise.all([
+        classifyOverHttp(py.http, base64Of(photo), SHADOWED_ENSEMBLE),
+        classifyOverHttp(py.http, base64Of(photo), ENSEMBLE),
+      ]);
+      expect(viaTypescript, photo).toBe(viaPython);
+    }
+    // The comparisons finish after the answers: wait until every one is counted.
+    const counted = (text: string, result: string) =>
+      Number(
+        text
+          .split("\n")
+          .find((l) => l.startsWith("trellis_shadow_request_count{") && l.includes(`result="${result}"`))
+          ?.split(" ")
+          .pop() ?? 0,
+      );
+    let text = "";
+    for (let i = 0; i < 100 && counted(text, "agreed") + counted(text, "differed") < photos.length; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      text = await scrape(py);
+    }
+    expect([counted(text, "agreed"), counted(text, "differed"), counted(text, "shadow_failed")]).toEqual([
+      photos.length,
+      0,
+      0,
+    ]);
+    expect(text).toContain(
+      `trellis_shadow_output_element_count{model="resnet50_postprocess_ts",version="1",shadow="resnet50_postprocess",output="OUTPUT_RESULTS"} ${photos.length}`,
+    );
+    expect(text).toContain(
+      'trellis_shadow_output_mismatch_count{model="resnet50_postprocess_ts",version="1",shadow="resnet50_postprocess",output="OUTPUT_RESULTS"} 0',
+    );
   }, 120_000);
 });
 

@@ -5,23 +5,10 @@
  * goes through both preprocesses, the Python one's tensor through the ONNX model, and those logits
  * through both postprocesses, so each pair sees exactly the same input.
  */
-import { loadModel } from "@trellis/model-repository";
-import { bytesTensor, type InferResponse, type Stage, type Tensor } from "@trellis/stage";
+import { compareAnswers, loadModel, type OutputAgreement } from "@trellis/model-repository";
+import { bytesTensor, type Stage, type Tensor } from "@trellis/stage";
 
-export interface OutputAgreement {
-  /** `<model>.<output>` */
-  output: string;
-  /** Requests compared. */
-  requests: number;
-  elements: number;
-  /** Numbers: elements whose values differ; strings: elements whose bytes differ. */
-  mismatching: number;
-  /** Numbers only: the largest |python - typescript|. */
-  maxAbsDelta?: number;
-  /** Requests both models refused (agreeing), and requests only one refused (disagreeing). */
-  bothFailed?: number;
-  oneFailed?: number;
-}
+export type { OutputAgreement };
 
 export interface ShadowOptions {
   /** The Triton repository with the Python models (and the ONNX model between them). */
@@ -39,44 +26,6 @@ const SEED = {
   inference: "resnet50_inference",
   postprocess: "resnet50_postprocess",
 };
-
-/** Adds one pair of answers to the running agreement of each output. */
-export function compareAnswers(
-  model: string,
-  python: InferResponse,
-  typescript: InferResponse,
-  into: Map<string, OutputAgreement>,
-) {
-  for (const p of python.outputs) {
-    const t = typescript.outputs.find((o) => o.name === p.name);
-    const key = `${model}.${p.name}`;
-    const row = into.get(key) ?? { output: key, requests: 0, elements: 0, mismatching: 0 };
-    into.set(key, row);
-    row.requests += 1;
-    if (!t) throw new Error(`${key}: the TypeScript model gave no output ${p.name}`);
-    compareTensors(p, t, row);
-  }
-}
-
-function compareTensors(p: Tensor, t: Tensor, row: OutputAgreement): void {
-  const pd = p.data as ArrayLike<unknown>;
-  const td = t.data as ArrayLike<unknown>;
-  if (pd.length !== td.length)
-    throw new Error(`${row.output}: ${pd.length} elements from Python, ${td.length} from TypeScript`);
-  row.elements += pd.length;
-  if (p.datatype === "BYTES") {
-    for (let i = 0; i < pd.length; i++)
-      if (Buffer.compare(pd[i] as Uint8Array, td[i] as Uint8Array) !== 0) row.mismatching++;
-    return;
-  }
-  let max = row.maxAbsDelta ?? 0;
-  for (let i = 0; i < pd.length; i++) {
-    const d = Math.abs(Number(pd[i]) - Number(td[i]));
-    if (d !== 0 || Number.isNaN(d)) row.mismatching++;
-    if (d > max) max = d;
-  }
-  row.maxAbsDelta = max;
-}
 
 const request = (name: string, tensor: Tensor) => ({ inputs: [{ ...tensor, name }] });
 

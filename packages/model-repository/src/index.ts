@@ -25,4 +25,14 @@ export {
   readEndpointsFile,
   scanRepository,
 } from "./scan.js";
+export {
+  compareAnswers,
+  type OutputAgreement,
+  SHADOW_MAX_IN_FLIGHT,
+  type ShadowAgreement,
+  ShadowComparer,
+  type ShadowResolver,
+  type ShadowSettings,
+  shadowSettings,
+} from "./shadow.js";
 export { lendOwnPackages } from "./user-modules.js";

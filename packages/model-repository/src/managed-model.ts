@@ -30,6 +30,7 @@ import {
   type Tensor,
 } from "@trellis/stage";
 import { decoupledRefusal } from "@trellis/stage/backend";
+import type { ShadowAgreement, ShadowComparer } from "./shadow.js";
 
 /**
  * The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size,
@@ -64,6 +65,8 @@ export class ManagedStage implements Stage {
     /** Every version of this model being served, for metadata (Triton lists them all). */
     private readonly versions?: () => string[],
     private readonly cache?: ModelCache,
+    /** Shadow mode (config `shadow_model`): a sample of requests also sent to that model, answers compared. */
+    private readonly shadow?: ShadowComparer,
   ) {
     if (inner.inferStream) this.inferStream = (request, options) => this.stream(request, options);
   }
@@ -194,8 +197,17 @@ export class ManagedStage implements Stage {
 
   private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     const classify = classificationRequests(this.name, request.outputs, this.config);
+    // Copied before the model runs: it may take the request's input buffers over.
+    const shadowCopy = this.shadow?.sample(request);
     // After the cache lookup, as Triton's: a cached answer is served even while the queue is full.
-    return this.classified(await this.inner.infer(request, options), classify);
+    const answer = this.inner.infer(request, options);
+    if (shadowCopy) this.shadow?.compare(shadowCopy, answer);
+    return this.classified(await answer, classify);
+  }
+
+  /** The running agreement with the model named by config `shadow_model`, when it names one. */
+  shadowAgreement(): ShadowAgreement | undefined {
+    return this.shadow?.report();
   }
 
   /**

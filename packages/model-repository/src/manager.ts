@@ -29,6 +29,7 @@ import { configBoundsProblem, defaultMaxInstancesPerModel } from "./config-bound
 import type { LoadStageOptions } from "./loader.js";
 import { DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed-model.js";
 import type { RepositoryModel, RepositoryScan, RepositorySource } from "./scan.js";
+import { ShadowComparer, shadowSettings } from "./shadow.js";
 
 /** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
 export interface ModelLoader {
@@ -644,6 +645,7 @@ export class RepositoryManager implements ModelRegistry {
         if (!serving) e.versions.set(version, entry);
         let stage: Stage | undefined;
         try {
+          const shadow = this.shadowFor(model);
           stage = await this.loadReadyStage(model, version);
           labels ??= readLabels(model);
           entry.stage = new ManagedStage(
@@ -651,6 +653,7 @@ export class RepositoryManager implements ModelRegistry {
             await labels,
             () => this.readyVersions(model.name),
             await this.cacheFor(model, version),
+            shadow,
           );
           entry.state = "READY";
           e.versions.set(version, entry);
@@ -688,6 +691,13 @@ export class RepositoryManager implements ModelRegistry {
     e.loadedFrom = failures.length === 0 ? source : undefined;
     if (isLoaded(e)) e.steps = ensembleSteps(model.config).map((step) => step.model);
     return failures;
+  }
+
+  /** Shadow mode, when the config names a `shadow_model`: the model it names is found at each sample. */
+  private shadowFor(model: RepositoryModel): ShadowComparer | undefined {
+    const settings = shadowSettings(model.config);
+    if (!settings) return undefined;
+    return new ShadowComparer(model.name, settings, (name) => this.resolve(name).inner, this.opts.logger);
   }
 
   /**

@@ -31,7 +31,7 @@ import {
 import { checkInferRequest, type ModelConfigSource, modelConfigOf, modelFilePath } from "@trellis/stage/backend";
 import { cFixed6, pyJsonFloatList, pyJsonStringList } from "./format.js";
 import { loadLabels } from "./labels.js";
-import { softmaxRowF32, topK } from "./softmax.js";
+import { softmaxRowF32, topKAsNumpy } from "./softmax.js";
 
 export const DEFAULT_INPUT = "LOGITS";
 export const DEFAULT_OUTPUT = "OUTPUT_RESULTS";
@@ -199,9 +199,9 @@ export class PostprocessStage implements Stage {
         );
       }
       if (classify > 0) {
-        for (const i of topK(probs, classify)) out.push(`${cFixed6(probs[i]!)}:${i}:${this.labels[i]}`);
+        for (const i of topKAsNumpy(probs, classify)) out.push(`${cFixed6(probs[i]!)}:${i}:${this.labels[i]}`);
       } else {
-        const top = topK(probs, this.k);
+        const top = topKAsNumpy(probs, this.k);
         out.push(
           `{"${this.labelsKey}": ${pyJsonStringList(top.map((i) => this.labels[i]!))}, "${this.probsKey}": ${pyJsonFloatList(top.map((i) => probs[i]!))}}`,
         );

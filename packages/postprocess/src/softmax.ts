@@ -1,8 +1,10 @@
 /**
- * Softmax and top-k in float32 arithmetic, following what NumPy does on a
- * float32 row (`e = np.exp(x - x.max()); e / e.sum()`), so probabilities
- * match the seed's to the last bit or two.
+ * Softmax and top-k in float32 arithmetic, exactly as NumPy computes them on a
+ * float32 row (`e = np.exp(x - x.max()); e / e.sum()`, then `np.argsort`), so
+ * the probabilities and their order equal the seed's `postprocess.py` bit for bit.
  */
+
+import { argsortF32, expF32 } from "./numpy-f32.js";
 
 const f = Math.fround;
 
@@ -46,7 +48,7 @@ export function softmaxRowF32(logits: Float32Array, row: number, c: number, out:
     if (!Number.isFinite(v)) return i;
     if (v > max) max = v;
   }
-  for (let i = 0; i < c; i++) out[i] = Math.exp(f(logits[base + i]! - max));
+  for (let i = 0; i < c; i++) out[i] = expF32(f(logits[base + i]! - max));
   // NumPy's add.reduce starts from the identity 0, then adds the pairwise sum.
   const sum = f(0 + pairwiseSumF32(out, 0, c));
   for (let i = 0; i < c; i++) out[i] = out[i]! / sum;
@@ -55,8 +57,8 @@ export function softmaxRowF32(logits: Float32Array, row: number, c: number, out:
 
 /**
  * Indices of the k largest values, descending; equal values keep index
- * order (lower index first), which is what the reference top-5 shows on
- * the int8 model's tied probabilities.
+ * order (lower index first). The stage's JSON answers order ties as NumPy
+ * does instead ({@link topKAsNumpy}); classification strings use this order.
  */
 export function topK(values: Float32Array, k: number): number[] {
   const idx: number[] = [];
@@ -74,4 +76,28 @@ export function topK(values: Float32Array, k: number): number[] {
     idx[pos] = i;
   }
   return idx;
+}
+
+/**
+ * The k largest as the seed's `np.argsort(probs)[-k:][::-1]` lists them. Without ties the
+ * order is the values' own (what {@link topK} finds); with a tie among the k, or between the
+ * k-th and a value left out, NumPy's introsort decides, so the whole row is sorted its way.
+ */
+export function topKAsNumpy(values: Float32Array, k: number): number[] {
+  const top = topK(values, k);
+  if (!hasTie(values, top)) return top;
+  const order = argsortF32(values);
+  const out: number[] = [];
+  for (let i = order.length - 1; i >= Math.max(0, order.length - k); i--) out.push(order[i]!);
+  return out;
+}
+
+/** Whether two of `top` (descending) are equal, or the last one equals a value outside it. */
+function hasTie(values: Float32Array, top: readonly number[]): boolean {
+  for (let i = 1; i < top.length; i++) if (values[top[i]!] === values[top[i - 1]!]) return true;
+  if (top.length === 0) return false;
+  const last = values[top[top.length - 1]!]!;
+  let equal = 0;
+  for (let i = 0; i < values.length; i++) if (values[i] === last) equal++;
+  return equal > 1;
 }

@@ -8,6 +8,7 @@
  * rocket.jpg: 540, not 657). So tests that check the pipeline classifies like ONNX
  * Runtime compare with ONNX Runtime run here, on the same CPU, not with the JSON.
  */
+import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import * as ort from "onnxruntime-node";
 import { fixturePhotos, LABELS_PATH, MOBILENET_PATH, type ReferenceTop5, readReferenceTensor } from "./paths.js";
@@ -34,9 +35,10 @@ export const STABLE_TOP1: Readonly<Record<string, { index: number; label: string
 const f = Math.fround;
 
 /**
- * Softmax then the 5 largest, descending, the way the seed's NumPy postprocess
- * orders them: float32 probabilities (`exp(x - max) / sum`), equal ones (the
- * int8 model's logits tie often) by lower class index first.
+ * Softmax then the 5 largest, descending: float32 probabilities
+ * (`exp(x - max) / sum`, `Math.exp` rounded), equal ones by lower class index
+ * first. A simple rule, not the seed's: NumPy's exp differs in the last bit and
+ * its argsort orders ties its own way (see {@link numpyTop5}).
  */
 export function softmaxTop5(logits: Float32Array, labels: readonly string[]): ReferenceTop5 {
   let max = Number.NEGATIVE_INFINITY;
@@ -68,9 +70,10 @@ let memo: Promise<Record<string, CpuTop5>> | undefined;
  * Why not `readReferenceTop5()`: int8 kernels differ between CPUs (see this
  * file's head), so the JSON's top-5 only holds on a CPU like the one that made
  * it. This baseline is the same ONNX Runtime on the same CPU as the code under
- * test, yet independent of it (its own session, its own softmax and top-5), so
- * "the pipeline classifies like direct ONNX Runtime" stays an exact check on
- * any x86-64 machine. On this model the logits do not depend on batch size,
+ * test, yet independent of it (its own session; the softmax and top-5 by NumPy
+ * itself, as the seed's postprocess.py: {@link numpyTop5}), so "the pipeline
+ * classifies like direct ONNX Runtime and the seed's Python" stays an exact
+ * check, tie order included, on any x86-64 machine. On this model the logits do not depend on batch size,
  * thread count or graph optimisation level (checked on an AVX2-only EPYC), so
  * a pipeline that batches or tunes its session must still match them.
  * Memoised: the session runs once per process.
@@ -86,7 +89,14 @@ export function referenceTop5OnThisCpu(): Promise<Record<string, CpuTop5>> {
         const result = await session.run({ input });
         const logits = Float32Array.from(result.output?.data as Float32Array);
         if (logits.length !== 1000) throw new Error(`${photo}: expected 1000 logits, got ${logits.length}`);
-        out[photo] = { ...softmaxTop5(logits, labels), logits };
+        out[photo] = { top5_index: [], top5_labels: [], top5_probs: [], logits };
+      }
+      const rows = Object.values(out);
+      for (const [i, top] of numpyTop5(rows.map((r) => r.logits)).entries()) {
+        const row = rows[i] as CpuTop5;
+        row.top5_index = top.index;
+        row.top5_labels = top.index.map((k) => labels[k] as string);
+        row.top5_probs = top.probs;
       }
       return out;
     } finally {
@@ -94,4 +104,38 @@ export function referenceTop5OnThisCpu(): Promise<Record<string, CpuTop5>> {
     }
   })();
   return memo;
+}
+
+/** The python3 with NumPy that computes the seed's answers: Debian's (python3-numpy), as the seed's models run. */
+const NUMPY_PYTHON = process.env.TRELLIS_PYTHON ?? "/usr/bin/python3";
+
+// The seed's postprocess.py, line for line in what it computes.
+const SEED_TOP5 = `
+import sys, json, numpy as np
+logits = np.frombuffer(sys.stdin.buffer.read(), dtype=np.float32).reshape(-1, 1000)
+exp_logits = np.exp(logits - np.max(logits, axis=1, keepdims=True))
+probs = exp_logits / np.sum(exp_logits, axis=1, keepdims=True)
+top5 = np.argsort(probs, axis=1)[:, -5:][:, ::-1]
+print(json.dumps([{"index": [int(j) for j in top5[i]], "probs": [float(probs[i][j]) for j in top5[i]]} for i in range(len(top5))]))
+`;
+
+/**
+ * The seed's top-5 of each row of 1000 logits, computed by NumPy itself (the seed's
+ * postprocess.py arithmetic: float32 softmax, `np.argsort(probs)[:, -5:][:, ::-1]`), so tied
+ * probabilities come in NumPy's order. Needs Debian's python3-numpy (.ci/run installs it; set
+ * TRELLIS_PYTHON for another python3 whose NumPy is 1.x).
+ */
+export function numpyTop5(rows: readonly Float32Array[]): { index: number[]; probs: number[] }[] {
+  const input = new Uint8Array(rows.length * 4000);
+  for (const [i, row] of rows.entries()) input.set(new Uint8Array(row.buffer, row.byteOffset, 4000), i * 4000);
+  let out: string;
+  try {
+    out = execFileSync(NUMPY_PYTHON, ["-c", SEED_TOP5], { input, stdio: ["pipe", "pipe", "pipe"] }).toString("utf8");
+  } catch (err) {
+    const why = (err as { stderr?: Buffer }).stderr?.toString().trim().split("\n").pop() ?? String(err);
+    throw new Error(
+      `the seed's top-5 needs NumPy in ${NUMPY_PYTHON} (${why}): apt-get install python3-numpy, or set TRELLIS_PYTHON`,
+    );
+  }
+  return JSON.parse(out) as { index: number[]; probs: number[] }[];
 }

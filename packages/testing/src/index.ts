@@ -6,7 +6,7 @@ export {
   median,
   percentile,
 } from "./bench.js";
-export { type CpuTop5, referenceTop5OnThisCpu, STABLE_TOP1, softmaxTop5 } from "./cpu-baseline.js";
+export { type CpuTop5, numpyTop5, referenceTop5OnThisCpu, STABLE_TOP1, softmaxTop5 } from "./cpu-baseline.js";
 export { rejectionOf } from "./errors.js";
 export {
   type GrpcJsInferenceClient,

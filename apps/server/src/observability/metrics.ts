@@ -4,7 +4,7 @@
  * metrics and the statistics API can never disagree.
  */
 import { cpus, freemem, totalmem } from "node:os";
-import type { ManagedStage } from "@trellis/model-repository";
+import type { ManagedStage, ShadowAgreement } from "@trellis/model-repository";
 import type { ModelStatistics } from "@trellis/protocol";
 import { observeFirstResponses, observeIsolation, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
@@ -152,6 +152,7 @@ export function createMetrics(
   });
   const stopHost = (options.cpuMetrics ?? true) ? hostMetrics(register, options.intervalMs ?? 2000) : () => undefined;
   const stopIsolation = isolationCounters(register, source);
+  shadowAgreementMetrics(register, source);
   return {
     register,
     close() {
@@ -196,6 +197,78 @@ function isolationCounters(register: Registry, source: MetricsSource): () => voi
     if (reran > 0) reruns.inc(labels, reran);
     if (laned > 0) quarantined.inc(labels, laned);
   });
+}
+
+/**
+ * Shadow mode's running agreement (not Triton's: trellis_*), for models whose config names a
+ * `shadow_model`: sampled requests by result, and per output the elements compared, those that
+ * differed and the largest |Δ| (numbers only).
+ */
+function shadowAgreementMetrics(register: Registry, source: MetricsSource): void {
+  const labelNames = ["model", "version", "shadow"];
+  const shadowed = () =>
+    source.list().flatMap((stage) => {
+      const agreement = stage.shadowAgreement();
+      return agreement
+        ? [{ labels: { model: stage.name, version: stage.version, shadow: agreement.shadow }, agreement }]
+        : [];
+    });
+  new Counter({
+    name: "trellis_shadow_request_count",
+    help: "Requests sampled for shadow mode, by result: agreed, differed, shadow_failed, skipped",
+    labelNames: [...labelNames, "result"],
+    registers: [register],
+    collect() {
+      this.reset();
+      for (const { labels, agreement: a } of shadowed()) {
+        this.inc({ ...labels, result: "agreed" }, a.agreed);
+        this.inc({ ...labels, result: "differed" }, a.differed);
+        this.inc({ ...labels, result: "shadow_failed" }, a.shadowFailed);
+        this.inc({ ...labels, result: "skipped" }, a.skipped);
+      }
+    },
+  });
+  // Per output: counts are counters, the largest |Δ| a gauge; each read afresh at every scrape.
+  const perOutput = (
+    name: string,
+    help: string,
+    value: (o: ShadowAgreement["outputs"][number]) => number | undefined,
+    kind: typeof Counter | typeof Gauge = Counter,
+  ) =>
+    new kind({
+      name,
+      help,
+      labelNames: [...labelNames, "output"],
+      registers: [register],
+      collect() {
+        this.reset();
+        for (const { labels, agreement } of shadowed()) {
+          for (const o of agreement.outputs) {
+            const v = value(o);
+            const output = o.output.slice(labels.model.length + 1);
+            if (v === undefined) continue;
+            if (this instanceof Gauge) this.set({ ...labels, output }, v);
+            else (this as Counter).inc({ ...labels, output }, v);
+          }
+        }
+      },
+    });
+  perOutput(
+    "trellis_shadow_output_element_count",
+    "Output elements compared with the shadow model's",
+    (o) => o.elements,
+  );
+  perOutput(
+    "trellis_shadow_output_mismatch_count",
+    "Output elements that differed from the shadow model's (strings: any byte)",
+    (o) => o.mismatching,
+  );
+  perOutput(
+    "trellis_shadow_output_max_abs_delta",
+    "Largest |difference| from the shadow model's output (numeric outputs)",
+    (o) => o.maxAbsDelta,
+    Gauge,
+  );
 }
 
 /**
