@@ -47,6 +47,21 @@ export function aroundConcurrency(concurrency: number, list: readonly number[]):
   return sorted.slice(Math.max(0, at - 1), at + 2);
 }
 
+/**
+ * The concurrency a finals sweep tries after `concurrency` once the list's planned points are
+ * measured and all were within the budget: another step of the list's last gap past its highest
+ * value (quick 1,2,4: then 6, 8), up to twice that value; undefined when there is none. Without
+ * it a config still within the budget at the list's top would be scored below its real best.
+ */
+export function beyondList(concurrency: number, list: readonly number[]): number | undefined {
+  const sorted = [...new Set(list)].sort((a, b) => a - b);
+  const top = sorted.at(-1) ?? 1;
+  if (concurrency < top) return undefined;
+  const step = sorted.length > 1 ? top - (sorted.at(-2) as number) : 1;
+  const next = concurrency + step;
+  return next <= 2 * top ? next : undefined;
+}
+
 /** The point a round scores: the highest throughput within the budget, else the lowest p99. */
 export function roundScore(points: readonly SweepPoint[], budgetMs: number): SweepPoint {
   const within = points.filter((p) => p.p99Ms <= budgetMs).sort((a, b) => b.throughput - a.throughput);
@@ -114,8 +129,9 @@ export async function measureRounds(
     }
     await interleavedRounds(subjects, options.rounds, async (s, round) => {
       const points: SweepPoint[] = [];
-      for (const concurrency of aroundConcurrency(s.concurrency, options.concurrencies)) {
-        const point = toPoint(await measureAt(s.subject, options, concurrency));
+      const planned = aroundConcurrency(s.concurrency, options.concurrencies);
+      for (let i = 0, c = planned[0]; c !== undefined; c = planned[++i] ?? beyondList(c, options.concurrencies)) {
+        const point = toPoint(await measureAt(s.subject, options, c));
         points.push(point);
         // More requests in flight only queue more: the rest of the sweep cannot be within the budget.
         if (point.p99Ms > options.budgetMs) break;

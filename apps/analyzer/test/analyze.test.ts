@@ -11,7 +11,15 @@ import { join } from "node:path";
 import { parseModelConfig } from "@trellis/protocol";
 import { fixtureImagesDir } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type AnalyzeResult, analyze, readSettings, scoreOf, thisMachine, verdictLine } from "../src/index.js";
+import {
+  type AnalyzeResult,
+  analyze,
+  beyondList,
+  readSettings,
+  scoreOf,
+  thisMachine,
+  verdictLine,
+} from "../src/index.js";
 
 const FIXTURE = new URL("./fixtures/tiny-repo/", import.meta.url).pathname;
 const BUDGET_MS = 200;
@@ -88,6 +96,16 @@ describe("trellis analyze --quick on a stage of known cost", () => {
     expect(result.verdict.kind).toBe(wins ? "winner" : "no significant difference");
     expect(result.winner).toBe(wins ? best : baseline);
     expect(verdictLine(result)).toMatch(wins ? /^Winner c\d+: .*×/ : /^No significant difference/);
+  });
+
+  it("goes past the list's top in the finals while within the budget: its last gap again, up to twice the top", () => {
+    expect([4, 6, 8].map((c) => beyondList(c, [1, 2, 4]))).toEqual([6, 8, undefined]);
+    expect(beyondList(2, [1, 2, 4])).toBeUndefined();
+    expect(beyondList(16, [1, 2, 4, 8, 16])).toBe(24);
+    expect(beyondList(1, [1])).toBe(2);
+    // A finalist scored past the top only where its round's sweep was still within the budget.
+    for (const f of result.finalists)
+      for (const r of f.rounds) if (r.concurrency > 8) expect(r.p99Ms).toBeLessThanOrEqual(BUDGET_MS);
   });
 
   it("scores each candidate by its best measured point within the budget, and stops sweeps over it", () => {
