@@ -7,11 +7,11 @@
  * highest throughput whose p99 is within it. Prints every round, the medians with their spread,
  * and B/A per round.
  */
-import { readdir, readFile } from "node:fs/promises";
-import { extname, join, resolve } from "node:path";
+import { resolve } from "node:path";
 import { concurrencyRange, connectEndpoint, imageInput, imageRequests, measure } from "@trellis/client";
 import { interleavedRounds, median, startServerProcess } from "@trellis/testing";
 import { Command, InvalidArgumentError } from "commander";
+import { readImages } from "./analyze.js";
 import { type SweepPoint, toPoint } from "./measure.js";
 import { roundScore } from "./rounds.js";
 
@@ -43,9 +43,7 @@ const o = new Command("trellis-analyze-ab")
     measurementInterval: number;
   }>();
 
-const IMAGES = new Set([".jpg", ".jpeg", ".png", ".webp"]);
-const files = (await readdir(o.inputData)).filter((f) => IMAGES.has(extname(f).toLowerCase())).sort();
-const images = await Promise.all(files.map(async (f) => new Uint8Array(await readFile(join(o.inputData, f)))));
+const images = await readImages(o.inputData);
 const concurrencies = concurrencyRange(o.concurrencyRange);
 
 const subjects = await Promise.all(

@@ -73,6 +73,13 @@ function commandOf(options: AnalyzeOptions): string {
 
 const IMAGE_TYPES = new Set([".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"]);
 
+/** The images of an --input-data folder, by name; none is an error naming the folder. */
+export async function readImages(folder: string): Promise<Uint8Array[]> {
+  const files = (await readdir(folder)).filter((f) => IMAGE_TYPES.has(extname(f).toLowerCase())).sort();
+  if (files.length === 0) throw new Error(`--input-data ${folder}: no images (jpg, png, webp, …)`);
+  return Promise.all(files.map(async (f) => new Uint8Array(await readFile(join(folder, f)))));
+}
+
 /** A window long enough for this many answers at the shipped config's rate: fewer make p99 the maximum. */
 const ANSWERS_PER_WINDOW = { quick: 30, full: 100 };
 
@@ -82,9 +89,7 @@ const ANSWERS_PER_WINDOW = { quick: 30, full: 100 };
  * here, not mid-search), and the shipped config's rate at concurrency 1, to size the windows.
  */
 async function prepareInputs(repository: string, ensemble: string, folder: string) {
-  const files = (await readdir(folder)).filter((f) => IMAGE_TYPES.has(extname(f).toLowerCase())).sort();
-  if (files.length === 0) throw new Error(`--input-data ${folder}: no images (jpg, png, webp, …)`);
-  const images = await Promise.all(files.map(async (f) => new Uint8Array(await readFile(join(folder, f)))));
+  const images = await readImages(folder);
   const server = await startServerProcess(["--model-repository", repository]);
   const endpoint = connectEndpoint(server.grpc, "grpc");
   try {

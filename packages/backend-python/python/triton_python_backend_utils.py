@@ -13,20 +13,16 @@ TRITONSERVER_LOG_WARN = 1
 TRITONSERVER_LOG_ERROR = 2
 TRITONSERVER_LOG_VERBOSE = 3
 
+_NUMPY_OF = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
+}
+# Config names (TYPE_FP32, and TYPE_STRING for BYTES) as well as the wire's (FP32, BYTES).
 _TRITON_TO_NUMPY = {
-    "TYPE_BOOL": np.bool_, "BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8, "UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16, "UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32, "UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64, "UINT64": np.uint64,
-    "TYPE_INT8": np.int8, "INT8": np.int8,
-    "TYPE_INT16": np.int16, "INT16": np.int16,
-    "TYPE_INT32": np.int32, "INT32": np.int32,
-    "TYPE_INT64": np.int64, "INT64": np.int64,
-    "TYPE_FP16": np.float16, "FP16": np.float16,
-    "TYPE_FP32": np.float32, "FP32": np.float32,
-    "TYPE_FP64": np.float64, "FP64": np.float64,
-    "TYPE_STRING": np.object_, "BYTES": np.object_,
+    **_NUMPY_OF,
+    **{"TYPE_" + k: v for k, v in _NUMPY_OF.items() if k != "BYTES"},
+    "TYPE_STRING": np.object_,
 }
 
 
