@@ -8,7 +8,7 @@ import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { dirname, isAbsolute, join, resolve, sep } from "node:path";
+import { dirname, join } from "node:path";
 import {
   createModelCaller,
   type ModelIndexEntry,
@@ -30,6 +30,7 @@ import type { LoadStageOptions } from "./loader.js";
 import { DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed-model.js";
 import type { RepositoryModel, RepositoryScan, RepositorySource } from "./scan.js";
 import { ShadowComparer, shadowSettings } from "./shadow.js";
+import { normalizedUploadPath, uploadedCodeProblem } from "./upload-policy.js";
 
 /** What the manager needs from a model loader (@trellis/ensemble-runner's, in production). */
 export interface ModelLoader {
@@ -91,9 +92,6 @@ export const DEFAULT_MAX_LOAD_FILES = 1000;
 export const DEFAULT_MAX_LOAD_BYTES = 1024 * 1024 * 1024;
 /** How many of a load's files are written at once. */
 const LOAD_WRITE_CONCURRENCY = 16;
-
-/** Files a load request may not upload unless unsafe overrides are allowed: what Node, ORT or Python would run. */
-const CODE_FILE = /\.(?:[cm]?[jt]s|node|wasm|so|dylib|dll|py[cdw]?|pth)$/i;
 
 interface VersionEntry {
   version: string;
@@ -472,7 +470,7 @@ export class RepositoryManager implements ModelRegistry {
       throw new StageError(Code.InvalidArgument, "", `failed to load '${name}': ${e.scanError}`);
     }
     const model = configOverride === undefined ? e.model : withConfig(e.model, configOverride);
-    if (configOverride !== undefined) this.checkOverride(name, model.config, {});
+    if (configOverride !== undefined) this.checkOverride(name, model.config, new Map());
     if (isEnsemble(model.config)) await this.loadSteps(model, new Set([name, ...(tried ?? [])]));
     const failures = await this.enqueue(e, () => this.loadEntry(e, model));
     if (failures.length > 0) {
@@ -496,22 +494,25 @@ export class RepositoryManager implements ModelRegistry {
         `${notPolled(name)}: Load parameter 'config' must be specified for model file override (the model config as JSON)`,
       );
     }
-    const files = options.files ?? {};
-    this.checkLoadSize(name, files);
+    this.checkLoadSize(name, options.files ?? {});
+    // Every name judged as it will be written (see upload-policy.ts), before anything is.
+    const files = new Map<string, Uint8Array>();
+    const sent = new Map<string, string>();
+    for (const [path, bytes] of Object.entries(options.files ?? {})) {
+      const normalized = normalizedUploadPath(path);
+      if (normalized === undefined) throw fail(`file override 'file:${path}' must be a path inside the model's folder`);
+      if (files.has(normalized)) throw fail(`file override 'file:${path}' names the file '${normalized}' again`);
+      files.set(normalized, bytes);
+      sent.set(normalized, path);
+    }
     const config = configFromJson(name, options.config);
-    this.checkOverride(name, config, files);
+    this.checkOverride(name, config, sent);
     const bounds = this.boundsProblem(config);
     if (bounds) throw fail(bounds);
     const root = await mkdtemp(join(tmpdir(), "trellis-load-"));
     try {
       const modelDir = join(root, name);
-      const targets = Object.entries(files).map(([path, bytes]) => {
-        const target = resolve(modelDir, path);
-        if (path.includes("\0") || isAbsolute(path) || !target.startsWith(modelDir + sep)) {
-          throw fail(`file override 'file:${path}' must be a path inside the model's folder`);
-        }
-        return [target, bytes] as const;
-      });
+      const targets = [...files].map(([path, bytes]) => [join(modelDir, ...path.split("/")), bytes] as const);
       await writeFiles(targets, (path) =>
         fail(`file override 'file:${path.slice(modelDir.length + 1)}' could not be written`),
       );
@@ -559,7 +560,7 @@ export class RepositoryManager implements ModelRegistry {
    * the model's `parameters`, which name the code a stage runs, the files it reads and the
    * endpoints it connects to. What else a config says (batching, instances, inputs) stays open.
    */
-  private checkOverride(name: string, config: ModelConfig, files: Record<string, Uint8Array>): void {
+  private checkOverride(name: string, config: ModelConfig, files: ReadonlyMap<string, string>): void {
     if (this.opts.allowUnsafeLoadOverrides) return;
     const refuse = (why: string) =>
       new StageError(
@@ -567,9 +568,12 @@ export class RepositoryManager implements ModelRegistry {
         "",
         `failed to load '${name}': ${why}; the server refuses this unless started with --allow-unsafe-load-overrides`,
       );
-    const code = Object.keys(files).find((path) => CODE_FILE.test(path));
-    if (code !== undefined) throw refuse(`file override 'file:${code}' is executable code`);
     const repository = this.models.get(name)?.model?.config;
+    for (const [path, asSent] of files) {
+      const problem = uploadedCodeProblem(path, config, repository);
+      const written = asSent === path ? "" : ` (written as '${path}')`;
+      if (problem) throw refuse(`file override 'file:${asSent}'${written} ${problem}`);
+    }
     if (
       config.backend === "python" &&
       (repository?.backend !== "python" || repository.defaultModelFilename !== config.defaultModelFilename)
