@@ -116,7 +116,7 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 
-image=../shared/fixtures/images/chelsea.jpg
+image=samples/images/chelsea.jpg
 # Inferences/Second (perf_analyzer's CSV column 2) at concurrency 8. $1: the client's global flags, $2: perf's.
 perf_of() {
   # shellcheck disable=SC2086 # word splitting of the flag strings is meant

@@ -5,7 +5,7 @@
  * 1. builds the image (Dockerfile) on a local base image (scripts/base-image.sh, cached),
  * 2. renders deploy/overlays/split with `kubectl kustomize` and plays it with `podman kube play`,
  * 3. waits until every pod answers /v2/health/ready (the readinessProbe's endpoint),
- * 4. classifies the fixture photos through the front with the real MobileNetV2 (../shared/models),
+ * 4. classifies the fixture photos through the front with the real MobileNetV2 (tooling/bundled),
  * 5. stops the inference container: requests fail, naming the step, within a bound; restarts it: recovery,
  * 6. SIGTERMs the front while requests are in flight: none of them is dropped,
  * 7. tears everything down, always.

@@ -97,7 +97,7 @@ try {
 } catch {
   console.log("(ImageMagick's convert not found: small photos only)");
 }
-photos.push({ name: "motorcycle_left.png 741x500", file: join(fixtureImagesDir, "motorcycle_left.png"), n: 16 });
+photos.push({ name: "motorcycle_left.jpg 741x500", file: join(fixtureImagesDir, "motorcycle_left.jpg"), n: 16 });
 
 const models = [{ name: "MobileNetV2 int8 (shared)", model: undefined }];
 const resnet = join(modelsDir, "resnet50_inference", "1", "model.onnx");

@@ -13,7 +13,6 @@ import {
   readReferenceTensor,
   referenceTop5OnThisCpu,
   STABLE_TOP1,
-  sharedDir,
 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createStage } from "../src/index.js";
@@ -40,7 +39,7 @@ beforeAll(async () => {
   server = await spawnServer("onnx", 0, [MOBILENET_PATH], env);
   direct = await createOnnxModel({
     config: parseModelConfig(text),
-    modelDir: sharedDir,
+    modelDir: dirname(dirname(MOBILENET_PATH)),
     versionDir: dirname(MOBILENET_PATH),
   });
   const config = await loadModelConfig(join(modelsDir, "gpu", "trellis", "resnet50_inference_trt", "config.pbtxt"));

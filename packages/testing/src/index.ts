@@ -60,5 +60,11 @@ export {
   pythonGrpcRequired,
   startPythonKServe,
 } from "./python-grpc.js";
-export { makeSeedRepository, removeDir, type SeedRepositoryOptions, seedModelNames } from "./seed.js";
+export {
+  makeSeedRepository,
+  removeDir,
+  type SeedRepositoryOptions,
+  seedModelNames,
+  seedPythonModelsMissing,
+} from "./seed.js";
 export { type ServerProcess, type ServerProcessOptions, startServerProcess, startupRefusal } from "./server-process.js";

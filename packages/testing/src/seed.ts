@@ -1,4 +1,5 @@
-/** Temp model repositories built from the seed's configs and the shared model and labels. */
+/** Temp model repositories built from the seed's configs and the bundled model and labels. */
+import { existsSync } from "node:fs";
 import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -17,8 +18,22 @@ export interface SeedRepositoryOptions {
   pythonInstances?: number;
 }
 
-/** The seed deployment's Python models, as a Triton user's repository holds them. */
+/**
+ * The seed deployment's Python models, as a Triton user's repository holds them. They are not
+ * ours to commit, so they are read from ../shared, which only this project's own machines have.
+ */
 const PYTHON_MODELS = join(sharedDir, "fixtures", "triton-python");
+
+/**
+ * Why the tests that serve the seed's own model.py files cannot run here, in one line, or
+ * undefined when they can. In CI (CI=true) the material must be there: its absence is an error.
+ */
+export function seedPythonModelsMissing(): string | undefined {
+  if (existsSync(join(PYTHON_MODELS, "resnet50_preprocess", "1", "preprocess.py"))) return undefined;
+  const why = "the seed deployment's own model.py files (../shared/fixtures/triton-python) are not beside this clone";
+  if (process.env.CI === "true") throw new Error(`${why}, and CI must run the tests that serve them`);
+  return why;
+}
 const PYTHON_FILES = [
   ["resnet50_preprocess", "preprocess.py"],
   ["resnet50_postprocess", "postprocess.py"],
@@ -31,7 +46,7 @@ export async function seedModelNames(): Promise<string[]> {
 
 /**
  * A temp copy of the seed repository (models/resnet50_*\/config.pbtxt, version 1)
- * with the shared MobileNetV2 as resnet50_inference/1/model.onnx and the
+ * with the bundled MobileNetV2 as resnet50_inference/1/model.onnx and the
  * ImageNet labels in resnet50_postprocess/1/. Returns its path; remove it with `removeDir`.
  */
 export async function makeSeedRepository(options: SeedRepositoryOptions = {}): Promise<string> {
@@ -45,6 +60,8 @@ export async function makeSeedRepository(options: SeedRepositoryOptions = {}): P
   await copyFile(MOBILENET_PATH, join(dir, "resnet50_inference", "1", "model.onnx"));
   await copyFile(LABELS_PATH, join(dir, "resnet50_postprocess", "1", "imagenet_classes.txt"));
   if (options.pythonInstances !== undefined) {
+    const missing = seedPythonModelsMissing();
+    if (missing) throw new Error(`makeSeedRepository({ pythonInstances }): ${missing}`);
     for (const [model, file] of PYTHON_FILES) {
       const config = await readFile(join(PYTHON_MODELS, model, "config.pbtxt"), "utf8");
       await writeFile(

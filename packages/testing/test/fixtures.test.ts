@@ -2,6 +2,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
+  fixtureImagesDir,
   fixturePhotos,
   LABELS_PATH,
   MOBILENET_PATH,
@@ -9,16 +10,31 @@ import {
   readFixtureImage,
   readReferenceTensor,
   readReferenceTop5,
+  referenceDir,
   referenceTop5OnThisCpu,
   removeDir,
   repoRoot,
   STABLE_TOP1,
   seedModelNames,
+  sharedDir,
   softmaxTop5,
   TRUNCATED_PHOTO,
 } from "../src/index.js";
 
-describe("shared fixtures", () => {
+describe("the repository's own fixtures", () => {
+  it("makes every reference tensor from the committed photos, equal to the seed's own where ../shared has them", () => {
+    for (const photo of fixturePhotos()) {
+      const made = readReferenceTensor(photo);
+      expect(made.length, photo).toBe(3 * 224 * 224);
+      const seed = join(sharedDir, "fixtures", "reference", `${photo}.f32`);
+      if (existsSync(seed)) expect(Buffer.from(made.buffer).equals(readFileSync(seed)), photo).toBe(true);
+    }
+    // The photos, labels and model are the repository's own: nothing of the above reads ../shared.
+    for (const path of [fixtureImagesDir, referenceDir, LABELS_PATH, MOBILENET_PATH]) {
+      expect(path.startsWith(repoRoot) && !path.startsWith(sharedDir), path).toBe(true);
+    }
+  });
+
   it("lists the good photos, sorted, exactly the ones with a reference top-5", () => {
     const photos = fixturePhotos();
     expect(photos).not.toContain(TRUNCATED_PHOTO);
@@ -96,12 +112,12 @@ describe("makeSeedRepository", () => {
     }
   });
 
-  it("puts the shared MobileNetV2 and the ImageNet labels where the seed's configs look", () => {
+  it("puts the bundled MobileNetV2 and the ImageNet labels where the seed's configs look", () => {
     const model = join(dir, "resnet50_inference", "1", "model.onnx");
     expect(statSync(model).isFile()).toBe(true);
     expect(readFileSync(model).equals(readFileSync(MOBILENET_PATH))).toBe(true);
     const labels = readFileSync(join(dir, "resnet50_postprocess", "1", "imagenet_classes.txt"), "utf8");
     expect(labels).toBe(readFileSync(LABELS_PATH, "utf8"));
-    expect(labels.split("\n")).toHaveLength(1000);
+    expect(labels.trimEnd().split("\n")).toHaveLength(1000);
   });
 });

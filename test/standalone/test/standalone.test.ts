@@ -1,0 +1,147 @@
+/**
+ * Issue 55: the repository stands alone. The committed tree (`git archive HEAD`) is copied into
+ * a temporary folder with nothing beside it (no ../shared), and there the README's first two
+ * commands run as written (`pnpm install`, `pnpm start`, given free ports as the README allows)
+ * and then its `pnpm client classify samples/images/chelsea.jpg`, offline: every download is
+ * sent to a proxy that refuses connections, so the bundled MobileNetV2 is what classifies.
+ */
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { mkdir, mkdtemp, readdir, rm } from "node:fs/promises";
+import net from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+const repoRoot = join(import.meta.dirname, "..", "..", "..");
+const readme = readFileSync(join(repoRoot, "README.md"), "utf8");
+
+/** The README's first shell block, each line's command without its comment. */
+function firstCommands(): string[] {
+  const block = /```sh\n([\s\S]*?)```/.exec(readme)?.[1] ?? "";
+  return block
+    .split("\n")
+    .map((line) => line.replace(/#.*$/, "").trim())
+    .filter(Boolean);
+}
+
+/** The README's classify command, as its table prints it. */
+const classifyCommand = (): string => /`(pnpm client classify samples\/images\/chelsea\.jpg)`/.exec(readme)?.[1] ?? "";
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.on("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address() as net.AddressInfo;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+let parent: string;
+let clone: string;
+let env: NodeJS.ProcessEnv;
+let server: ChildProcess | undefined;
+let serverLog = "";
+const ports = { http: 0, grpc: 0, metrics: 0 };
+
+/** Runs `command` (a README line: words split on spaces) in the clone; its output, or the failure with it. */
+function runInClone(command: string, extra: string[] = []): string {
+  const [program, ...args] = command.split(/\s+/);
+  try {
+    return execFileSync(program as string, [...args, ...extra], { cwd: clone, env, encoding: "utf8", stdio: "pipe" });
+  } catch (err) {
+    const e = err as { stdout?: string; stderr?: string; message: string };
+    throw new Error(`${command} failed: ${e.message}\n${e.stdout ?? ""}\n${e.stderr ?? ""}`);
+  }
+}
+
+async function waitReady(): Promise<void> {
+  for (let i = 0; i < 600; i++) {
+    if (server?.exitCode !== null) throw new Error(`pnpm start exited (${server?.exitCode}):\n${serverLog}`);
+    const ok = await fetch(`http://127.0.0.1:${ports.http}/v2/health/ready`)
+      .then((r) => r.status === 200)
+      .catch(() => false);
+    if (ok) return;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  throw new Error(`not ready after 300 s:\n${serverLog}`);
+}
+
+beforeAll(async () => {
+  parent = await mkdtemp(join(tmpdir(), "trellis-alone-"));
+  clone = join(parent, "trellis");
+  await mkdir(clone);
+  // What is committed, not the working tree: untracked or ignored files here must not help.
+  execFileSync("sh", ["-c", `git -C "${repoRoot}" archive --format=tar HEAD | tar -x -C "${clone}"`]);
+  const deadProxy = `http://127.0.0.1:${await freePort()}`;
+  env = {
+    ...process.env,
+    CI: "",
+    ONNXRUNTIME_NODE_INSTALL: "skip",
+    TURBO_TELEMETRY_DISABLED: "1",
+    TURBO_NO_UPDATE_NOTIFIER: "1",
+    // Offline: pnpm takes every package from its store; a model download has nowhere to go.
+    npm_config_offline: "true",
+    HTTPS_PROXY: deadProxy,
+    HTTP_PROXY: deadProxy,
+    https_proxy: deadProxy,
+    http_proxy: deadProxy,
+    NO_PROXY: "",
+    no_proxy: "",
+  };
+  ports.http = await freePort();
+  ports.grpc = await freePort();
+  ports.metrics = await freePort();
+}, 60_000);
+
+afterAll(async () => {
+  if (server && server.exitCode === null) {
+    const exited = new Promise((r) => server?.once("exit", r));
+    server.kill("SIGTERM");
+    await exited;
+  }
+  await rm(parent, { recursive: true, force: true });
+}, 60_000);
+
+describe("a clone with nothing beside it", () => {
+  it("has no ../shared and the README's commands name only what it holds", async () => {
+    expect(existsSync(join(clone, "..", "shared"))).toBe(false);
+    expect(await readdir(parent)).toEqual(["trellis"]);
+    expect(firstCommands()).toEqual(["pnpm install", "pnpm start"]);
+    expect(classifyCommand()).toBe("pnpm client classify samples/images/chelsea.jpg");
+    expect(existsSync(join(clone, "samples", "images", "chelsea.jpg"))).toBe(true);
+  });
+
+  it("pnpm install, pnpm start, then pnpm client classify: chelsea is an Egyptian cat", async () => {
+    const [install, start] = firstCommands() as [string, string];
+    runInClone(install);
+    const [program, ...args] = start.split(/\s+/);
+    const portFlags = [
+      "--http-port",
+      `${ports.http}`,
+      "--grpc-port",
+      `${ports.grpc}`,
+      "--metrics-port",
+      `${ports.metrics}`,
+    ];
+    server = spawn(program as string, [...args, ...portFlags], { cwd: clone, env, stdio: ["ignore", "pipe", "pipe"] });
+    server.stdout?.on("data", (c: Buffer) => {
+      serverLog += c.toString();
+    });
+    server.stderr?.on("data", (c: Buffer) => {
+      serverLog += c.toString();
+    });
+    await waitReady();
+    expect(serverLog).toContain("bundled MobileNetV2 (offline)");
+    const answer = runInClone(classifyCommand(), ["-u", `127.0.0.1:${ports.grpc}`]);
+    expect(answer).toContain("chelsea.jpg");
+    // The top class, printed as Triton's image_client prints it: "    0.757 = Egyptian cat".
+    const first = answer.split("\n").find((l) => /^\s+\d\.\d+ = /.test(l)) ?? "";
+    expect(first, answer).toContain("Egyptian cat");
+    // The models it served are the clone's own, in its own models/.
+    expect(existsSync(join(clone, "models", "resnet50_inference", "1", "model.onnx"))).toBe(true);
+    expect(dirname(clone)).toBe(parent);
+  }, 900_000);
+});
