@@ -5,7 +5,7 @@
  * ensemble reaches it through @trellis/inference-trt-bridge.
  */
 import { mkdir, writeFile } from "node:fs/promises";
-import { basename, dirname, join } from "node:path";
+import { basename, dirname, isAbsolute, join, normalize, sep } from "node:path";
 import {
   DataType,
   loadModelConfig,
@@ -110,6 +110,25 @@ export const TRT_NAMES = {
 /** POSIX shell quoting, only where needed. */
 function shellQuote(s: string): string {
   return /^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, "'\\''")}'`;
+}
+
+/**
+ * The `docker run` volume and working-folder flags for a command that reads and writes `paths`
+ * (relative to where it runs, or absolute). When each is inside the current folder, that folder
+ * is mounted at /work, as NVIDIA's container docs do. When one is not (`--out /data/gpu`, `--out
+ * ../gpu`), a mount at /work would lose what the command writes there when the container exits,
+ * so the current folder and each outside folder are mounted at their own absolute paths, and the
+ * command runs in the current folder's: its paths then mean inside what they mean outside.
+ */
+export function containerMounts(paths: { path: string; dir: boolean }[]): string {
+  const outside = paths.filter(({ path }) => isAbsolute(path) || normalize(path).split(sep)[0] === "..");
+  if (outside.length === 0) return `-v "$PWD:/work" -w /work`;
+  const folders = [...new Set(outside.map(({ path, dir }) => (dir ? path : dirname(path))))];
+  const mounts = folders.map((f) => {
+    const host = `$(realpath -m ${shellQuote(f)})`;
+    return `-v "${host}:${host}"`;
+  });
+  return [`-v "$PWD:$PWD"`, ...mounts, `-w "$PWD"`].join(" ");
 }
 
 const typeName = (t: DataType) => DataType[t];
@@ -252,7 +271,12 @@ function buildCommands(b: BuildInputs): Pick<TrtPlan, "command" | "args" | "step
   const quote = (argv: string[]) => argv.map(shellQuote).join(" ");
   const command = quote(["trtexec", ...args]);
   const image = `nvcr.io/nvidia/tensorrt:${b.release}-py3`;
-  const inContainer = `docker run --gpus all --rm --user "$(id -u):$(id -g)" -v "$PWD:/work" -w /work ${image} ${command}`;
+  // The output root, not the engine's version folder: it exists (the configs are written there first).
+  const mounts = containerMounts([
+    { path: options.onnx, dir: false },
+    { path: options.out, dir: true },
+  ]);
+  const inContainer = `docker run --gpus all --rm --user "$(id -u):$(id -g)" ${mounts} ${image} ${command}`;
   return {
     command,
     args,
@@ -397,7 +421,9 @@ function frameworkBuild(
   const command = ["python", scriptPath].map(shellQuote).join(" ");
   const image = WORKFLOW_RULES[b.workflow].container(b.release);
   // HOME=/tmp: as the caller's user the container has no writable home for the weights' download cache.
-  const inContainer = `docker run --gpus all --rm --user "$(id -u):$(id -g)" -e HOME=/tmp -v "$PWD:/work" -w /work ${image} ${command}`;
+  // The script and what it writes are both under the output root.
+  const mounts = containerMounts([{ path: b.options.out, dir: true }]);
+  const inContainer = `docker run --gpus all --rm --user "$(id -u):$(id -g)" -e HOME=/tmp ${mounts} ${image} ${command}`;
   return { script: { path, text }, command, args: [scriptPath], steps: [command], docker: [inContainer] };
 }
 

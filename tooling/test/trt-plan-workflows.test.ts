@@ -7,7 +7,7 @@
  */
 import { execFile } from "node:child_process";
 import { readFile } from "node:fs/promises";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { promisify } from "node:util";
 import {
   DataType,
@@ -217,4 +217,50 @@ describe("trt:plan --workflow", () => {
       "trt:plan: workflow must be one of trtexec, torch-trt, tf-trt",
     );
   });
+});
+
+describe("the container commands keep what they write", () => {
+  /** Host folder → container folder for each `-v`, and the working folder, with the shell's words evaluated in `cwd`. */
+  function mountsOf(docker: string, cwd: string): { mounts: [string, string][]; workdir: string } {
+    const evaluated = docker
+      .replace(/\$\(realpath -m ('[^']*'|\S+?)\)/g, (_, p: string) => resolve(cwd, p.replace(/^'|'$/g, "")))
+      .replace(/\$PWD/g, cwd);
+    const mounts = [...evaluated.matchAll(/-v "([^"]+)"/g)].map((m) => {
+      const [host, inside] = (m[1] as string).split(":") as [string, string];
+      return [host, inside] as [string, string];
+    });
+    const workdir = /-w "?([^"\s]+)"?/.exec(evaluated)?.[1] ?? "";
+    return { mounts, workdir };
+  }
+  /** Where `path` (as the command names it) lands on the host, or undefined when no mount holds it. */
+  function landsOnHost(path: string, docker: string, cwd: string): string | undefined {
+    const { mounts, workdir } = mountsOf(docker, cwd);
+    const inside = resolve(workdir, path);
+    for (const [host, folder] of mounts) {
+      if (inside === folder || inside.startsWith(`${folder}/`)) return join(host, inside.slice(folder.length));
+    }
+    return undefined;
+  }
+
+  const cwd = "/home/user/trellis";
+  for (const workflow of ["trtexec", "torch-trt", "tf-trt"] as TrtWorkflow[]) {
+    for (const out of ["models/gpu", "/data/gpu-repos", "../elsewhere/gpu"]) {
+      it(`${workflow}, --out ${out}: the engine is written under a mounted folder, where the host expects it`, async () => {
+        const plan = await planTrt({ ...base, out, workflow });
+        const docker = plan.docker.at(-1) as string;
+        // What the command writes: the engine path for trtexec; the recipe's folder, as its script names it.
+        const written =
+          workflow === "trtexec"
+            ? plan.enginePath
+            : (/(?:torch\.jit\.save\(compiled, |converter\.save\()"([^"]+)\/model\.(?:pt|savedmodel)"/.exec(
+                plan.script!.text,
+              )?.[1] as string);
+        expect(written, plan.script?.text).toBeTruthy();
+        expect(landsOnHost(written, docker, cwd), docker).toBe(resolve(cwd, written));
+        // And what it reads: the ONNX model for trtexec, the script for the recipes.
+        const read = workflow === "trtexec" ? base.onnx : (plan.args[0] as string);
+        expect(landsOnHost(read, docker, cwd), docker).toBe(resolve(cwd, read));
+      });
+    }
+  }
 });
