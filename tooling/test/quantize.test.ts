@@ -2,8 +2,8 @@ import { createHash } from "node:crypto";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { fixtureImagesDir, MOBILENET_PATH, readReferenceTensor } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { writeOptimizedGraph } from "../src/calibrate.js";
@@ -23,7 +23,7 @@ import {
 } from "../src/quantize.js";
 import { quantizeFile } from "../src/quantize-file.js";
 
-const SHARED = fileURLToPath(new URL("../../../shared/", import.meta.url));
+// The repository's own photos, bundled MobileNetV2 and reference tensors (@trellis/testing).
 const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
 const f32 = Math.fround;
 
@@ -352,7 +352,7 @@ describe("quantizeFile: calibration on photos through the seed preprocessing", (
     await writeFile(join(dir, "fp32.onnx"), toBinary(ModelProtoSchema, tinyModel(224)));
     await writeFile(
       join(dir, "calib.txt"),
-      ["chelsea.jpg", "truncated.jpg", "coffee.png"].map((f) => join(SHARED, "fixtures/images", f)).join("\n"),
+      ["chelsea.jpg", "truncated.jpg", "coffee.png"].map((f) => join(fixtureImagesDir, f)).join("\n"),
     );
   });
   afterAll(async () => {
@@ -394,7 +394,7 @@ describe("quantizeFile: calibration on photos through the seed preprocessing", (
 
 describe("dequantizeModel: the shared MobileNetV2 int8 (QOperator) back to fp32", () => {
   it("leaves no quantized op, folds ReLU6 as Clip, and classifies the fixtures as the int8 model does", async () => {
-    const int8 = new Uint8Array(await readFile(join(SHARED, "models/mobilenetv2-12-int8.onnx")));
+    const int8 = new Uint8Array(await readFile(MOBILENET_PATH));
     const fp32 = dequantizeModel(fromBinary(ModelProtoSchema, int8));
     const ops = countOps(fp32);
     expect(Object.keys(ops).filter((k) => /QLinear|Quantize|Dequantize/.test(k))).toEqual([]);
@@ -409,8 +409,7 @@ describe("dequantizeModel: the shared MobileNetV2 int8 (QOperator) back to fp32"
       "motorcycle_left.jpg": 665,
     };
     for (const [f, cls] of Object.entries(expected)) {
-      const raw = await readFile(join(SHARED, "fixtures/reference", `${f}.f32`));
-      const x = new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4);
+      const x = readReferenceTensor(f);
       const y = (await s.run({ input: new ort.Tensor("float32", x, [1, 3, 224, 224]) })).output!.data as Float32Array;
       expect([f, y.indexOf(Math.max(...y))]).toEqual([f, cls]);
     }

@@ -118,7 +118,7 @@ const SETUPS = process.env.BENCH_SETUPS
 /** The int8 row's model: a ready QDQ file, else quantized from the bench's fp32 model at the start. */
 const INT8_MODEL = process.env.BENCH_INT8_MODEL;
 /** Calibration photos for the int8 row's quantization: fixture files at their own size, not the requests. */
-const INT8_CALIBRATION = ["horse.jpg", "chelsea.png", "coffee.png", "astronaut.png"];
+const INT8_CALIBRATION = ["horse.jpg", "chelsea.png", "coffee.png", "astronaut.jpg"];
 
 const parameter = (key: string, value: string) =>
   `\nparameters {\n  key: "${key}"\n  value: { string_value: "${value}" }\n}\n`;

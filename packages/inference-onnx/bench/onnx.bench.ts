@@ -6,7 +6,7 @@
  * build`); BENCH_SECONDS sets each row's counted length (default 8), split over
  * BENCH_ROUNDS interleaved rounds (default 4), each after BENCH_WARMUP_SECONDS
  * (default 0.5) uncounted. Uses the synthetic ResNet-50
- * from `pnpm models:synth` when models/ has one, else ../shared's MobileNetV2.
+ * from `pnpm models:synth` when models/ has one, else the bundled MobileNetV2 (tooling/bundled).
  */
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { availableParallelism, cpus, tmpdir } from "node:os";
@@ -28,10 +28,12 @@ async function createOnnxStage(options: OnnxStageOptions) {
 
 const root = join(import.meta.dirname, "..", "..", "..", "..");
 const resnet = join(root, "models", "resnet50_inference", "1", "model.onnx");
-const mobilenet = join(root, "..", "shared", "models", "mobilenetv2-12-int8.onnx");
+const mobilenet = join(root, "tooling", "bundled", "mobilenetv2-12-int8.onnx");
 const modelPath = existsSync(resnet) ? resnet : mobilenet;
 const modelLabel =
-  modelPath === resnet ? "ResNet-50 (models/resnet50_inference, synthetic or fetched)" : "MobileNetV2 int8 (../shared)";
+  modelPath === resnet
+    ? "ResNet-50 (models/resnet50_inference, synthetic or fetched)"
+    : "MobileNetV2 int8 (tooling/bundled)";
 const seconds = Number(process.env.BENCH_SECONDS ?? 8);
 /** Interleaved rounds each row's time is split into (BENCH_ROUNDS). */
 const ROUNDS = Math.max(1, Number(process.env.BENCH_ROUNDS ?? 4));

@@ -164,7 +164,7 @@ function equalityTests(label: string, key: string, modelPath: () => string) {
   });
 }
 
-equalityTests("MobileNetV2 int8 (../shared/models)", "mnet", () => MOBILENET_PATH);
+equalityTests("MobileNetV2 int8 (tooling/bundled)", "mnet", () => MOBILENET_PATH);
 
 let resnetPath = "";
 beforeAll(async () => {
@@ -173,7 +173,7 @@ beforeAll(async () => {
 }, 300_000);
 equalityTests("synthetic ResNet-50", "resnet", () => resnetPath);
 
-describe("MobileNetV2 int8 (../shared/models)", () => {
+describe("MobileNetV2 int8 (tooling/bundled)", () => {
   describe("queue policy and request checks", () => {
     let stage: OnnxStage;
     beforeAll(async () => {

@@ -3,7 +3,7 @@
  * 1920x1080 and 4000x3000 JPEGs, 1 and 2 requests in flight, beside the
  * seed's OpenCV preprocessing on the same files when python3 has cv2.
  *
- * Corpus: the shared CC0 photos resized (up) with sharp into a temp dir.
+ * Corpus: the sample CC0 photos (samples/images) resized (up) with sharp into a temp dir.
  * Not part of the package's public surface (src/index.ts does not export it).
  */
 import { execFileSync, spawn } from "node:child_process";
@@ -12,12 +12,12 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createPreprocess } from "@trellis/preprocess";
 import { bytesTensor } from "@trellis/stage";
+import { fixtureImagesDir } from "@trellis/testing";
 import sharp from "sharp";
 
 const here = import.meta.dirname; // dist/bench
-const shared = process.env.TRELLIS_SHARED ?? join(here, "../../../../../shared");
 const script = join(here, "../../bench/opencv_preprocess.py");
-const PHOTOS = ["chelsea.png", "coffee.png", "astronaut.png", "motorcycle_left.png"];
+const PHOTOS = ["chelsea.png", "coffee.png", "astronaut.jpg", "motorcycle_left.jpg"];
 const SIZES: [number, number][] = [
   [640, 480],
   [1920, 1080],
@@ -32,7 +32,7 @@ async function makeCorpus(dir: string): Promise<Map<string, string[]>> {
     const files: string[] = [];
     for (const photo of PHOTOS) {
       const file = join(dir, `${photo.replace(".png", "")}_${w}x${h}.jpg`);
-      const jpeg = await sharp(join(shared, "fixtures/images", photo))
+      const jpeg = await sharp(join(fixtureImagesDir, photo))
         .resize(w, h, { fit: "cover", kernel: "lanczos3" })
         .jpeg({ quality: 90 })
         .toBuffer();
