@@ -34,6 +34,7 @@ import {
   type SystemSharedMemory,
 } from "@trellis/kserve/wire";
 import type { RepositoryManager } from "@trellis/model-repository";
+import { answerParseError } from "./http-parse-errors.js";
 import { createMetrics, type MetricsOptions } from "./observability/metrics.js";
 import { traceRoutes } from "./observability/trace-routes.js";
 import type { TraceKeeping } from "./observability/tracing.js";
@@ -160,6 +161,7 @@ function httpServerWith(
     handler,
   );
   server.keepAliveTimeout = timeouts.keepAliveMs ?? DEFAULT_HTTP_KEEPALIVE_TIMEOUT_MS;
+  server.on("clientError", answerParseError);
   return server;
 }
 

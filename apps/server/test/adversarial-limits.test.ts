@@ -397,7 +397,8 @@ describe("HTTP port, default cap", () => {
     });
     expect(res.status).toBe(400);
     expect(((await res.json()) as { error: string }).error).toBe(
-      `gzip-decompressed request JSON size of more than ${CAP} bytes ${HTTP_BODY_LIMIT(CAP)}`,
+      // Triton's text (src/data_compressor.h DecompressData).
+      `Decompressed data size exceeds the maximum allowed value of ${CAP} bytes. Use --http-max-input-size to increase the limit.`,
     );
     await expectGoodRest(server);
   });

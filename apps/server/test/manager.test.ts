@@ -168,7 +168,7 @@ describe("HTTP inference", () => {
       const bomb = await post("x".repeat(10_000));
       expect(bomb.status).toBe(400);
       expect(((await bomb.json()) as { error: string }).error).toBe(
-        "gzip-decompressed request JSON size of more than 300 bytes exceeds the maximum allowed input size of 300 bytes. Use --http-max-input-size to increase the limit.",
+        "Decompressed data size exceeds the maximum allowed value of 300 bytes. Use --http-max-input-size to increase the limit.",
       );
       expect((await post("after")).status).toBe(200);
     } finally {
