@@ -6,6 +6,9 @@
 import type { DataType, Tensor } from "@trellis/stage";
 import { framedElements, frameElements, viewAs } from "@trellis/stage/backend";
 
+/** Bytes copied to read stub answers, all readers and tensors together: tests check it stays linear. */
+export const frameCopyStats = { bytesCopied: 0 };
+
 export interface TensorMeta {
   name: string;
   datatype: DataType;
@@ -57,6 +60,7 @@ export function decodeTensor(meta: TensorMeta, body: Uint8Array): Tensor {
   // A copy, aligned for its typed array, owned by the tensor.
   const copy = new Uint8Array(raw.byteLength);
   copy.set(raw);
+  frameCopyStats.bytesCopied += raw.byteLength;
   return { name: meta.name, datatype: meta.datatype, shape: meta.shape, data: viewAs(meta.datatype, copy) } as Tensor;
 }
 
@@ -128,6 +132,7 @@ export class FrameReader {
       this.advance(chunk, count);
     }
     this.bytesCopied += n;
+    frameCopyStats.bytesCopied += n;
     return out;
   }
 
