@@ -96,7 +96,7 @@ export class FrameReader {
         const bodyLength = prefix.readUInt32LE(4);
         const total = 8 + headerLength + bodyLength;
         if (total > this.maxFrameBytes)
-          throw new Error(`the stub sent a ${total}-byte frame, over the ${this.maxFrameBytes}-byte bound`);
+          throw new Error(`its Python process sent a ${total}-byte frame, over the ${this.maxFrameBytes}-byte bound`);
         this.lengths = [headerLength, bodyLength];
       }
       const [headerLength, bodyLength] = this.lengths;

@@ -53,7 +53,7 @@ describe("FrameReader", () => {
     const prefix = Buffer.alloc(8);
     prefix.writeUInt32LE(2, 0);
     prefix.writeUInt32LE(2 << 20, 4);
-    expect(() => reader.push(prefix)).toThrow(/over the 1048576-byte bound/);
+    expect(() => reader.push(prefix)).toThrow(/2097162-byte frame, over the 1048576-byte bound/);
     expect(reader.bytesCopied).toBe(0);
   });
 });
