@@ -94,7 +94,11 @@ async function repositoryManager(settings: Settings, logger: Logger, responseCac
     maxInstancesPerModel: flags.maxInstancesPerModel,
     maxLoadFiles: flags.maxLoadFiles,
     maxLoadBytes: flags.maxLoadBytes,
-    python: { pythonExecutable: flags.pythonExecutable, executeTimeoutMs: flags.pythonExecuteTimeoutSecs * 1000 },
+    python: {
+      pythonExecutable: flags.pythonExecutable,
+      executeTimeoutMs: flags.pythonExecuteTimeoutSecs * 1000,
+      maxFrameBytes: flags.pythonMaxAnswerBytes,
+    },
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,
   });

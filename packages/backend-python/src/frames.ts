@@ -6,6 +6,9 @@
 import type { DataType, Tensor } from "@trellis/stage";
 import { framedElements, frameElements, viewAs } from "@trellis/stage/backend";
 
+/** Bytes copied to read stub answers, all readers and tensors together: tests check it stays linear. */
+export const frameCopyStats = { bytesCopied: 0 };
+
 export interface TensorMeta {
   name: string;
   datatype: DataType;
@@ -57,36 +60,90 @@ export function decodeTensor(meta: TensorMeta, body: Uint8Array): Tensor {
   // A copy, aligned for its typed array, owned by the tensor.
   const copy = new Uint8Array(raw.byteLength);
   copy.set(raw);
+  frameCopyStats.bytesCopied += raw.byteLength;
   return { name: meta.name, datatype: meta.datatype, shape: meta.shape, data: viewAs(meta.datatype, copy) } as Tensor;
 }
 
-/** Splits a byte stream into frames, refusing any frame over `maxFrameBytes`. */
+/**
+ * Splits a byte stream into frames, refusing any frame over `maxFrameBytes` from its length
+ * prefix, before its bytes are buffered. Chunks are kept in a list and each frame is copied out
+ * once when all its bytes are here (a frame inside one chunk is a view of it, no copy): linear in
+ * the stream, where concatenating everything buffered on every chunk was quadratic.
+ */
 export class FrameReader {
   private chunks: Buffer[] = [];
+  /** Index of the first chunk still unread, and how far into it. */
+  private head = 0;
+  private offset = 0;
   private buffered = 0;
+  /** The current frame's header and body lengths, once its prefix is read. */
+  private lengths: [number, number] | undefined;
+  /** Bytes this reader has copied to assemble frames (tests check it stays linear). */
+  bytesCopied = 0;
 
   constructor(private readonly maxFrameBytes: number) {}
 
   push(chunk: Buffer): Frame[] {
+    if (chunk.byteLength === 0) return [];
     this.chunks.push(chunk);
     this.buffered += chunk.byteLength;
     const frames: Frame[] = [];
     for (;;) {
-      if (this.buffered < 8) return frames;
-      const all = this.chunks.length === 1 ? (this.chunks[0] as Buffer) : Buffer.concat(this.chunks);
-      this.chunks = [all];
-      const headerLength = all.readUInt32LE(0);
-      const bodyLength = all.readUInt32LE(4);
-      const total = 8 + headerLength + bodyLength;
-      if (total > this.maxFrameBytes)
-        throw new Error(`the stub sent a ${total}-byte frame, over the ${this.maxFrameBytes}-byte bound`);
-      if (this.buffered < total) return frames;
-      const header = JSON.parse(all.subarray(8, 8 + headerLength).toString()) as Record<string, unknown>;
-      const body = all.subarray(8 + headerLength, total);
-      frames.push({ header, body });
-      const rest = all.subarray(total);
-      this.chunks = rest.byteLength ? [rest] : [];
-      this.buffered = rest.byteLength;
+      if (this.lengths === undefined) {
+        if (this.buffered < 8) break;
+        const prefix = this.take(8);
+        const headerLength = prefix.readUInt32LE(0);
+        const bodyLength = prefix.readUInt32LE(4);
+        const total = 8 + headerLength + bodyLength;
+        if (total > this.maxFrameBytes)
+          throw new Error(`its Python process sent a ${total}-byte frame, over the ${this.maxFrameBytes}-byte bound`);
+        this.lengths = [headerLength, bodyLength];
+      }
+      const [headerLength, bodyLength] = this.lengths;
+      if (this.buffered < headerLength + bodyLength) break;
+      this.lengths = undefined;
+      const header = JSON.parse(this.take(headerLength).toString()) as Record<string, unknown>;
+      frames.push({ header, body: this.take(bodyLength) });
+    }
+    if (this.head > 32) {
+      // Drop the chunks already read, now and then, so the list stays short.
+      this.chunks = this.chunks.slice(this.head);
+      this.head = 0;
+    }
+    return frames;
+  }
+
+  /** The next `n` buffered bytes: a view when they lie in one chunk, else one copy. */
+  private take(n: number): Buffer {
+    const first = this.chunks[this.head] as Buffer | undefined;
+    this.buffered -= n;
+    if (first && this.offset + n <= first.byteLength) {
+      const view = first.subarray(this.offset, this.offset + n);
+      this.advance(first, n);
+      return view;
+    }
+    const out = Buffer.allocUnsafe(n);
+    let at = 0;
+    while (at < n) {
+      const chunk = this.chunks[this.head] as Buffer;
+      const count = Math.min(n - at, chunk.byteLength - this.offset);
+      chunk.copy(out, at, this.offset, this.offset + count);
+      at += count;
+      this.advance(chunk, count);
+    }
+    this.bytesCopied += n;
+    frameCopyStats.bytesCopied += n;
+    return out;
+  }
+
+  private advance(chunk: Buffer, n: number): void {
+    this.offset += n;
+    if (this.offset === chunk.byteLength) {
+      this.chunks[this.head] = EMPTY;
+      this.head += 1;
+      this.offset = 0;
     }
   }
 }
+
+const EMPTY = Buffer.alloc(0);

@@ -74,7 +74,9 @@ export class StubProcess {
       try {
         for (const frame of reader.push(chunk)) this.deliver(frame);
       } catch (e) {
-        this.fail(new StageError(Code.Internal, options.modelName, (e as Error).message));
+        // Over the bound (from the length prefix, nothing buffered): that execution fails, named.
+        const message = `model "${options.modelName}": ${(e as Error).message} on a Python answer (--python-max-answer-bytes); the instance restarts for the next request`;
+        this.fail(new StageError(Code.ResourceExhausted, options.modelName, message));
         this.detach(child);
         child.kill("SIGKILL");
       }

@@ -252,6 +252,12 @@ export const program = new Command("trellis-server")
     60,
   )
   .option(
+    "--python-max-answer-bytes <bytes>",
+    "most bytes a Python model's process may send as one answer (or one BLS request), judged from its length prefix before it is read; past it that execution's requests fail RESOURCE_EXHAUSTED naming the model and this flag, and the instance restarts (default 1 GiB)",
+    bytes,
+    1 << 30,
+  )
+  .option(
     "--max-load-bytes <bytes>",
     "most bytes one model load request's file overrides may hold together (default 1 GiB); more are refused 400 / INVALID_ARGUMENT naming this flag, before anything is written",
     bytes,
@@ -554,6 +560,7 @@ export interface Flags extends TraceFlags {
   maxLoadBytes: number;
   pythonExecutable: string;
   pythonExecuteTimeoutSecs: number;
+  pythonMaxAnswerBytes: number;
   maxInflightDecompressedBytes: number;
   grpcMaxUnreadAnswerBytes: number;
   rateLimit: "off" | "execution_count";

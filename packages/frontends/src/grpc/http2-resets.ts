@@ -237,7 +237,7 @@ export function ignoreIdleStreamFrames(server: http2.Http2Server | http2.Http2Se
   if (!nodeListener || others.length > 0) return;
   server.removeListener(event, nodeListener);
   server.on(event, function (this: unknown, socket: net.Socket) {
-    let start = Buffer.alloc(0);
+    let start: Buffer = Buffer.alloc(0);
     let decided = false;
     const handOver = (filter: boolean) => {
       if (decided) return;
@@ -246,15 +246,29 @@ export function ignoreIdleStreamFrames(server: http2.Http2Server | http2.Http2Se
       socket.removeListener("data", onData);
       socket.removeListener("close", onClose);
       socket.pause();
-      if (start.length > 0) socket.unshift(start);
+      // Every byte read so far goes back, joined or not yet.
+      if (heldBytes > 0) socket.unshift(held.length === 1 ? (held[0] as Buffer) : Buffer.concat(held, heldBytes));
       nodeListener.call(this, filter ? filteringIdleStreamFrames(socket) : socket);
       // node's session listens for the socket's errors from here on.
       socket.removeListener("error", onError);
     };
+    // Chunks are joined only once enough bytes are here to judge (the preface and SETTINGS
+    // header, then the whole SETTINGS frame): joining on every chunk was quadratic in its size.
+    let held: Buffer[] = [];
+    let heldBytes = 0;
+    let wanted = 0;
     const onData = (chunk: Buffer) => {
-      start = Buffer.concat([start, chunk]);
+      held.push(chunk);
+      heldBytes += chunk.byteLength;
+      if (heldBytes < wanted) return;
+      start = held.length === 1 ? chunk : Buffer.concat(held, heldBytes);
+      held = [start];
       const core = fromGrpcCore(start);
-      if (core !== undefined) handOver(core);
+      if (core !== undefined) return handOver(core);
+      wanted =
+        start.length < PREFACE.length + FRAME_HEADER_BYTES
+          ? PREFACE.length + FRAME_HEADER_BYTES
+          : PREFACE.length + FRAME_HEADER_BYTES + start.readUIntBE(PREFACE.length, 3);
     };
     const onClose = () => {
       decided = true;

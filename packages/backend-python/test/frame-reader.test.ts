@@ -1,0 +1,59 @@
+/**
+ * The stub's frame reader: frames split however the pipe splits them come out whole, and the
+ * bytes it copies stay linear in the answer (it used to concatenate everything buffered on
+ * every chunk: quadratic), and a frame over the bound is refused from its length prefix.
+ */
+import { describe, expect, it } from "vitest";
+import { encodeFrame, FrameReader } from "../src/frames.js";
+
+function frameOf(bodyBytes: number, seed: number): Buffer {
+  const body = Buffer.alloc(bodyBytes);
+  for (let i = 0; i < bodyBytes; i += 4096) body[i] = (i / 4096 + seed) & 0xff;
+  return encodeFrame({ type: "result", seed }, [body]);
+}
+
+function feed(reader: FrameReader, stream: Buffer, chunkBytes: number) {
+  const frames = [];
+  for (let at = 0; at < stream.byteLength; at += chunkBytes)
+    frames.push(...reader.push(stream.subarray(at, at + chunkBytes)));
+  return frames;
+}
+
+describe("FrameReader", () => {
+  it("reassembles a 16 MiB answer from 64 KiB pipe chunks copying it once", () => {
+    const frame = frameOf(16 << 20, 3);
+    const reader = new FrameReader(1 << 30);
+    const frames = feed(reader, frame, 64 << 10);
+    expect(frames).toHaveLength(1);
+    expect(frames[0]?.header).toEqual({ type: "result", seed: 3 });
+    expect(Buffer.compare(frames[0]?.body as Buffer, frame.subarray(frame.byteLength - (16 << 20)))).toBe(0);
+    // Linear: at most the frame's own size (the old reader copied ~128 GiB here).
+    expect(reader.bytesCopied).toBeLessThanOrEqual(frame.byteLength);
+  });
+
+  it("reads frames split into 1-byte chunks, copying each frame once", () => {
+    const stream = Buffer.concat([frameOf(200_000, 1), frameOf(0, 2), frameOf(70_000, 3)]);
+    const reader = new FrameReader(1 << 30);
+    const frames = feed(reader, stream, 1);
+    expect(frames.map((f) => f.header.seed)).toEqual([1, 2, 3]);
+    expect(frames.map((f) => f.body.byteLength)).toEqual([200_000, 0, 70_000]);
+    expect(reader.bytesCopied).toBeLessThanOrEqual(stream.byteLength);
+  });
+
+  it("gives views, copying nothing, for frames that lie within one chunk", () => {
+    const stream = Buffer.concat([frameOf(1000, 1), frameOf(2000, 2), frameOf(3000, 3)]);
+    const reader = new FrameReader(1 << 30);
+    const frames = reader.push(stream);
+    expect(frames.map((f) => f.header.seed)).toEqual([1, 2, 3]);
+    expect(reader.bytesCopied).toBe(0);
+  });
+
+  it("refuses a frame over the bound from its prefix, before its body arrives", () => {
+    const reader = new FrameReader(1 << 20);
+    const prefix = Buffer.alloc(8);
+    prefix.writeUInt32LE(2, 0);
+    prefix.writeUInt32LE(2 << 20, 4);
+    expect(() => reader.push(prefix)).toThrow(/2097162-byte frame, over the 1048576-byte bound/);
+    expect(reader.bytesCopied).toBe(0);
+  });
+});
