@@ -248,7 +248,8 @@ describe.skipIf(missing !== undefined)("the seed deployment's own Python models"
         {
           config: config("notes.txt"),
           file: "1/notes.txt",
-          words: "the 'config' parameter makes the model run Python code its repository config does not name",
+          // The file the config names as its code is refused before the config itself is judged.
+          words: "file override 'file:1/notes.txt' is the file the model's config runs as code",
         },
       ];
       for (const attempt of attempts) {
