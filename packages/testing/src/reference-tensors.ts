@@ -22,6 +22,8 @@ const python = (): string =>
   process.env.TRELLIS_PYTHON ?? (existsSync("/usr/bin/python3") ? "/usr/bin/python3" : "python3");
 
 let pins: Record<string, string> | undefined;
+/** Tensors already read and checked in this process: hashed once, not on every read. */
+const checked = new Map<string, Buffer>();
 
 const sha256 = (bytes: Uint8Array): string => createHash("sha256").update(bytes).digest("hex");
 
@@ -53,8 +55,11 @@ export function referenceTensorBytes(photo: string): Buffer {
     }
     renameSync(part, file);
   }
+  const known = checked.get(photo);
+  if (known) return known;
   const bytes = readFileSync(file);
   if (sha256(bytes) !== pinned)
     throw new Error(`${file} does not match its pinned SHA-256: delete it to make it again`);
+  checked.set(photo, bytes);
   return bytes;
 }

@@ -156,8 +156,7 @@ export async function readBody(req: IncomingMessage, { maxBytes, budget }: BodyL
   const encoding = contentEncoding(req);
   const declared = Number(req.headers["content-length"] ?? 0);
   if (declared > maxBytes) throw tooLarge(req, String(declared), maxBytes);
-  const chunks = await readPieces(req, maxBytes);
-  const total = chunks.reduce((n, c) => n + c.byteLength, 0);
+  const { chunks, total } = await readPieces(req, maxBytes);
   const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, total);
   if (encoding === undefined) return body;
   try {
@@ -187,7 +186,7 @@ export async function readBody(req: IncomingMessage, { maxBytes, budget }: BodyL
  * socket, and the client would meet a reset instead of the answer that says what was wrong. Here
  * a refused body is only paused; the answer goes out with `Connection: close`.
  */
-function readPieces(req: IncomingMessage, maxBytes: number): Promise<Buffer[]> {
+function readPieces(req: IncomingMessage, maxBytes: number): Promise<{ chunks: Buffer[]; total: number }> {
   const chunked = /\bchunked\b/i.test(headerOf(req, "transfer-encoding") ?? "");
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
@@ -216,7 +215,7 @@ function readPieces(req: IncomingMessage, maxBytes: number): Promise<Buffer[]> {
     const onEnd = () => {
       req.off("error", stop);
       req.off("close", onClose);
-      resolve(chunks);
+      resolve({ chunks, total });
     };
     req.on("data", onData);
     req.once("end", onEnd);
