@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The seed deployment's preprocessing, as its Triton Python model does it, for one photo.
 
-Usage: reference-tensor.py IMAGE OUT
-Writes OUT: the float32 [3, 224, 224] tensor (raw little-endian, no header) that the seed's
-OpenCV preprocessing gives for IMAGE: decode (BGR), resize so the short side is 256
+Usage: reference-tensor.py IMAGE OUT [IMAGE OUT ...]
+Writes each OUT: the float32 [3, 224, 224] tensor (raw little-endian, no header) that the seed's
+OpenCV preprocessing gives for its IMAGE: decode (BGR), resize so the short side is 256
 (INTER_LINEAR; the long side int(long * 256 / short), truncated), BGR to RGB, centre crop
 224 at ((w - 224) // 2, (h - 224) // 2), / 255, minus the ImageNet mean, over its std, CHW.
 The tests pin each output's SHA-256 (fixtures/reference/sha256.json), so an OpenCV that
 decodes or resizes differently is caught rather than silently compared against.
+Many pairs in one run: importing OpenCV costs more than preprocessing a photo.
 """
 import sys
 
@@ -38,7 +39,9 @@ def preprocess(path: str) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    pairs = sys.argv[1:]
+    if not pairs or len(pairs) % 2:
         raise SystemExit(__doc__)
-    with open(sys.argv[2], "wb") as out:
-        out.write(preprocess(sys.argv[1]).tobytes())
+    for image_path, out_path in zip(pairs[0::2], pairs[1::2]):
+        with open(out_path, "wb") as out:
+            out.write(preprocess(image_path).tobytes())

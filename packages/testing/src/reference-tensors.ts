@@ -27,36 +27,52 @@ const checked = new Map<string, Buffer>();
 
 const sha256 = (bytes: Uint8Array): string => createHash("sha256").update(bytes).digest("hex");
 
-/** The raw little-endian FP32 bytes of `photo`'s reference tensor (a photo of samples/images). */
-export function referenceTensorBytes(photo: string): Buffer {
-  pins ??= JSON.parse(readFileSync(pinsFile, "utf8")) as Record<string, string>;
-  const pinned = pins[photo];
-  if (!pinned) throw new Error(`no reference tensor is pinned for '${photo}' (fixtures/reference/sha256.json)`);
-  const file = join(cacheDir, `${photo}.f32`);
-  if (!existsSync(file)) {
-    mkdirSync(cacheDir, { recursive: true });
-    // Written aside and renamed: test files running at once may make the same tensor.
-    const part = `${file}.${process.pid}.${Math.random().toString(36).slice(2)}.part`;
+const readPins = (): Record<string, string> =>
+  (pins ??= JSON.parse(readFileSync(pinsFile, "utf8")) as Record<string, string>);
+
+const cachedFile = (photo: string): string => join(cacheDir, `${photo}.f32`);
+
+/**
+ * Makes every pinned tensor the cache lacks, in one Python run (importing OpenCV costs more
+ * than a photo), each written aside and renamed: test files running at once may make the same.
+ */
+function makeMissingTensors(): void {
+  const missing = Object.keys(readPins()).filter((photo) => !existsSync(cachedFile(photo)));
+  if (missing.length === 0) return;
+  mkdirSync(cacheDir, { recursive: true });
+  const suffix = `${process.pid}.${Math.random().toString(36).slice(2)}.part`;
+  const parts = missing.map((photo) => `${cachedFile(photo)}.${suffix}`);
+  try {
     try {
-      execFileSync(python(), [script, join(imagesDir, photo), part], { stdio: ["ignore", "ignore", "pipe"] });
+      const pairs = missing.flatMap((photo, k) => [join(imagesDir, photo), parts[k]!]);
+      execFileSync(python(), [script, ...pairs], { stdio: ["ignore", "ignore", "pipe"] });
     } catch (err) {
-      rmSync(part, { force: true });
       const stderr = String((err as { stderr?: unknown }).stderr ?? "").trim();
       throw new Error(
-        `making the reference tensor of '${photo}' needs python3 with NumPy and OpenCV (Debian: python3-numpy python3-opencv; or set TRELLIS_PYTHON): ${stderr.split("\n").at(-1) ?? ""}`,
+        `making the reference tensors needs python3 with NumPy and OpenCV (Debian: python3-numpy python3-opencv; or set TRELLIS_PYTHON): ${stderr.split("\n").at(-1) ?? ""}`,
       );
     }
-    const made = readFileSync(part);
-    if (sha256(made) !== pinned) {
-      rmSync(part, { force: true });
-      throw new Error(
-        `the reference tensor made for '${photo}' has SHA-256 ${sha256(made)}, not the pinned ${pinned}: this OpenCV decodes or resizes differently from the seed's (OpenCV 4.6)`,
-      );
+    for (const [k, photo] of missing.entries()) {
+      const made = sha256(readFileSync(parts[k]!));
+      if (made !== readPins()[photo])
+        throw new Error(
+          `the reference tensor made for '${photo}' has SHA-256 ${made}, not the pinned ${readPins()[photo]}: this OpenCV decodes or resizes differently from the seed's (OpenCV 4.6)`,
+        );
     }
-    renameSync(part, file);
+    for (const [k, photo] of missing.entries()) renameSync(parts[k]!, cachedFile(photo));
+  } finally {
+    for (const part of parts) rmSync(part, { force: true });
   }
+}
+
+/** The raw little-endian FP32 bytes of `photo`'s reference tensor (a photo of samples/images). */
+export function referenceTensorBytes(photo: string): Buffer {
   const known = checked.get(photo);
   if (known) return known;
+  const pinned = readPins()[photo];
+  if (!pinned) throw new Error(`no reference tensor is pinned for '${photo}' (fixtures/reference/sha256.json)`);
+  const file = cachedFile(photo);
+  if (!existsSync(file)) makeMissingTensors();
   const bytes = readFileSync(file);
   if (sha256(bytes) !== pinned)
     throw new Error(`${file} does not match its pinned SHA-256: delete it to make it again`);
