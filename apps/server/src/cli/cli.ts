@@ -259,7 +259,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--grpc-max-unread-answer-bytes <bytes>",
-    "most bytes of gRPC answers written and not yet read by their clients, across all connections; past it the connection holding the most is reset (GOAWAY ENHANCE_YOUR_CALM) (default 256 MiB)",
+    "most bytes of gRPC answers written and not yet read by their clients, across all connections; past it connections are reset (GOAWAY ENHANCE_YOUR_CALM): first those that took nothing for 1 s, the largest first, then those reading too slowly to clear what they hold in 30 s; a connection reading at a pace that clears its answers is never cut (default 256 MiB)",
     bytes,
     DEFAULT_MAX_UNREAD_ANSWER_BYTES,
   )
