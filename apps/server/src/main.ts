@@ -161,6 +161,7 @@ async function serverOptions(
     httpMaxInputBytes: flags.httpMaxInputSize,
     grpcMaxInputBytes: flags.grpcMaxInputSize,
     maxInflightDecompressedBytes: flags.maxInflightDecompressedBytes,
+    maxInflightBytesTensorBytes: flags.maxInflightBytesTensorBytes,
     grpcMaxUnreadAnswerBytes: flags.grpcMaxUnreadAnswerBytes,
     logger,
     logSettings,

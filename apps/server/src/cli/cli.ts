@@ -11,6 +11,7 @@ import {
   type ApiRestrictions,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   DEFAULT_HTTP_MAX_INPUT_BYTES,
+  DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES,
   DEFAULT_MAX_UNREAD_ANSWER_BYTES,
   type GrpcServerTlsOptions,
   headerForwardPattern,
@@ -268,6 +269,12 @@ export const program = new Command("trellis-server")
     "most bytes of decompressed request messages and bodies held at once across all requests on every port (each request's share is given back when it is answered); a compressed request that would pass it is refused RESOURCE_EXHAUSTED (HTTP 429) naming this flag (default 256 MiB)",
     bytes,
     DEFAULT_DECOMPRESSION_BUDGET_BYTES,
+  )
+  .option(
+    "--max-inflight-bytes-tensor-bytes <bytes>",
+    "most bytes BYTES (string) tensors may hold while their requests are in flight, across every port: each request's BYTES inputs count their framed bytes plus 128 bytes an element (what an element costs as the model works on it), reserved before the model's queue and given back when the request is answered; a request past it is refused RESOURCE_EXHAUSTED (HTTP 429) naming this flag (default 2 GiB: one 10,485,760-element request at a time)",
+    bytes,
+    DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES,
   )
   .option(
     "--backend-config <[backend,]setting=value>",
@@ -555,6 +562,7 @@ export interface Flags extends TraceFlags {
   pythonExecutable: string;
   pythonExecuteTimeoutSecs: number;
   maxInflightDecompressedBytes: number;
+  maxInflightBytesTensorBytes: number;
   grpcMaxUnreadAnswerBytes: number;
   rateLimit: "off" | "execution_count";
   rateLimitResource: string[];

@@ -196,6 +196,7 @@ export function createGrpcServer(
       handleModelInfer(registry, msg, signal, {
         tracing: options.tracing,
         sharedMemory: options.sharedMemory,
+        bytesInFlight: options.bytesInFlight,
         call,
         forwarded: options.forwardHeaders && forwardedHeaders(options.forwardHeaders, call.headers()),
         withheld,
