@@ -165,6 +165,7 @@ async function serverOptions(
     httpMaxInputBytes: flags.httpMaxInputSize,
     grpcMaxInputBytes: flags.grpcMaxInputSize,
     maxInflightDecompressedBytes: flags.maxInflightDecompressedBytes,
+    maxInflightBytesTensorBytes: flags.maxInflightBytesTensorBytes,
     grpcMaxUnreadAnswerBytes: flags.grpcMaxUnreadAnswerBytes,
     logger,
     logSettings,
@@ -184,6 +185,7 @@ async function serverOptions(
         restrictions: [settings.httpRestrictions?.trace, settings.grpcRestrictions?.trace].filter(
           (r) => r !== undefined,
         ),
+        ...traceAccess(settings),
       },
     ),
     metrics: { ...settings.metrics, cpuMetrics: flags.allowCpuMetrics, intervalMs: flags.metricsIntervalMs },
@@ -199,6 +201,16 @@ async function serverOptions(
     },
     sharedMemory: flags.allowClientShm ? new SystemSharedMemory() : undefined,
   };
+}
+
+/**
+ * Who may read and widen traces: the recent traces' routes are on the HTTP port; the trace
+ * settings on every port that is on. A port that is off needs no key.
+ */
+function traceAccess({ flags, httpRestrictions, grpcRestrictions }: Settings) {
+  const httpKeyed = !flags.allowHttp || httpRestrictions?.trace !== undefined;
+  const grpcKeyed = !flags.allowGrpc || grpcRestrictions?.trace !== undefined;
+  return { readersKeyed: httpKeyed, settingsKeyed: httpKeyed && grpcKeyed };
 }
 
 /** SIGINT/SIGTERM: a graceful shutdown (at most --exit-timeout-secs); a second signal exits at once. */

@@ -10,8 +10,10 @@ import net, { type AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import {
   type ApiRestrictions,
+  BytesInFlight,
   createGrpcServer,
   DEFAULT_HTTP_MAX_INPUT_BYTES,
+  DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES,
   type GrpcConnectionOptions,
   type GrpcServerTlsOptions,
   type LogSettingsControl,
@@ -78,6 +80,12 @@ export interface ServerOptions {
   maxInflightDecompressedBytes?: number;
   /** Bytes of gRPC answers clients have not read, across connections (--grpc-max-unread-answer-bytes). */
   grpcMaxUnreadAnswerBytes?: number;
+  /**
+   * Bytes BYTES tensors may hold while their requests are in flight, counted as payload plus
+   * BYTES_ELEMENT_OVERHEAD an element, across every port (--max-inflight-bytes-tensor-bytes);
+   * default DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES.
+   */
+  maxInflightBytesTensorBytes?: number;
   logger: Logger;
   /** The logging extension's settings (GET/POST /v2/logging, gRPC LogSettings); without it they answer UNIMPLEMENTED. */
   logSettings?: LogSettingsControl;
@@ -286,14 +294,17 @@ interface Shared {
   serverVersion: string;
   extensions: string[];
   decompressionBudget: DecompressionBudget;
+  /** One bound on BYTES tensors in flight for every port. */
+  bytesInFlight: BytesInFlight;
   timeouts: HttpTimeouts;
 }
 
 /** The gRPC and health services, as the gRPC port and the HTTP port's Connect routes serve them. */
-function serveOptionsOf({ options, serverName, serverVersion, extensions }: Shared) {
+function serveOptionsOf({ options, serverName, serverVersion, extensions, bytesInFlight }: Shared) {
   return {
     serverName,
     serverVersion,
+    bytesInFlight,
     extensions,
     logSettings: options.logSettings,
     tracing: options.tracing,
@@ -327,9 +338,10 @@ function grpcListener(shared: Shared, inFlight: RequestsInFlight) {
 }
 
 function restContextOf(shared: Shared): RestContext {
-  const { manager, options, serverName, serverVersion, extensions, decompressionBudget } = shared;
+  const { manager, options, serverName, serverVersion, extensions, decompressionBudget, bytesInFlight } = shared;
   return {
     registry: manager,
+    bytesInFlight,
     serverName,
     serverVersion,
     extensions,
@@ -532,6 +544,7 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     extensions: [...EXTENSIONS],
     // One budget for decompressed requests, whichever port they come in on.
     decompressionBudget: decompressionBudgetOf(options),
+    bytesInFlight: new BytesInFlight(options.maxInflightBytesTensorBytes ?? DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES),
     timeouts: options.httpTimeouts ?? {},
   };
   const inFlight = new RequestsInFlight();

@@ -231,7 +231,7 @@ describe("the store's bounds", () => {
     expect(kept[0]!.requestId).toBe("r-9999");
   });
 
-  it("keeps tensors only at trace level TENSORS", () => {
+  it("keeps tensors only at trace level TENSORS, and only where reading traces needs the key", () => {
     const ask = (name: string) => (name === TRACE_ASK_HEADER ? "1" : undefined);
     const input = { name: "x", datatype: "FP32" as const, shape: [1, 2], data: new Float32Array([1.5, 2]) };
     const kept = (tracer: Tracer, recent: RecentTraces) => {
@@ -249,9 +249,11 @@ describe("the store's bounds", () => {
     const on = new RecentTraces();
     // Level TENSORS in mode triton needs a trace file; nothing is sampled here (rate 0), nothing written.
     const values = { ...DEFAULT_TRACE_VALUES, level: ["TENSORS" as const], rate: 0, file: "/tmp/unused-trace.json" };
-    expect(kept(new Tracer(values, undefined, undefined, { recent: on }), on).tensors).toEqual([
+    expect(kept(new Tracer(values, undefined, undefined, { recent: on, readersKeyed: true }), on).tensors).toEqual([
       { activity: "TENSOR_QUEUE_INPUT", tensor: { name: "x", data: "1.5,2", shape: "1,2", dtype: "FP32" } },
     ]);
+    const openPort = new RecentTraces();
+    expect(kept(new Tracer(values, undefined, undefined, { recent: openPort }), openPort).tensors).toBe(undefined);
   });
 
   it("an ask is ignored without the key when the trace endpoints are restricted", () => {

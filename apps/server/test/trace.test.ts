@@ -332,14 +332,22 @@ describe("trace level TENSORS", () => {
         "--model-repository",
         repo,
         ...["--trace-config", `triton,file=${file}`, "--trace-config", "level=TENSORS", "--trace-config", "rate=1"],
+        // Turning TENSORS on at run time needs the trace key on every port (SECURITY.md).
+        ...["--http-restricted-api", "trace:trace-key=k", "--grpc-restricted-protocol", "trace:trace-key=k"],
       ]);
       const infer = (data: number[]) =>
         postJson(`${server.http}/v2/models/chain/infer`, {
           inputs: [{ name: "IN", datatype: "FP32", shape: [1, 4], data }],
         });
       expect((await infer([1, 2, 3, 4])).status).toBe(200);
-      const both = await postJson(`${server.http}/v2/trace/setting`, { trace_level: ["TIMESTAMPS", "TENSORS"] });
-      expect(both.json.trace_level).toEqual(["TIMESTAMPS", "TENSORS"]);
+      const both = await jsonOf(
+        await fetch(`${server.http}/v2/trace/setting`, {
+          method: "POST",
+          body: JSON.stringify({ trace_level: ["TIMESTAMPS", "TENSORS"] }),
+          headers: { "content-type": "application/json", "trace-key": "k" },
+        }),
+      );
+      expect(both.trace_level).toEqual(["TIMESTAMPS", "TENSORS"]);
       expect((await infer([0.5, -1, 2.25, 3])).status).toBe(200);
       expect(await server.stop()).toBe(0);
 

@@ -6,6 +6,14 @@
  * supplies only its wire's decoder and encoder), so both give the same messages and codes. SageMaker's and
  * Vertex AI's routes over the HTTP frontend are under "@trellis/frontends/cloud".
  */
+export {
+  BYTES_ELEMENT_OVERHEAD,
+  type BytesCost,
+  BytesInFlight,
+  BytesInFlightExhausted,
+  bytesCostOf,
+  DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES,
+} from "./bytes-in-flight.js";
 export { type ServerAbilities, serverExtensions, TRITON_EXTENSIONS } from "./control.js";
 export { type GrpcConnectionOptions, manageGrpcConnection } from "./grpc/connections.js";
 export type { ResponseCompressionLevel } from "./grpc/response-compression.js";

@@ -18,6 +18,7 @@ import {
   StageError,
 } from "@trellis/stage";
 import { answersOf, requestPrefix, TRACE_REPLY_PARAMETER } from "@trellis/stage/backend";
+import type { BytesInFlight } from "./bytes-in-flight.js";
 import type { TraceControl } from "./trace-settings.js";
 
 /** A wire request decoded for its stage, with how its answers go back. */
@@ -46,6 +47,8 @@ export interface InferCall {
   /** The call's: aborts when the client goes away or its deadline passes. */
   signal: AbortSignal;
   tracing?: TraceControl;
+  /** The server-wide bound on BYTES tensors in flight: the request's reserve theirs until it is answered. */
+  bytesInFlight?: BytesInFlight;
   /** The call's headers (a W3C traceparent continues the caller's trace). */
   header?: (name: string) => string | undefined;
   /** Hears of error detail withheld from the client (see clientError). */
@@ -67,6 +70,8 @@ export function loggingWithheld(
 /** A request ready to run: its stage, the stage's request and options, and its answers' encoder. */
 export interface PreparedInfer<Answer> extends DecodedInfer<Answer> {
   stage: Stage;
+  /** Gives back what its BYTES inputs reserved (see InferCall.bytesInFlight); safe to call twice. */
+  release(): void;
 }
 
 /** As Triton's core (InferenceRequest::AddOriginalRequestedOutput): an output asked for twice is refused. */
@@ -90,13 +95,20 @@ export function prepareInfer<A>(call: InferCall, decode: InferDecoder<A>): Prepa
   const stage = call.stage ?? call.registry.resolve(call.model, call.version);
   const { request, options, encode } = decode(stage);
   refuseDuplicateOutputs(request);
+  // Before the model's queue and anything it does per element: a refusal costs the wire's read only.
+  const release = call.bytesInFlight?.reserve(request, stage.name) ?? (() => undefined);
   options.signal = call.signal;
-  const trace = call.tracing?.begin(stage.name, stage.version, request.id, call.header);
-  if (trace) {
-    options.trace = trace;
-    call.traced?.(trace);
+  try {
+    const trace = call.tracing?.begin(stage.name, stage.version, request.id, call.header);
+    if (trace) {
+      options.trace = trace;
+      call.traced?.(trace);
+    }
+  } catch (err) {
+    release();
+    throw err;
   }
-  return { stage, request, options, encode };
+  return { stage, request, options, encode, release };
 }
 
 /** The response with the request's trace among its parameters, when a calling Trellis server asked for it back. */
@@ -117,6 +129,7 @@ export async function inferOnce<A>(call: InferCall, decode: InferDecoder<A>): Pr
   } catch (err) {
     throw clientError(err, call.withheld);
   } finally {
+    prepared?.release();
     if (!call.traced) prepared?.options.trace?.end();
   }
 }
@@ -136,13 +149,18 @@ export function inferAnswers<A>(
   } catch (err) {
     throw clientError(err, call.withheld);
   }
-  const { stage, request, options, encode } = prepared;
+  const { stage, request, options, encode, release } = prepared;
+  // A stream the caller never reads to its end still gives its reservation back when the call ends.
+  call.signal.addEventListener("abort", release, { once: true });
   async function* encoded() {
     try {
       for await (const answer of answersOf(stage, request, options)) yield encode(answer);
     } catch (err) {
       throw clientError(err, call.withheld);
     } finally {
+      // A stream's calls share its signal: the listener goes with the request.
+      call.signal.removeEventListener("abort", release);
+      release();
       if (!call.traced) options.trace?.end();
     }
   }

@@ -11,6 +11,7 @@ import {
   type ApiRestrictions,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
   DEFAULT_HTTP_MAX_INPUT_BYTES,
+  DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES,
   DEFAULT_MAX_UNREAD_ANSWER_BYTES,
   type GrpcServerTlsOptions,
   headerForwardPattern,
@@ -265,7 +266,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--grpc-max-unread-answer-bytes <bytes>",
-    "most bytes of gRPC answers written and not yet read by their clients, across all connections; past it the connection holding the most is reset (GOAWAY ENHANCE_YOUR_CALM) (default 256 MiB)",
+    "most bytes of gRPC answers written and not yet read by their clients, across all connections; past it connections are reset (GOAWAY ENHANCE_YOUR_CALM): first those that took nothing for 1 s, the largest first, then those reading too slowly to clear what they hold in 30 s; a connection reading at a pace that clears its answers is never cut (default 256 MiB)",
     bytes,
     DEFAULT_MAX_UNREAD_ANSWER_BYTES,
   )
@@ -274,6 +275,12 @@ export const program = new Command("trellis-server")
     "most bytes of decompressed request messages and bodies held at once across all requests on every port (each request's share is given back when it is answered); a compressed request that would pass it is refused RESOURCE_EXHAUSTED (HTTP 429) naming this flag (default 256 MiB)",
     bytes,
     DEFAULT_DECOMPRESSION_BUDGET_BYTES,
+  )
+  .option(
+    "--max-inflight-bytes-tensor-bytes <bytes>",
+    "most bytes BYTES (string) tensors may hold while their requests are in flight, across every port: each request's BYTES inputs count their framed bytes plus 128 bytes an element (what an element costs as the model works on it), reserved before the model's queue and given back when the request is answered; a request past it is refused RESOURCE_EXHAUSTED (HTTP 429) naming this flag (default 2 GiB: one 10,485,760-element request at a time)",
+    bytes,
+    DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES,
   )
   .option(
     "--backend-config <[backend,]setting=value>",
@@ -562,6 +569,7 @@ export interface Flags extends TraceFlags {
   pythonExecuteTimeoutSecs: number;
   pythonMaxAnswerBytes: number;
   maxInflightDecompressedBytes: number;
+  maxInflightBytesTensorBytes: number;
   grpcMaxUnreadAnswerBytes: number;
   rateLimit: "off" | "execution_count";
   rateLimitResource: string[];

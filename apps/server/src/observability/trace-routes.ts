@@ -1,6 +1,7 @@
 /**
  * The recent traces over HTTP, on the HTTP port beside the REST API (the "trace" endpoints
- * as --http-restricted-api names them, so restricted with them):
+ * as --http-restricted-api names them, so restricted with them). Without that key they hold
+ * only requests that asked to be traced, timestamps only (see TraceKeeping.readersKeyed):
  *
  *   GET /v2/traces[?request_id=<id>]   the kept traces, newest first (those of one request id)
  *   GET /v2/traces/<n>                 one trace: each step's timestamps (µs), batch size, failure

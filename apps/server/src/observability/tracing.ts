@@ -420,7 +420,7 @@ class TraceFile {
   }
 }
 
-/** Where a Tracer keeps recent traces, and who may ask for one request to be traced. */
+/** Where a Tracer keeps recent traces, and who may ask for traces, read them and widen them. */
 export interface TraceKeeping {
   recent: RecentTraces;
   /**
@@ -428,7 +428,22 @@ export interface TraceKeeping {
    * with any, a request's on-demand ask is honoured only when it carries one rule's key; without, always.
    */
   restrictions?: { header: string; value: string }[];
+  /**
+   * The recent traces' routes (GET /v2/traces…) answer only the trace key's holders. Only then
+   * are sampled requests (other clients' request ids) and tensors kept in memory: on an open
+   * port anyone could read them. Without it only on-demand asks are kept, timestamps only.
+   */
+  readersKeyed?: boolean;
+  /**
+   * Every port's trace settings answer only the trace key's holders. Only then may a
+   * TraceSetting call turn on trace_level TENSORS: it writes every client's tensors out.
+   */
+  settingsKeyed?: boolean;
 }
+
+/** Why an unkeyed client may not turn on TENSORS, and how the operator lets one. */
+const tensorsNeedKey =
+  "trace_level TENSORS records every client's tensors: it can be set at run time only when the trace settings need a key on every port (--http-restricted-api trace:<header>=<value> and --grpc-restricted-protocol trace:<header>=<value>), or at start (--trace-config level=TENSORS)";
 
 /** The server's TraceControl. */
 export class Tracer implements TraceControl {
@@ -501,6 +516,9 @@ export class Tracer implements TraceControl {
       }
       Object.assign(set, parseTraceSetting(setting, values));
     }
+    if (set.level?.includes("TENSORS") && !this.keeping?.settingsKeyed) {
+      throw new StageError(Code.PermissionDenied, "", tensorsNeedKey);
+    }
     const current = this.effective(model);
     if (set.mode !== undefined && set.mode !== current.mode) {
       throw invalid("trace_mode can only be set when the server starts (--trace-config mode=<mode>)");
@@ -553,7 +571,8 @@ export class Tracer implements TraceControl {
     if (ask) return this.onDemand(model, version, requestId, values, ask);
     if (values.level.length === 0) return undefined;
     const recording = { timestamps: values.level.includes("TIMESTAMPS"), tensors: values.level.includes("TENSORS") };
-    const recent = this.keeping?.recent;
+    // Another client's request is kept for reading only where reading needs the key.
+    const recent = this.keeping?.readersKeyed ? this.keeping.recent : undefined;
     const trace = (onEnd: (t: Trace) => void) =>
       new Trace(
         this.newId,
@@ -602,8 +621,9 @@ export class Tracer implements TraceControl {
   }
 
   /**
-   * A trace the request asked for: timestamps whatever the level (tensors at level TENSORS), kept
-   * among the recent traces only (not the trace file or the collector, not counted in trace_count).
+   * A trace the request asked for: timestamps whatever the level (tensors at level TENSORS, when
+   * reading traces needs the key), kept among the recent traces only (not the trace file or the
+   * collector, not counted in trace_count).
    */
   private onDemand(
     model: string,
@@ -613,7 +633,10 @@ export class Tracer implements TraceControl {
     ask: "1" | "reply",
   ): RequestTrace {
     const recent = this.keeping!.recent;
-    const recording = { timestamps: true, tensors: values.level.includes("TENSORS") };
+    const recording = {
+      timestamps: true,
+      tensors: values.level.includes("TENSORS") && this.keeping?.readersKeyed === true,
+    };
     return new Trace(
       this.newId,
       this.newId(),

@@ -22,6 +22,7 @@ import {
 } from "@trellis/kserve/wire";
 import { type ModelInferRequest, ModelInferRequestSchema, type ModelInferResponse } from "@trellis/protocol";
 import { Code, type InferRequest, type InferResponse, type Parameters, StageError } from "@trellis/stage";
+import type { BytesInFlight } from "../bytes-in-flight.js";
 import { withForwardedHeaders } from "../header-forwarding.js";
 import { type InferCall, type InferDecoder, inferAnswers, inferOnce } from "../infer.js";
 import type { TraceControl } from "../trace-settings.js";
@@ -30,6 +31,8 @@ import type { GrpcCallTimes } from "./model-infer.js";
 /** What a ModelInfer call has besides its message: tracing, what the call can tell, shared memory. */
 export interface ModelInferContext {
   tracing?: TraceControl;
+  /** The bound on BYTES tensors in flight the request's reserve theirs in. */
+  bytesInFlight?: BytesInFlight;
   /** Regions the request may name for its inputs and outputs. */
   sharedMemory?: SystemSharedMemory;
   /** The direct gRPC path's call: its read times go on the trace, which the path finishes once the answer is sent. */
@@ -69,7 +72,7 @@ function grpcCall(
   registry: ModelRegistry,
   msg: ModelInferRequest,
   signal: AbortSignal,
-  { tracing, call, header, withheld }: ModelInferContext,
+  { tracing, bytesInFlight, call, header, withheld }: ModelInferContext,
 ): InferCall {
   return {
     registry,
@@ -77,6 +80,7 @@ function grpcCall(
     version: msg.modelVersion,
     signal,
     tracing,
+    bytesInFlight,
     header: header ?? call?.header,
     withheld,
     // The direct path stamps the send and ends the trace once the answer is out.

@@ -114,8 +114,9 @@ export interface GrpcServerOptions extends ServeOptions {
   responseCompression?: ResponseCompressionLevel;
   /**
    * Bytes of answers written and not yet taken by their clients, across all connections
-   * (default DEFAULT_MAX_UNREAD_ANSWER_BYTES); past it the connection holding the most is
-   * reset (GOAWAY ENHANCE_YOUR_CALM).
+   * (default DEFAULT_MAX_UNREAD_ANSWER_BYTES); past it connections that leave answers unread
+   * are reset (GOAWAY ENHANCE_YOUR_CALM), never one reading at a pace that clears its own
+   * (see unread-answers.ts).
    */
   maxUnreadAnswerBytes?: number;
 }
@@ -195,6 +196,7 @@ export function createGrpcServer(
       handleModelInfer(registry, msg, signal, {
         tracing: options.tracing,
         sharedMemory: options.sharedMemory,
+        bytesInFlight: options.bytesInFlight,
         call,
         forwarded: options.forwardHeaders && forwardedHeaders(options.forwardHeaders, call.headers()),
         withheld,

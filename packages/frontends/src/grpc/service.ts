@@ -34,6 +34,7 @@ import {
   TraceSettingResponseSchema,
 } from "@trellis/protocol";
 import { Code, StageError } from "@trellis/stage";
+import type { BytesInFlight } from "../bytes-in-flight.js";
 import {
   loadModel,
   logSetting,
@@ -73,6 +74,8 @@ export interface ServeOptions {
   tracing?: TraceControl;
   /** System shared memory regions clients may register and name in requests; without it, none can be. */
   sharedMemory?: SystemSharedMemory;
+  /** The bound on BYTES tensors in flight (shared with other listeners when given one); without it, none. */
+  bytesInFlight?: BytesInFlight;
   /** Headers of ModelInfer calls whose names match become request parameters (see header-forwarding.ts). */
   forwardHeaders?: RegExp;
   /** Hears of error detail withheld from a client (paths, addresses; see clientError), to log it. */
@@ -91,6 +94,7 @@ function callContext({ options, withheld }: Served, ctx: HandlerContext): ModelI
   return {
     tracing: options.tracing,
     sharedMemory: options.sharedMemory,
+    bytesInFlight: options.bytesInFlight,
     header: (name) => ctx.requestHeader.get(name) ?? undefined,
     forwarded: forwardedHeaders(options.forwardHeaders, ctx.requestHeader),
     withheld,

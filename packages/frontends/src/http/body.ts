@@ -6,6 +6,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { clientError, shownValue } from "@trellis/kserve";
 import { type DecompressionBudget, DecompressionBudgetExhausted, inflateWithin } from "@trellis/kserve/wire";
 import { Code, StageError } from "@trellis/stage";
+import { BytesInFlightExhausted } from "../bytes-in-flight.js";
 import { stringifyJson } from "./json.js";
 
 /** Triton's HTTP status for an error code (http_server.cc HttpCodeFromError). */
@@ -70,7 +71,8 @@ export function sendError(res: ServerResponse, err: unknown, withheld?: Withheld
   }
   // No server paths, URLs or addresses in what the client reads; the log gets them.
   const ce = clientError(err, withheld);
-  sendJson(res, httpStatus(ce.code), { error: ce.rawMessage });
+  // The in-flight budgets' "try again later" (BytesInFlightExhausted) is 429, not Triton's 503 for the code.
+  sendJson(res, err instanceof BytesInFlightExhausted ? err.httpStatus : httpStatus(ce.code), { error: ce.rawMessage });
 }
 
 export const badRequest = (message: string) => new StageError(Code.InvalidArgument, "", message);

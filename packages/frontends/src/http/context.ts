@@ -2,6 +2,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { ModelRegistry } from "@trellis/kserve";
 import type { DecompressionBudget, SystemSharedMemory } from "@trellis/kserve/wire";
+import type { BytesInFlight } from "../bytes-in-flight.js";
 import { loggingWithheld } from "../infer.js";
 import type { LogSettingsControl } from "../log-settings.js";
 import type { ApiRestrictions } from "../restrictions.js";
@@ -19,6 +20,8 @@ export interface RestContext {
   maxInputBytes?: number;
   /** The server-wide bound on decompressed bodies held at once (--max-inflight-decompressed-bytes); past it, 429. */
   decompressionBudget?: DecompressionBudget;
+  /** The server-wide bound on BYTES tensors in flight (--max-inflight-bytes-tensor-bytes); past it, 429. */
+  bytesInFlight?: BytesInFlight;
   /** The logging extension (/v2/logging); without it the route answers 501. */
   logSettings?: LogSettingsControl;
   /** Endpoint groups that require a header (tritonserver's --http-restricted-api); refused with 403. */

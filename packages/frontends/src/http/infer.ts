@@ -119,6 +119,7 @@ function httpCall(x: Exchange, received: Receipt): InferCall {
     version,
     signal: abort.signal,
     tracing: rest.ctx.tracing,
+    bytesInFlight: rest.ctx.bytesInFlight,
     header: (h) => headerOf(req, h),
     withheld: rest.withheld,
     // A sampled request's receipt stamped; its send end stamped and the trace ended as the answer goes.
