@@ -100,7 +100,9 @@ describe("deploy/overlays", () => {
           expect(Object.keys(c.resources?.limits ?? {}), where).toContain("memory");
           const drain = (c.args as string[]).map((a) => DRAIN_FLAG.exec(a)?.[1]).find(Boolean);
           expect(drain, `${where}: --exit-timeout-secs`).toBeDefined();
-          expect(pod.spec.terminationGracePeriodSeconds, where).toBeGreaterThan(Number(drain) + 5); // + preStop
+          const window =
+            (c.args as string[]).map((a) => /^--shutdown-drain-secs=(\d+)$/.exec(a)?.[1]).find(Boolean) ?? "0";
+          expect(pod.spec.terminationGracePeriodSeconds, where).toBeGreaterThan(Number(drain) + Number(window) + 5); // + preStop
           // A model that fails to load exits the server (as tritonserver does), so the pod is never ready without it.
           if (c.image.startsWith("trellis-server")) expect(c.args, where).toContain("--exit-on-error=true");
         }

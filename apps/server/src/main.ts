@@ -213,8 +213,18 @@ function traceAccess({ flags, httpRestrictions, grpcRestrictions }: Settings) {
   return { readersKeyed: httpKeyed, settingsKeyed: httpKeyed && grpcKeyed };
 }
 
-/** SIGINT/SIGTERM: a graceful shutdown (at most --exit-timeout-secs); a second signal exits at once. */
-function stopOnSignals(server: RunningServer, exitTimeoutMs: number, logger: Logger, closeCache: () => void): void {
+/**
+ * SIGTERM: a graceful shutdown, first the drain window (--shutdown-drain-secs: not ready, still
+ * answering, while load balancers stop sending here), then in-flight requests finish (at most
+ * --exit-timeout-secs). SIGINT (Ctrl-C at a terminal, where no load balancer routes) skips the
+ * window. A second signal exits at once. Returns whether shutdown has begun.
+ */
+function stopOnSignals(
+  server: RunningServer,
+  timing: { exitTimeoutMs: number; drainMs: number },
+  logger: Logger,
+  closeCache: () => void,
+): () => boolean {
   let shuttingDown = false;
   const stop = (signal: string) => {
     if (shuttingDown) {
@@ -223,7 +233,8 @@ function stopOnSignals(server: RunningServer, exitTimeoutMs: number, logger: Log
     }
     shuttingDown = true;
     logger.info({ signal }, "shutting down");
-    server.shutdown(exitTimeoutMs).then(
+    const drainMs = signal === "SIGTERM" ? timing.drainMs : 0;
+    server.shutdown(timing.exitTimeoutMs, drainMs).then(
       ({ timedOut }) => {
         closeCache();
         logger.info({ timedOut }, "stopped");
@@ -237,6 +248,7 @@ function stopOnSignals(server: RunningServer, exitTimeoutMs: number, logger: Log
   };
   process.on("SIGINT", () => stop("SIGINT"));
   process.on("SIGTERM", () => stop("SIGTERM"));
+  return () => shuttingDown;
 }
 
 /** As Triton: the Vertex AI endpoint needs its default model loaded, or a single model to default to. */
@@ -300,9 +312,17 @@ async function main(): Promise<void> {
   const manager = await repositoryManager(settings, logger, cache.store);
   const cloud = await cloudEndpoints(settings, manager);
   const server = await startServer(manager, await serverOptions(settings, logger, logSettings, cloud));
-  stopOnSignals(server, flags.exitTimeoutSecs * 1000, logger, cache.close);
+  const shuttingDown = stopOnSignals(
+    server,
+    { exitTimeoutMs: flags.exitTimeoutSecs * 1000, drainMs: flags.shutdownDrainSecs * 1000 },
+    logger,
+    cache.close,
+  );
 
   await manager.start();
+  // A signal during the initial load (e.g. while an ensemble waits for its remote steps) stops
+  // the loads it interrupts: that is the signal's shutdown, not a failure to report.
+  if (shuttingDown()) return;
   const index = manager.index(false);
   // The state of each; a failure's reason was logged once, when it failed.
   for (const m of index) logger.info({ model: m.name, version: m.version, state: m.state }, "model status");

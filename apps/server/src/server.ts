@@ -185,10 +185,11 @@ export interface RunningServer {
   /** Requests being served right now, over either protocol. */
   inflight(): number;
   /**
-   * Stops accepting, lets in-flight requests finish (at most timeoutMs),
-   * then closes every connection and unloads every model.
+   * Reports not ready at once and keeps accepting and answering for `drainMs` (the drain
+   * window: load balancers take that long to stop sending here), then stops accepting, lets
+   * in-flight requests finish (at most timeoutMs), closes every connection and unloads every model.
    */
-  shutdown(timeoutMs: number): Promise<{ timedOut: boolean }>;
+  shutdown(timeoutMs: number, drainMs?: number): Promise<{ timedOut: boolean }>;
 }
 
 /**
@@ -227,7 +228,10 @@ function listen(server: http.Server | http2.Http2Server, port: number, host: str
  */
 class RequestsInFlight {
   active = 0;
+  /** Shutdown has begun (the drain window included): HTTP answers say `Connection: close`. */
   stopping = false;
+  /** The drain window is over: the listeners are closing, a new gRPC session gets GOAWAY. */
+  closing = false;
   /** The open connections of the HTTP listeners that count requests, for shutdown to drain. */
   readonly httpSockets = new Set<net.Socket>();
   // While shutdown drains: called whenever a request finishes or an HTTP connection closes.
@@ -316,7 +320,7 @@ function serveOptionsOf({ options, serverName, serverVersion, extensions, bytesI
   };
 }
 
-/** gRPC: each HTTP/2 stream is one call. A session opened while stopping gets GOAWAY straight away. */
+/** gRPC: each HTTP/2 stream is one call. A session opened after the drain window gets GOAWAY straight away. */
 function grpcListener(shared: Shared, inFlight: RequestsInFlight) {
   const { options, manager, decompressionBudget } = shared;
   const grpc = createGrpcServer(manager, {
@@ -330,7 +334,7 @@ function grpcListener(shared: Shared, inFlight: RequestsInFlight) {
     maxUnreadAnswerBytes: options.grpcMaxUnreadAnswerBytes,
   });
   grpc.server.on("session", (s) => {
-    if (inFlight.stopping) s.close();
+    if (inFlight.closing) s.close();
     else manageGrpcConnection(s, options.grpcConnections ?? {}, options.logger);
   });
   inFlight.countGrpc(grpc.server);
@@ -484,8 +488,9 @@ async function openListeners(options: ServerOptions, listeners: Listeners) {
 const closeServer = (s: http.Server | http2.Http2Server) => new Promise<void>((resolve) => s.close(() => resolve()));
 
 /**
- * Stops accepting, lets requests in flight finish (at most `timeoutMs`), then closes every
- * connection, unloads every model and flushes traces.
+ * Reports not ready at once, keeps accepting and answering through the drain window
+ * (`drainMs`), then stops accepting, lets requests in flight finish (at most `timeoutMs`),
+ * closes every connection, unloads every model and flushes traces.
  */
 async function shutDown(
   shared: Shared,
@@ -493,11 +498,21 @@ async function shutDown(
   inFlight: RequestsInFlight,
   metrics: ReturnType<typeof createMetrics>,
   timeoutMs: number,
+  drainMs: number,
 ): Promise<{ timedOut: boolean }> {
   const { manager, options } = shared;
   const { logger } = options;
-  inFlight.stopping = true;
+  // Readiness (HTTP, gRPC health, SageMaker's ping) reports not ready from here on.
   manager.beginShutdown();
+  // Keep-alive clients are told to reconnect: their next connection may already go elsewhere.
+  inFlight.stopping = true;
+  if (drainMs > 0) {
+    // A load balancer (Kubernetes' endpoints, a proxy) keeps sending here until it has seen the
+    // pod go: a connection refused now would be a request dropped, so everything is still served.
+    logger.info({ drainSecs: drainMs / 1000 }, "draining: not ready, still answering until the drain window ends");
+    await new Promise((r) => setTimeout(r, drainMs));
+  }
+  inFlight.closing = true;
   const began = Date.now();
   const httpServers = [listeners.http, listeners.sagemaker, listeners.vertexAi].filter(
     (x): x is http.Server => x !== undefined,
@@ -563,6 +578,6 @@ export async function startServer(manager: RepositoryManager, options: ServerOpt
     ...ports,
     uiUrl: ui && ports.httpPort !== undefined ? pageUrl(httpAddress, ports.httpPort) : undefined,
     inflight: () => inFlight.active,
-    shutdown: (timeoutMs) => shutDown(shared, listeners, inFlight, metrics, timeoutMs),
+    shutdown: (timeoutMs, drainMs = 0) => shutDown(shared, listeners, inFlight, metrics, timeoutMs, drainMs),
   };
 }

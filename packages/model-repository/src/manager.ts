@@ -28,6 +28,7 @@ import pLimit, { type LimitFunction } from "p-limit";
 import { configBoundsProblem, defaultMaxInstancesPerModel } from "./config-bounds.js";
 import type { LoadStageOptions } from "./loader.js";
 import { DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed-model.js";
+import { connectWhenReachable } from "./remote-steps.js";
 import type { RepositoryModel, RepositoryScan, RepositorySource } from "./scan.js";
 import { ShadowComparer, shadowSettings } from "./shadow.js";
 import { normalizedUploadPath, uploadedCodeProblem } from "./upload-policy.js";
@@ -179,6 +180,8 @@ export class RepositoryManager implements ModelRegistry {
   private pollTimer?: NodeJS.Timeout;
   /** Remote ensemble steps by "name@version", shared by every ensemble (and reload) that uses them. */
   private readonly remoteSteps = new Map<string, Promise<Stage>>();
+  /** Aborted at close: remote steps not answering yet are no longer waited for. */
+  private readonly stopWaiting = new AbortController();
   /** What stage factories get as `models`: a TypeScript stage's calls to other models (Triton's BLS) resolve here. */
   private readonly modelCaller = createModelCaller((name, version) => this.resolve(name, version));
   /** Bounds the model loads under way (--model-load-thread-count). */
@@ -240,6 +243,8 @@ export class RepositoryManager implements ModelRegistry {
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.pollTimer);
+    // Before the unloads below, which queue behind loads still waiting for a remote step.
+    this.stopWaiting.abort();
     // Ensembles first: they may still be calling their steps.
     const entries = [...this.models.values()].sort(
       (a, b) => Number(b.model ? isEnsemble(b.model.config) : 0) - Number(a.model ? isEnsemble(a.model.config) : 0),
@@ -798,8 +803,12 @@ export class RepositoryManager implements ModelRegistry {
       const key = `${name}@${v}`;
       let remote = this.remoteSteps.get(key);
       if (!remote) {
-        // Wrapped as every loaded model is, so its requests are stamped on their traces alike.
-        remote = this.opts.loader.connectRemote(name, url, v).then((stage) => new ManagedStage(stage));
+        // Wrapped as every loaded model is, so its requests are stamped on their traces alike. One not
+        // answering yet (services start in any order) keeps the ensemble loading, not failed.
+        const connect = () => this.opts.loader.connectRemote(name, url, v);
+        remote = connectWhenReachable(connect, name, this.opts.logger, this.stopWaiting.signal).then(
+          (stage) => new ManagedStage(stage),
+        );
         this.remoteSteps.set(key, remote);
         remote.catch(() => this.remoteSteps.delete(key));
       }

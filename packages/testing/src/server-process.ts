@@ -50,8 +50,8 @@ function loggedErrors(logs: Record<string, unknown>[]): string {
 }
 
 /**
- * Starts the server with `args` on ports 0 (HTTP, gRPC, metrics) and no model
- * fetching; resolves once it logs "server started", with the ports it logged.
+ * Starts the server with `args` on ports 0 (HTTP, gRPC, metrics), no model fetching and no
+ * drain window at SIGTERM (--shutdown-drain-secs 0 unless `args` set it); resolves once it logs "server started", with the ports it logged.
  */
 export async function startServerProcess(args: string[], options: ServerProcessOptions = {}): Promise<ServerProcess> {
   const serverDir = join(repoRoot, "apps", "server");
@@ -66,6 +66,10 @@ export async function startServerProcess(args: string[], options: ServerProcessO
       "--metrics-port",
       "0",
       "--no-fetch-models",
+      // No drain window at SIGTERM (a test's own --shutdown-drain-secs, later, wins): on loopback no
+      // load balancer needs one, and every test's stop() would wait it out. Not given to another
+      // build (`main`), which may predate the flag.
+      ...(options.main ? [] : ["--shutdown-drain-secs", "0"]),
       ...args,
     ],
     {

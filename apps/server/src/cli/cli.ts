@@ -46,9 +46,21 @@ const port = (v: string) => {
     throw new InvalidArgumentError("a port number 0-65535 (0 = any free port)");
   return n;
 };
+/**
+ * The drain window's default: about how long a Kubernetes Service's endpoints (kube-proxy, an
+ * ingress) take to drop a terminating pod; the manifests' preStop pause comes on top of it.
+ */
+export const DEFAULT_SHUTDOWN_DRAIN_SECS = 5;
+
 const seconds = (v: string) => {
   const n = Number(v);
   if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError("a number of seconds");
+  return n;
+};
+/** The drain window: bounded, so a typo cannot keep a stopping server (and its pod) around for days. */
+const drainSeconds = (v: string) => {
+  const n = seconds(v);
+  if (n > 3600) throw new InvalidArgumentError("a number of seconds, at most 3600");
   return n;
 };
 const positiveSeconds = (v: string) => {
@@ -493,9 +505,15 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--exit-timeout-secs <secs>",
-    "on SIGINT/SIGTERM, how long in-flight requests may take to finish",
+    "on SIGINT/SIGTERM, how long in-flight requests may take to finish (after the drain window)",
     seconds,
     30,
+  )
+  .option(
+    "--shutdown-drain-secs <secs>",
+    "on SIGTERM, readiness reports not ready at once while the server keeps accepting and answering this long (load balancers, Kubernetes' endpoints, take that long to stop sending here); then it stops accepting and waits for in-flight requests. SIGINT skips it; 0: none",
+    drainSeconds,
+    DEFAULT_SHUTDOWN_DRAIN_SECS,
   )
   .option("--log-file <path>", "write the logs (JSON lines) to this file instead of stdout")
   .addOption(
@@ -615,6 +633,7 @@ export interface Flags extends TraceFlags {
   endpoints?: string;
   backendConfig: string[];
   exitTimeoutSecs: number;
+  shutdownDrainSecs: number;
   logVerbose: number;
   logFile?: string;
   cacheConfig: string[];
