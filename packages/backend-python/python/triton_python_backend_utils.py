@@ -31,6 +31,7 @@ def triton_string_to_numpy(triton_type_string):
 
 
 class TritonError(Exception):
+    """An error with Triton's code; the code reaches the client (INVALID_ARG: 400 / INVALID_ARGUMENT)."""
     UNKNOWN = 0
     INTERNAL = 1
     NOT_FOUND = 2
@@ -41,9 +42,15 @@ class TritonError(Exception):
     CANCELLED = 7
 
     def __init__(self, message, code=None):
+        if not isinstance(message, str):
+            raise TypeError(f"TritonError: message must be a str, not {type(message).__name__}")
+        if code is None:
+            code = TritonError.INTERNAL
+        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 7:
+            raise TypeError(f"TritonError: code must be one of TritonError's codes (0..7), not {code!r}")
         super().__init__(message)
         self._message = message
-        self._code = TritonError.INTERNAL if code is None else code
+        self._code = code
 
     def message(self):
         return self._message
@@ -56,10 +63,32 @@ class TritonModelException(TritonError):
     pass
 
 
+def _check_name(what, name):
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: name must be a str, not {type(name).__name__}")
+    if not name:
+        raise TritonModelException(f"{what}: name must not be empty", TritonError.INVALID_ARG)
+
+
+def _check_list(what, items, cls, cls_name):
+    if items is None:
+        return []
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"{what} must be a list of {cls_name}, not {type(items).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, cls):
+            raise TypeError(f"{what}[{i}] must be a {cls_name}, not {type(item).__name__}")
+    return list(items)
+
+
 class Tensor:
     def __init__(self, name, array):
+        _check_name("pb_utils.Tensor", name)
         if not isinstance(array, np.ndarray):
-            array = np.asarray(array)
+            raise TypeError(
+                f"pb_utils.Tensor(\"{name}\", ...): the data must be a numpy.ndarray, not {type(array).__name__}")
+        if array.dtype.kind not in "biufOSU":
+            raise TypeError(f"pb_utils.Tensor(\"{name}\", ...): numpy dtype {array.dtype} has no Triton datatype")
         self._name = name
         self._array = array
 
@@ -68,6 +97,9 @@ class Tensor:
 
     def as_numpy(self):
         return self._array
+
+    def shape(self):
+        return list(self._array.shape)
 
     def is_cpu(self):
         return True
@@ -82,10 +114,33 @@ class Tensor:
         return Tensor(name, np.from_dlpack(capsule))
 
 
+def _response_parameters(parameters):
+    """Triton takes a dict (or its JSON text) of str keys to bool, int or str values."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError as exc:
+            raise TritonModelException(f"InferenceResponse: parameters is not JSON: {exc}", TritonError.INVALID_ARG)
+    if not isinstance(parameters, dict):
+        raise TypeError(f"InferenceResponse: parameters must be a dict, not {type(parameters).__name__}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TypeError(f"InferenceResponse: parameter keys must be str, not {type(key).__name__}")
+        if not isinstance(value, (bool, int, str)):
+            raise TypeError(
+                f"InferenceResponse: parameter \"{key}\" must be a bool, int or str, not {type(value).__name__}")
+    return dict(parameters)
+
+
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error=None):
-        self._outputs = list(output_tensors or [])
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        self._outputs = _check_list("InferenceResponse: output_tensors", output_tensors, Tensor, "pb_utils.Tensor")
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(f"InferenceResponse: error must be a pb_utils.TritonError, not {type(error).__name__}")
         self._error = error
+        self._parameters = _response_parameters(parameters)
 
     def output_tensors(self):
         return self._outputs
@@ -96,18 +151,46 @@ class InferenceResponse:
     def error(self):
         return self._error
 
+    def parameters(self):
+        return json.dumps(self._parameters)
+
+
+def _model_name_text(model_name):
+    # A name read from a BYTES input (as_numpy()[0]) is bytes: Triton takes it as its UTF-8 text.
+    if isinstance(model_name, (bytes, np.bytes_)):
+        return bytes(model_name).decode("utf-8")
+    if isinstance(model_name, np.str_):
+        return str(model_name)
+    return model_name
+
 
 class InferenceRequest:
     """A request: the one execute receives, or a BLS request to another Trellis model."""
 
     def __init__(self, model_name=None, inputs=None, requested_output_names=None, model_version=-1,
-                 request_id="", parameters=None, **_ignored):
+                 request_id="", parameters=None, correlation_id=0, flags=0, timeout=0, preferred_memory=None,
+                 trace=None):
+        model_name = _model_name_text(model_name)
+        if model_name is not None:
+            _check_name("InferenceRequest: model_name", model_name)
         self._model_name = model_name
-        self._inputs = list(inputs or [])
-        self._requested = list(requested_output_names or [])
+        self._inputs = _check_list("InferenceRequest: inputs", inputs, Tensor, "pb_utils.Tensor")
+        self._requested = _check_list("InferenceRequest: requested_output_names", requested_output_names, str, "str")
+        if not isinstance(model_version, int) or isinstance(model_version, bool):
+            raise TypeError(f"InferenceRequest: model_version must be an int, not {type(model_version).__name__}")
         self._model_version = model_version
+        if not isinstance(request_id, str):
+            raise TypeError(f"InferenceRequest: request_id must be a str, not {type(request_id).__name__}")
         self._request_id = request_id
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        if parameters is None:
+            parameters = {}
+        if isinstance(parameters, dict):
+            parameters = json.dumps(parameters)
+        if not isinstance(parameters, str):
+            raise TypeError(f"InferenceRequest: parameters must be a dict or its JSON text, not {type(parameters).__name__}")
+        self._parameters = parameters
+        self._cancelled = None  # set by the stub for the requests execute receives
+        self._sender = None
 
     def inputs(self):
         return self._inputs
@@ -119,21 +202,53 @@ class InferenceRequest:
         return self._requested
 
     def parameters(self):
+        """The request's parameters as JSON text, as Triton gives them."""
         return self._parameters
 
     def model_name(self):
         return self._model_name
 
+    def is_cancelled(self):
+        return bool(self._cancelled is not None and self._cancelled.is_set())
+
+    def get_response_sender(self):
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is for a decoupled model's requests "
+                "(model_transaction_policy { decoupled: true })", TritonError.UNSUPPORTED)
+        return self._sender
+
     def exec(self, decoupled=False):
-        if _bls_caller is None:
+        if _bls is None:
             raise TritonModelException("BLS is only available while the model executes")
-        return _bls_caller(self)
+        return _bls.call(self, decoupled)
 
     async def async_exec(self, decoupled=False):
-        return self.exec(decoupled)
+        if _bls is None:
+            raise TritonModelException("BLS is only available while the model executes")
+        return await _bls.call_async(self, decoupled)
 
 
-_bls_caller = None
+# Set by the stub: it sends BLS requests and model control to the server.
+_bls = None
+
+
+def is_model_ready(model_name, model_version=""):
+    if _bls is None:
+        raise TritonModelException("is_model_ready is only available while the model runs")
+    return _bls.control("ready", _model_name_text(model_name), str(model_version or ""))
+
+
+def load_model(model_name, config="", files=None):
+    if _bls is None:
+        raise TritonModelException("load_model is only available while the model runs")
+    _bls.control("load", _model_name_text(model_name), "")
+
+
+def unload_model(model_name, unload_dependents=False):
+    if _bls is None:
+        raise TritonModelException("unload_model is only available while the model runs")
+    _bls.control("unload", _model_name_text(model_name), "")
 
 
 def get_input_tensor_by_name(request, name):

@@ -94,7 +94,7 @@ export async function createPythonBackend(options: PythonBackendOptions): Promis
   return {
     instances: count,
     executeRequests: async (requests, ctx) => ({
-      responses: await (stubs[ctx.instance] as StubProcess).execute(requests),
+      responses: await (stubs[ctx.instance] as StubProcess).execute(requests, ctx.options),
     }),
     instanceStarts: () => stubs.map((s) => s.starts),
     close: async () => {
