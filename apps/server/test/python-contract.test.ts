@@ -5,6 +5,8 @@
  * flight at once, exec(decoupled=True), model control), request and response parameters,
  * TritonError codes as Triton maps them, argument checks, and request cancellation.
  */
+import { mkdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { Code, type ConnectError } from "@connectrpc/connect";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -184,6 +186,53 @@ class TritonPythonModel:
         return responses
 `;
 
+// No config.pbtxt: the config is all auto_complete_config's, written as Triton's example writes it.
+const AUTO_ADD_MODEL = `import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        inputs = [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]},
+                  {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [4]}]
+        outputs = [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]
+        config = auto_complete_model_config.as_dict()
+        input_names = [i["name"] for i in config["input"]]
+        output_names = [o["name"] for o in config["output"]]
+        for input in inputs:
+            if input["name"] not in input_names:
+                auto_complete_model_config.add_input(input)
+        for output in outputs:
+            if output["name"] not in output_names:
+                auto_complete_model_config.add_output(output)
+        auto_complete_model_config.set_max_batch_size(8)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", a + b)]))
+        return responses
+`;
+// Its config.pbtxt says max_batch_size 4; its auto_complete_config says 8: Triton refuses the load.
+const AUTO_CONFLICT_CONFIG = pythonConfig("auto_conflict", "max_batch_size: 4\n");
+const AUTO_CONFLICT_MODEL = `import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.set_max_batch_size(8)
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return []
+`;
+
 let repo: string;
 let server: ServerProcess;
 
@@ -194,9 +243,12 @@ beforeAll(async () => {
     params: { config: PARAMS_CONFIG, files: { "1/model.py": PARAMS_MODEL } },
     waits: { config: WAITS_CONFIG, files: { "1/model.py": WAITS_MODEL } },
     countdown: { config: COUNTDOWN_CONFIG },
+    auto_conflict: { config: AUTO_CONFLICT_CONFIG, files: { "1/model.py": AUTO_CONFLICT_MODEL } },
   });
+  await mkdir(join(repo, "auto_add", "1"), { recursive: true });
+  await writeFile(join(repo, "auto_add", "1", "model.py"), AUTO_ADD_MODEL);
   server = await startServerProcess([
-    ...explicitModels(repo, "batch_seen", "async_bls", "params", "waits", "countdown"),
+    ...explicitModels(repo, "batch_seen", "async_bls", "params", "waits", "countdown", "auto_add"),
     "--python-executable",
     "/usr/bin/python3",
   ]);
@@ -315,4 +367,33 @@ describe("cancellation", () => {
     const answer = await client.modelInfer(waitsRequest(0));
     expect(Array.from(new Int32Array(Uint8Array.from(answer.rawOutputContents[0] ?? []).buffer))).toEqual([1]);
   }, 60_000);
+});
+
+describe("auto-complete", () => {
+  it("serves a folder without config.pbtxt with the config its auto_complete_config gives", async () => {
+    const config = await (await fetch(`${server.http}/v2/models/auto_add/config`)).json();
+    expect(config.max_batch_size).toBe(8);
+    expect(config.backend).toBe("python");
+    expect(config.input.map((i: { name: string }) => i.name)).toEqual(["INPUT0", "INPUT1"]);
+    expect(config.output[0]).toMatchObject({ name: "OUTPUT0", data_type: "TYPE_FP32", dims: [4] });
+    expect(config.dynamic_batching).toBeDefined();
+    const { status, json } = await postJson(`${server.http}/v2/models/auto_add/infer`, {
+      inputs: [
+        { name: "INPUT0", datatype: "FP32", shape: [2, 4], data: [1, 2, 3, 4, 5, 6, 7, 8] },
+        { name: "INPUT1", datatype: "FP32", shape: [2, 4], data: [10, 10, 10, 10, 20, 20, 20, 20] },
+      ],
+    });
+    expect(status, JSON.stringify(json)).toBe(200);
+    expect(json.outputs[0].data).toEqual([11, 12, 13, 14, 25, 26, 27, 28]);
+  }, 30_000);
+
+  it("refuses a max_batch_size that conflicts with config.pbtxt, as Triton does, and the server serves on", async () => {
+    const res = await postJson(`${server.http}/v2/repository/models/auto_conflict/load`, {});
+    expect(res.status).toBe(400);
+    expect(res.json.error).toContain(
+      "configuration specified max_batch_size 4, but in auto-complete-config function for model 'auto_conflict' specified max_batch_size 8",
+    );
+    expect(res.json.error).not.toContain(repo);
+    expect((await paramsInfer({ mode: "echo" })).status).toBe(200);
+  }, 30_000);
 });

@@ -346,8 +346,39 @@ def run_execute(np, pb_utils, inbox, model, header, body):
     write_frame({"type": "result", "id": header["id"], "responses": answers}, parts)
 
 
+def auto_complete(header):
+    """Runs TritonPythonModel.auto_complete_config on the config as the repository gives it, and
+    answers the completed config (no instance is made: Triton calls it before any starts)."""
+    import numpy  # noqa: F401  (a missing numpy fails the load, named)
+    sys.path.insert(0, _STUB_DIR)
+    import triton_python_backend_utils as pb_utils
+    path = header["model_file"]
+    _MODEL_DIR[0] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location("trellis_user_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "TritonPythonModel"):
+        raise ImportError(f"{os.path.basename(path)} defines no class TritonPythonModel")
+    config = pb_utils.ModelConfig(header["model_config"])
+    complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
+    if complete is not None:
+        config = complete(config)
+        if not isinstance(config, pb_utils.ModelConfig):
+            raise TypeError(f"auto_complete_config returned {type(config).__name__}, not the pb_utils.ModelConfig it was given")
+    return config.as_dict()
+
+
 def main():
     header, _ = read_frame()
+    if header.get("type") == "auto_complete":
+        try:
+            completed = auto_complete(header)
+        except BaseException:
+            write_frame({"type": "load_failed", "message": last_lines()})
+            return 1
+        write_frame({"type": "config", "config": completed})
+        return 0
     inbox = Inbox()
     try:
         import numpy as np  # a missing numpy fails the load, named

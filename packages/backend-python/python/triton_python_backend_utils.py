@@ -302,3 +302,103 @@ class Logger:
     @staticmethod
     def log_verbose(message):
         Logger.log(message, TRITONSERVER_LOG_VERBOSE)
+
+
+def _int_dims(dims):
+    # The server's JSON writes int64 dims as text; a model compares them as ints.
+    return [int(d) for d in dims]
+
+
+class ModelConfig:
+    """The config auto_complete_config(auto_complete_model_config) receives and completes,
+    with the checks Triton's makes: a conflicting value raises ValueError naming the model."""
+
+    def __init__(self, model_config):
+        config = json.loads(model_config) if isinstance(model_config, str) else dict(model_config)
+        config.setdefault("max_batch_size", 0)
+        config.setdefault("input", [])
+        config.setdefault("output", [])
+        config["max_batch_size"] = int(config["max_batch_size"])
+        for tensor in config["input"] + config["output"]:
+            tensor["dims"] = _int_dims(tensor.get("dims", []))
+        self._model_config = config
+
+    def _name(self):
+        return self._model_config.get("name", "")
+
+    def as_dict(self):
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size):
+        if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool):
+            raise ValueError(f"max_batch_size must be an int, not {type(max_batch_size).__name__}")
+        if max_batch_size < 0:
+            raise ValueError("max_batch_size must be a non-negative int")
+        current = self._model_config["max_batch_size"]
+        if current != 0 and current != max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config function "
+                f"for model '{self._name()}' specified max_batch_size {max_batch_size}")
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self):
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        if not isinstance(transaction_policy_dict, dict):
+            raise ValueError("set_model_transaction_policy takes a dict, e.g. {'decoupled': True}")
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(f"model_transaction_policy has no property '{key}'")
+        current = self._model_config.get("model_transaction_policy", {}).get("decoupled")
+        wanted = bool(transaction_policy_dict.get("decoupled", False))
+        if current is not None and bool(current) != wanted:
+            raise ValueError(
+                f"trying to change decoupled property in auto-complete-config for model '{self._name()}', "
+                f"which is already set to {bool(current)}")
+        self._model_config["model_transaction_policy"] = {"decoupled": wanted}
+
+    def _add_tensor(self, kind, tensor):
+        if not isinstance(tensor, dict):
+            raise ValueError(f"{kind} must be a dict, not {type(tensor).__name__}")
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(
+                    f"{kind} in auto-complete-config function for model '{self._name()}' "
+                    f"is missing '{key}' property.")
+        tensor = dict(tensor)
+        tensor["dims"] = _int_dims(tensor["dims"])
+        for current in self._model_config[kind]:
+            if current.get("name") != tensor["name"]:
+                continue
+            given = current.get("data_type", "TYPE_INVALID")
+            if given not in ("", "TYPE_INVALID") and given != tensor["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{self._name()}', configuration expects datatype {given} for "
+                    f"{kind} '{tensor['name']}', model provides {tensor['data_type']}")
+            if current.get("dims") and current["dims"] != tensor["dims"]:
+                raise ValueError(
+                    f"model '{self._name()}', tensor '{tensor['name']}': the model expects dims "
+                    f"{tensor['dims']} but the model configuration specifies dims {current['dims']}")
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = tensor["dims"]
+            return
+        self._model_config[kind].append(tensor)
+
+    def add_input(self, input):
+        self._add_tensor("input", input)
+
+    def add_output(self, output):
+        self._add_tensor("output", output)
+
+    def add_model_warmup(self, model_warmup):
+        if not isinstance(model_warmup, dict) or "name" not in model_warmup:
+            raise ValueError("model_warmup must be a dict with a 'name'")
+        self._model_config.setdefault("model_warmup", []).append(model_warmup)
+
+
+def using_decoupled_model_transaction_policy(model_config):
+    """Whether the config (initialize's args['model_config'], parsed) asks for decoupled responses."""
+    if isinstance(model_config, str):
+        model_config = json.loads(model_config)
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))

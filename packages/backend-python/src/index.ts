@@ -11,6 +11,7 @@ import { instanceCount, type ModelBackend } from "@trellis/runtime";
 import { Code, type ModelCaller, StageError, type StageLogger } from "@trellis/stage";
 import { StubProcess } from "./stub-process.js";
 
+export { type AutoCompleteOptions, autoCompletePythonConfig } from "./auto-complete.js";
 export { STUB_PATH } from "./stub-process.js";
 
 export interface PythonBackendOptions {
