@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { Code, type ConnectError } from "@connectrpc/connect";
 import { removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { COUNTDOWN_CONFIG, explicitModels, grpcClientOf, makeRepository, postJson } from "./helpers.js";
+import { COUNTDOWN_CONFIG, explicitModels, grpcClientOf, makeRepository, postJson, scrape } from "./helpers.js";
 
 const pythonConfig = (name: string, body: string) => `name: "${name}"\nbackend: "python"\n${body}`;
 
@@ -233,6 +233,56 @@ class TritonPythonModel:
         return []
 `;
 
+// Custom metrics as Triton's documentation writes them: families made in initialize, a
+// Metric per label set; X = -1 makes a label set per loop turn and X = -2 a family per turn
+// (both past the server's bounds), which must fail that request alone, named.
+const METERED_CONFIG = pythonConfig(
+  "metered",
+  `max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "COUNT" data_type: TYPE_FP64 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+`,
+);
+const METERED_MODEL = `import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.count_family = pb_utils.MetricFamily(
+            name="custom_requests_total", description="Requests this model answered",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.last_family = pb_utils.MetricFamily(
+            name="custom_last_input", description="The last input seen", kind=pb_utils.MetricFamily.GAUGE)
+        self.input_family = pb_utils.MetricFamily(
+            name="custom_input_value", description="Inputs seen", kind=pb_utils.MetricFamily.HISTOGRAM)
+        self.count = self.count_family.Metric(labels=labels)
+        self.last = self.last_family.Metric(labels=labels)
+        self.inputs = self.input_family.Metric(labels=labels, buckets=[1.0, 10.0, 100.0])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+            if x == -1:
+                per_request = pb_utils.MetricFamily(
+                    name="custom_per_request", description="one per request", kind=pb_utils.MetricFamily.COUNTER)
+                for i in range(5000):
+                    per_request.Metric(labels={"request": str(i)}).increment(1)
+            if x == -2:
+                for i in range(5000):
+                    pb_utils.MetricFamily(name=f"custom_family_{i}", description="one per turn",
+                                          kind=pb_utils.MetricFamily.GAUGE)
+            self.count.increment(1)
+            self.last.set(x)
+            self.inputs.observe(x)
+            count = np.array([self.count.value()], dtype=np.float64)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("COUNT", count)]))
+        return responses
+`;
+
 let repo: string;
 let server: ServerProcess;
 
@@ -244,11 +294,12 @@ beforeAll(async () => {
     waits: { config: WAITS_CONFIG, files: { "1/model.py": WAITS_MODEL } },
     countdown: { config: COUNTDOWN_CONFIG },
     auto_conflict: { config: AUTO_CONFLICT_CONFIG, files: { "1/model.py": AUTO_CONFLICT_MODEL } },
+    metered: { config: METERED_CONFIG, files: { "1/model.py": METERED_MODEL } },
   });
   await mkdir(join(repo, "auto_add", "1"), { recursive: true });
   await writeFile(join(repo, "auto_add", "1", "model.py"), AUTO_ADD_MODEL);
   server = await startServerProcess([
-    ...explicitModels(repo, "batch_seen", "async_bls", "params", "waits", "countdown", "auto_add"),
+    ...explicitModels(repo, "batch_seen", "async_bls", "params", "waits", "countdown", "auto_add", "metered"),
     "--python-executable",
     "/usr/bin/python3",
   ]);
@@ -396,4 +447,47 @@ describe("auto-complete", () => {
     expect(res.json.error).not.toContain(repo);
     expect((await paramsInfer({ mode: "echo" })).status).toBe(200);
   }, 30_000);
+});
+
+describe("custom metrics", () => {
+  const metered = (x: number) =>
+    postJson(`${server.http}/v2/models/metered/infer`, {
+      inputs: [{ name: "X", datatype: "FP32", shape: [1], data: [x] }],
+    });
+
+  it("shows counter, gauge and histogram values on /metrics beside nv_inference_*", async () => {
+    const answers = [];
+    for (const x of [5, 50, 500]) answers.push(await metered(x));
+    expect(answers.map((a) => a.json.outputs[0].data[0])).toEqual([1, 2, 3]);
+    const text = await scrape(server);
+    const labels = '{model="metered",version="1"}';
+    expect(text).toContain("nv_inference_request_success");
+    expect(text).toContain(
+      "# HELP custom_requests_total Requests this model answered\n# TYPE custom_requests_total counter",
+    );
+    expect(text).toContain(`custom_requests_total${labels} 3\n`);
+    expect(text).toContain(`custom_last_input${labels} 500\n`);
+    expect(text).toContain('custom_input_value_bucket{model="metered",version="1",le="1"} 0\n');
+    expect(text).toContain('custom_input_value_bucket{model="metered",version="1",le="10"} 1\n');
+    expect(text).toContain('custom_input_value_bucket{model="metered",version="1",le="100"} 2\n');
+    expect(text).toContain('custom_input_value_bucket{model="metered",version="1",le="+Inf"} 3\n');
+    expect(text).toContain(`custom_input_value_sum${labels} 555\n`);
+    expect(text).toContain(`custom_input_value_count${labels} 3\n`);
+  }, 60_000);
+
+  it("bounds label sets and families: that request fails, named; other models answer; /metrics stays bounded", async () => {
+    const [labels, other] = await Promise.all([metered(-1), paramsInfer({ mode: "echo" })]);
+    expect(labels.status).toBe(503);
+    expect(labels.json.error).toContain("custom metric label-set limit");
+    expect(labels.json.error).toContain("at most 1024 label sets");
+    expect(other.status).toBe(200);
+    const families = await metered(-2);
+    expect(families.status).toBe(503);
+    expect(families.json.error).toContain("custom metric family limit");
+    const text = await scrape(server);
+    expect(text.match(/^custom_per_request\{/gm)?.length).toBe(1024);
+    expect(text.match(/^# TYPE custom_/gm)?.length).toBe(128);
+    // The model itself still works, its counter counting only the requests it answered.
+    expect((await metered(1)).json.outputs[0].data[0]).toBe(4);
+  }, 120_000);
 });

@@ -281,6 +281,26 @@ class Bls:
         outputs = [pb.Tensor(m["name"], decode_tensor(self.np, m, body)) for m in r.get("outputs", [])]
         return pb.InferenceResponse(output_tensors=outputs, parameters=r.get("parameters") or None)
 
+    def metrics(self, message, wait):
+        """Custom metrics: made (and bounded) by the server, so a refusal raises here, named; an
+        update needs no answer (frames keep their order, so a later value() sees it)."""
+        if not wait:
+            write_frame({"type": "metric_update", **message})
+            return None
+        done = threading.Event()
+        box = []
+
+        def arrived(header, _body):
+            box.append(header)
+            done.set()
+
+        self._send({"type": "metric", **message}, [], arrived)
+        done.wait()
+        header = box[0]
+        if header.get("error") is not None:
+            raise self.pb.TritonModelException(str(header["error"]), int(header.get("code", 1)))
+        return header
+
     def control(self, action, model, version):
         if not isinstance(model, str) or not model:
             raise TypeError(f"model_name must be a non-empty str, not {model!r}")

@@ -402,3 +402,95 @@ def using_decoupled_model_transaction_policy(model_config):
     if isinstance(model_config, str):
         model_config = json.loads(model_config)
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+class MetricFamily:
+    """A custom metric family, shown on the server's /metrics. Made again with the same name,
+    description and kind (another instance, a reload) it is the same family."""
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+    _KINDS = {0: "counter", 1: "gauge", 2: "histogram"}
+
+    def __init__(self, name, description, kind, buckets=None):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"MetricFamily: name must be a non-empty str, not {name!r}")
+        if not isinstance(description, str):
+            raise TypeError(f"MetricFamily: description must be a str, not {type(description).__name__}")
+        if kind not in MetricFamily._KINDS or isinstance(kind, bool):
+            raise TypeError("MetricFamily: kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM")
+        self._name = name
+        self._kind = kind
+        self._buckets = _check_buckets(buckets)
+        _metrics_call({"op": "family", "name": name, "description": description,
+                       "kind": MetricFamily._KINDS[kind]})
+
+    def Metric(self, labels=None, buckets=None):
+        return Metric(self, labels, buckets)
+
+
+def _check_buckets(buckets):
+    if buckets is None:
+        return None
+    if not isinstance(buckets, (list, tuple)) or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) for b in buckets):
+        raise TypeError("buckets must be a list of numbers")
+    return [float(b) for b in buckets]
+
+
+class Metric:
+    """One label set of a MetricFamily: increment (counter, gauge), set (gauge), observe
+    (histogram), value (counter, gauge)."""
+
+    def __init__(self, family, labels=None, buckets=None):
+        if not isinstance(family, MetricFamily):
+            raise TypeError("Metric: make it with family.Metric(labels=...)")
+        labels = {} if labels is None else labels
+        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in labels.items()):
+            raise TypeError("Metric: labels must be a dict of str to str")
+        buckets = _check_buckets(buckets) or family._buckets
+        if family._kind == MetricFamily.HISTOGRAM and not buckets:
+            raise TritonModelException("Metric: a HISTOGRAM family's metric needs buckets", TritonError.INVALID_ARG)
+        self._family = family
+        self._key = _metrics_call({"op": "metric", "name": family._name, "labels": labels,
+                                   "buckets": buckets})["key"]
+
+    def _update(self, op, value):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(f"Metric.{op}: value must be a number, not {type(value).__name__}")
+        _metrics_send({"op": op, "name": self._family._name, "key": self._key, "value": float(value)})
+
+    def increment(self, value):
+        if self._family._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("Metric.increment: a HISTOGRAM metric takes observe()")
+        if self._family._kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("Metric.increment: a COUNTER cannot be decremented")
+        self._update("increment", value)
+
+    def set(self, value):
+        if self._family._kind != MetricFamily.GAUGE:
+            raise TritonModelException("Metric.set: only a GAUGE metric can be set")
+        self._update("set", value)
+
+    def observe(self, value):
+        if self._family._kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("Metric.observe: only a HISTOGRAM metric observes")
+        self._update("observe", value)
+
+    def value(self):
+        if self._family._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("Metric.value: a HISTOGRAM metric has no single value")
+        return _metrics_call({"op": "value", "name": self._family._name, "key": self._key})["value"]
+
+
+def _metrics_call(message):
+    if _bls is None:
+        raise TritonModelException("custom metrics are only available while the model runs")
+    return _bls.metrics(message, wait=True)
+
+
+def _metrics_send(message):
+    if _bls is None:
+        raise TritonModelException("custom metrics are only available while the model runs")
+    _bls.metrics(message, wait=False)

@@ -10,6 +10,7 @@ import { Code, StageError } from "@trellis/stage";
 import { answerControl, answerModelCall, parametersFromJson, parametersJson } from "./bls.js";
 import { codeOfTriton } from "./codes.js";
 import { decodeTensor, encodeFrame, encodeTensors, type Frame, FrameReader, type TensorMeta } from "./frames.js";
+import { answerMetric, applyMetricUpdate } from "./metrics.js";
 
 export const STUB_PATH = fileURLToPath(new URL("../python/stub.py", import.meta.url));
 
@@ -127,6 +128,14 @@ export class StubProcess {
   private deliver(frame: Frame): void {
     if (frame.header.type === "bls" || frame.header.type === "control") {
       void this.answerModelCall(frame);
+      return;
+    }
+    if (frame.header.type === "metric") {
+      this.child?.stdin?.write(answerMetric(frame.header));
+      return;
+    }
+    if (frame.header.type === "metric_update") {
+      applyMetricUpdate(frame.header, this.options.onLog);
       return;
     }
     const waiter = this.waiter;
