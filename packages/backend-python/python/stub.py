@@ -180,6 +180,8 @@ class Inbox:
         self._waiting = {}
         self._lock = threading.Lock()
         self.cancel_events = {}
+        # Decoupled requests' senders still open, to close when the server says so.
+        self.senders = {}
 
     def expect(self, call_id, callback):
         with self._lock:
@@ -200,9 +202,16 @@ class Inbox:
                 if callback is not None:
                     callback(header, body)
             elif kind == "cancel":
-                event = self.cancel_events.get((header.get("execute"), header.get("index")))
+                key = (header.get("execute"), header.get("index"))
+                event = self.cancel_events.get(key)
                 if event is not None:
                     event.set()
+                # The server will take no more responses for that request (bound, deadline, gone).
+                sender = self.senders.pop(key, None) if header.get("close") else None
+                if sender is not None:
+                    sender.closed = True
+            elif kind == "forget":
+                self.senders.pop((header.get("execute"), header.get("index")), None)
             else:
                 self.main.put((header, body))
 
@@ -319,6 +328,61 @@ class Bls:
         return bool(header.get("ready"))
 
 
+class ResponseSender:
+    """A decoupled model's request's sender (request.get_response_sender()): send() as often as
+    the model likes, from any thread, until a send with TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    closes it (or the server does: past its response bound, or its deadline)."""
+
+    def __init__(self, np, pb_utils, execute_id, index, request):
+        self._np = np
+        self._pb = pb_utils
+        self._execute = execute_id
+        self._index = index
+        self._request = request
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, response=None, flags=0):
+        pb = self._pb
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if flags not in (0, final):
+            raise TypeError(f"send: flags must be 0 or TRITONSERVER_RESPONSE_COMPLETE_FINAL, not {flags!r}")
+        if response is not None and not isinstance(response, pb.InferenceResponse):
+            raise TypeError(f"send: response must be a pb_utils.InferenceResponse, not {type(response).__name__}")
+        if response is None and flags != final:
+            raise pb.TritonModelException(
+                "send: response may be None only with flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+                pb.TritonError.INVALID_ARG)
+        with self._lock:
+            if self.closed:
+                raise pb.TritonModelException("Unable to send response. Response sender has been closed.")
+            if flags == final:
+                self.closed = True
+            header = {"type": "response", "execute": self._execute, "index": self._index, "final": flags == final}
+            parts = []
+            if response is not None:
+                header.update(response_answer(self._np, pb, response, parts, 0)[0])
+            write_frame(header, parts)
+
+    def is_cancelled(self):
+        return self._request.is_cancelled()
+
+
+def response_answer(np, pb_utils, response, parts, offset):
+    """One response as the server reads it (outputs, or an error with its code), and the next offset."""
+    if not isinstance(response, pb_utils.InferenceResponse):
+        what = "None" if response is None else type(response).__name__
+        return {"error": f"execute() answered {what}, not a pb_utils.InferenceResponse", "code": 1}, offset
+    if response.has_error():
+        err = response.error()
+        return {"error": error_text(err), "code": triton_code(err)}, offset
+    metas, offset = encode_tensors(np, response.output_tensors(), parts, offset)
+    answer = {"outputs": metas}
+    if response._parameters:
+        answer["parameters"] = response._parameters
+    return answer, offset
+
+
 def make_requests(np, pb_utils, inbox, header, body):
     requests = []
     for index, r in enumerate(header["requests"]):
@@ -329,6 +393,9 @@ def make_requests(np, pb_utils, inbox, header, body):
         event = threading.Event()
         inbox.cancel_events[(header["id"], index)] = event
         request._cancelled = event
+        if header.get("decoupled"):
+            request._sender = ResponseSender(np, pb_utils, header["id"], index, request)
+            inbox.senders[(header["id"], index)] = request._sender
         requests.append(request)
     return requests
 
@@ -344,24 +411,21 @@ def run_execute(np, pb_utils, inbox, model, header, body):
         return
     finally:
         inbox.cancel_events.clear()
+    if header.get("decoupled"):
+        # Its responses went through the senders (maybe still going, from the model's threads).
+        done = {"type": "executed", "id": header["id"]}
+        if responses is not None:
+            done.update(error="a decoupled model's execute() must return None "
+                              "(it answers through request.get_response_sender())", code=1)
+        write_frame(done)
+        return
     if responses is None:
         responses = []
     parts = []
     offset = 0
     answers = []
     for response in responses:
-        if not isinstance(response, pb_utils.InferenceResponse):
-            what = "None" if response is None else type(response).__name__
-            answers.append({"error": f"execute() answered {what}, not a pb_utils.InferenceResponse", "code": 1})
-            continue
-        if response.has_error():
-            err = response.error()
-            answers.append({"error": error_text(err), "code": triton_code(err)})
-            continue
-        metas, offset = encode_tensors(np, response.output_tensors(), parts, offset)
-        answer = {"outputs": metas}
-        if response._parameters:
-            answer["parameters"] = response._parameters
+        answer, offset = response_answer(np, pb_utils, response, parts, offset)
         answers.append(answer)
     write_frame({"type": "result", "id": header["id"], "responses": answers}, parts)
 

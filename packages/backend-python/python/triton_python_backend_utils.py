@@ -13,6 +13,11 @@ TRITONSERVER_LOG_WARN = 1
 TRITONSERVER_LOG_ERROR = 2
 TRITONSERVER_LOG_VERBOSE = 3
 
+# A decoupled response sender's flag: the request's last response.
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
 _NUMPY_OF = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
     "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
