@@ -6,11 +6,16 @@ The header carries small metadata (names, shapes, offsets); tensor bytes travel 
 the body, never as JSON. Everything the model prints goes to stderr, so stdout stays
 the protocol's alone.
 """
+import asyncio
 import importlib.util
+import inspect
+import itertools
 import json
 import os
+import queue
 import struct
 import sys
+import threading
 import traceback
 
 PROTOCOL_OUT = sys.stdout.buffer
@@ -43,14 +48,21 @@ def read_frame():
     return header, body
 
 
+# Frames may be written from the model's own threads (BLS, a decoupled model's response sender).
+_WRITE_LOCK = threading.Lock()
+# async def execute / initialize / finalize run on this one loop, kept for the process's life.
+_LOOP = asyncio.new_event_loop()
+
+
 def write_frame(header, parts=()):
     encoded = json.dumps(header).encode()
     body_len = sum(len(p) for p in parts)
-    PROTOCOL_OUT.write(struct.pack("<II", len(encoded), body_len))
-    PROTOCOL_OUT.write(encoded)
-    for p in parts:
-        PROTOCOL_OUT.write(p)
-    PROTOCOL_OUT.flush()
+    with _WRITE_LOCK:
+        PROTOCOL_OUT.write(struct.pack("<II", len(encoded), body_len))
+        PROTOCOL_OUT.write(encoded)
+        for p in parts:
+            PROTOCOL_OUT.write(p)
+        PROTOCOL_OUT.flush()
 
 
 def decode_tensor(np, meta, body):
@@ -128,10 +140,7 @@ def last_lines(limit=6):
     return "\n".join(lines[-limit:])
 
 
-def load_model(args):
-    import numpy  # noqa: F401  (a missing numpy fails the load, named)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import triton_python_backend_utils as pb_utils
+def load_model(args, pb_utils):
     path = args["model_file"]
     _MODEL_DIR[0] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     sys.path.insert(0, os.path.dirname(path))
@@ -142,41 +151,273 @@ def load_model(args):
         raise ImportError(f"{os.path.basename(path)} defines no class TritonPythonModel")
     model = module.TritonPythonModel()
     if hasattr(model, "initialize"):
-        model.initialize(args["initialize"])
-    return model, pb_utils
+        result = model.initialize(args["initialize"])
+        if inspect.iscoroutine(result):
+            _LOOP.run_until_complete(result)
+    return model
 
 
-def make_bls_caller(np, pb_utils):
-    counter = [0]
+def triton_code(exc, default=1):
+    """The TritonError code an exception carries (TritonError.INTERNAL = 1 otherwise)."""
+    code = getattr(exc, "code", None)
+    if callable(code):
+        try:
+            value = code()
+        except Exception:
+            return default
+        if isinstance(value, int) and 0 <= value <= 7:
+            return value
+    return default
 
-    def call(request):
-        counter[0] += 1
+
+class Inbox:
+    """Reads every frame the server sends, on its own thread: BLS answers and cancellations are
+    handled as they come (so a model may wait on several BLS calls at once), the rest is queued
+    for the main loop in order."""
+
+    def __init__(self):
+        self.main = queue.Queue()
+        self._waiting = {}
+        self._lock = threading.Lock()
+        self.cancel_events = {}
+        # Decoupled requests' senders still open, to close when the server says so.
+        self.senders = {}
+
+    def expect(self, call_id, callback):
+        with self._lock:
+            self._waiting[call_id] = callback
+
+    def run(self):
+        while True:
+            try:
+                header, body = read_frame()
+            except Exception:  # EOF or a broken frame: the server is gone or the pipe is unusable
+                self._fail_waiting()
+                self.main.put(None)
+                return
+            kind = header.get("type")
+            if kind == "bls_result":
+                with self._lock:
+                    callback = self._waiting.pop(header.get("id"), None)
+                if callback is not None:
+                    callback(header, body)
+            elif kind == "cancel":
+                key = (header.get("execute"), header.get("index"))
+                event = self.cancel_events.get(key)
+                if event is not None:
+                    event.set()
+                # The server will take no more responses for that request (bound, deadline, gone).
+                sender = self.senders.pop(key, None) if header.get("close") else None
+                if sender is not None:
+                    sender.closed = True
+            elif kind == "forget":
+                self.senders.pop((header.get("execute"), header.get("index")), None)
+            else:
+                self.main.put((header, body))
+
+    def _fail_waiting(self):
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+        for callback in waiting.values():
+            callback({"error": "the server closed the stub's input", "code": 4}, b"")
+
+
+def _settle(future, value):
+    if not future.done():
+        future.set_result(value)
+
+
+class Bls:
+    """BLS: requests from the model to the server's models, each with its own id, so several
+    can be in flight at once (async_exec under asyncio.gather)."""
+
+    def __init__(self, np, pb_utils, inbox):
+        self.np = np
+        self.pb = pb_utils
+        self.inbox = inbox
+        self.ids = itertools.count(1)
+
+    def _send(self, header, parts, callback):
+        call_id = next(self.ids)
+        self.inbox.expect(call_id, callback)
+        write_frame({**header, "id": call_id}, parts)
+
+    def _send_request(self, request, decoupled, callback):
+        if not request.model_name():
+            raise self.pb.TritonModelException("InferenceRequest: model_name is needed for exec()",
+                                               self.pb.TritonError.INVALID_ARG)
         parts = []
-        metas, _ = encode_tensors(np, request.inputs(), parts, 0)
-        write_frame({
-            "type": "bls", "id": counter[0], "model": request.model_name(),
-            "version": str(request._model_version) if request._model_version not in (-1, None, "") else "",
+        metas, _ = encode_tensors(self.np, request.inputs(), parts, 0)
+        version = request._model_version
+        self._send({
+            "type": "bls", "model": request.model_name(),
+            "version": str(version) if version not in (-1, None, "") else "",
             "inputs": metas, "outputs": request.requested_output_names(),
-        }, parts)
-        header, body = read_frame()
-        if header.get("error"):
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(header["error"]))
-        outputs = [pb_utils.Tensor(m["name"], decode_tensor(np, m, body)) for m in header["outputs"]]
-        return pb_utils.InferenceResponse(output_tensors=outputs)
+            "parameters": request.parameters(), "decoupled": bool(decoupled),
+        }, parts, callback)
 
-    return call
+    def call(self, request, decoupled):
+        done = threading.Event()
+        box = []
+
+        def arrived(header, body):
+            box.append((header, body))
+            done.set()
+
+        self._send_request(request, decoupled, arrived)
+        done.wait()
+        return self._answer(*box[0], decoupled)
+
+    async def call_async(self, request, decoupled):
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._send_request(request, decoupled,
+                           lambda header, body: loop.call_soon_threadsafe(_settle, future, (header, body)))
+        header, body = await future
+        return self._answer(header, body, decoupled)
+
+    def _answer(self, header, body, decoupled):
+        if not decoupled:
+            return self._response(header, body)
+        if header.get("error") is not None:
+            return iter([self._response(header, body)])
+        return iter([self._response(r, body) for r in header.get("responses", [])])
+
+    def _response(self, r, body):
+        pb = self.pb
+        if r.get("error") is not None:
+            return pb.InferenceResponse(error=pb.TritonError(str(r["error"]), int(r.get("code", 1))))
+        outputs = [pb.Tensor(m["name"], decode_tensor(self.np, m, body)) for m in r.get("outputs", [])]
+        return pb.InferenceResponse(output_tensors=outputs, parameters=r.get("parameters") or None)
+
+    def metrics(self, message, wait):
+        """Custom metrics: made (and bounded) by the server, so a refusal raises here, named; an
+        update needs no answer (frames keep their order, so a later value() sees it)."""
+        if not wait:
+            write_frame({"type": "metric_update", **message})
+            return None
+        done = threading.Event()
+        box = []
+
+        def arrived(header, _body):
+            box.append(header)
+            done.set()
+
+        self._send({"type": "metric", **message}, [], arrived)
+        done.wait()
+        header = box[0]
+        if header.get("error") is not None:
+            raise self.pb.TritonModelException(str(header["error"]), int(header.get("code", 1)))
+        return header
+
+    def control(self, action, model, version):
+        if not isinstance(model, str) or not model:
+            raise TypeError(f"model_name must be a non-empty str, not {model!r}")
+        done = threading.Event()
+        box = []
+
+        def arrived(header, _body):
+            box.append(header)
+            done.set()
+
+        self._send({"type": "control", "action": action, "model": model, "version": version}, [], arrived)
+        done.wait()
+        header = box[0]
+        if header.get("error") is not None:
+            raise self.pb.TritonModelException(str(header["error"]), int(header.get("code", 1)))
+        return bool(header.get("ready"))
 
 
-def run_execute(np, pb_utils, model, header, body):
+class ResponseSender:
+    """A decoupled model's request's sender (request.get_response_sender()): send() as often as
+    the model likes, from any thread, until a send with TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    closes it (or the server does: past its response bound, or its deadline)."""
+
+    def __init__(self, np, pb_utils, execute_id, index, request):
+        self._np = np
+        self._pb = pb_utils
+        self._execute = execute_id
+        self._index = index
+        self._request = request
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, response=None, flags=0):
+        pb = self._pb
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if flags not in (0, final):
+            raise TypeError(f"send: flags must be 0 or TRITONSERVER_RESPONSE_COMPLETE_FINAL, not {flags!r}")
+        if response is not None and not isinstance(response, pb.InferenceResponse):
+            raise TypeError(f"send: response must be a pb_utils.InferenceResponse, not {type(response).__name__}")
+        if response is None and flags != final:
+            raise pb.TritonModelException(
+                "send: response may be None only with flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+                pb.TritonError.INVALID_ARG)
+        with self._lock:
+            if self.closed:
+                raise pb.TritonModelException("Unable to send response. Response sender has been closed.")
+            if flags == final:
+                self.closed = True
+            header = {"type": "response", "execute": self._execute, "index": self._index, "final": flags == final}
+            parts = []
+            if response is not None:
+                header.update(response_answer(self._np, pb, response, parts, 0)[0])
+            write_frame(header, parts)
+
+    def is_cancelled(self):
+        return self._request.is_cancelled()
+
+
+def response_answer(np, pb_utils, response, parts, offset):
+    """One response as the server reads it (outputs, or an error with its code), and the next offset."""
+    if not isinstance(response, pb_utils.InferenceResponse):
+        what = "None" if response is None else type(response).__name__
+        return {"error": f"execute() answered {what}, not a pb_utils.InferenceResponse", "code": 1}, offset
+    if response.has_error():
+        err = response.error()
+        return {"error": error_text(err), "code": triton_code(err)}, offset
+    metas, offset = encode_tensors(np, response.output_tensors(), parts, offset)
+    answer = {"outputs": metas}
+    if response._parameters:
+        answer["parameters"] = response._parameters
+    return answer, offset
+
+
+def make_requests(np, pb_utils, inbox, header, body):
     requests = []
-    for r in header["requests"]:
+    for index, r in enumerate(header["requests"]):
         inputs = [pb_utils.Tensor(m["name"], decode_tensor(np, m, body)) for m in r["inputs"]]
-        requests.append(pb_utils.InferenceRequest(
-            inputs=inputs, requested_output_names=r.get("outputs", []), request_id=r.get("id", "")))
+        request = pb_utils.InferenceRequest(
+            inputs=inputs, requested_output_names=r.get("outputs", []), request_id=r.get("id", ""),
+            parameters=r.get("parameters") or "{}")
+        event = threading.Event()
+        inbox.cancel_events[(header["id"], index)] = event
+        request._cancelled = event
+        if header.get("decoupled"):
+            request._sender = ResponseSender(np, pb_utils, header["id"], index, request)
+            inbox.senders[(header["id"], index)] = request._sender
+        requests.append(request)
+    return requests
+
+
+def run_execute(np, pb_utils, inbox, model, header, body):
+    requests = make_requests(np, pb_utils, inbox, header, body)
     try:
         responses = model.execute(requests)
+        if inspect.iscoroutine(responses):  # async def execute
+            responses = _LOOP.run_until_complete(responses)
     except Exception as exc:  # the model's own failure: those requests fail with its message
-        write_frame({"type": "failed", "id": header["id"], "message": error_text(exc)})
+        write_frame({"type": "failed", "id": header["id"], "message": error_text(exc), "code": triton_code(exc)})
+        return
+    finally:
+        inbox.cancel_events.clear()
+    if header.get("decoupled"):
+        # Its responses went through the senders (maybe still going, from the model's threads).
+        done = {"type": "executed", "id": header["id"]}
+        if responses is not None:
+            done.update(error="a decoupled model's execute() must return None "
+                              "(it answers through request.get_response_sender())", code=1)
+        write_frame(done)
         return
     if responses is None:
         responses = []
@@ -184,42 +425,76 @@ def run_execute(np, pb_utils, model, header, body):
     offset = 0
     answers = []
     for response in responses:
-        if response is None or response.has_error():
-            err = response.error() if response is not None else None
-            answers.append({"error": error_text(err) if err is not None else "the model answered None"})
-            continue
-        metas, offset = encode_tensors(np, response.output_tensors(), parts, offset)
-        answers.append({"outputs": metas})
+        answer, offset = response_answer(np, pb_utils, response, parts, offset)
+        answers.append(answer)
     write_frame({"type": "result", "id": header["id"], "responses": answers}, parts)
+
+
+def auto_complete(header):
+    """Runs TritonPythonModel.auto_complete_config on the config as the repository gives it, and
+    answers the completed config (no instance is made: Triton calls it before any starts)."""
+    import numpy  # noqa: F401  (a missing numpy fails the load, named)
+    sys.path.insert(0, _STUB_DIR)
+    import triton_python_backend_utils as pb_utils
+    path = header["model_file"]
+    _MODEL_DIR[0] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location("trellis_user_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "TritonPythonModel"):
+        raise ImportError(f"{os.path.basename(path)} defines no class TritonPythonModel")
+    config = pb_utils.ModelConfig(header["model_config"])
+    complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
+    if complete is not None:
+        config = complete(config)
+        if not isinstance(config, pb_utils.ModelConfig):
+            raise TypeError(f"auto_complete_config returned {type(config).__name__}, not the pb_utils.ModelConfig it was given")
+    return config.as_dict()
 
 
 def main():
     header, _ = read_frame()
+    if header.get("type") == "auto_complete":
+        try:
+            completed = auto_complete(header)
+        except BaseException:
+            write_frame({"type": "load_failed", "message": last_lines()})
+            return 1
+        write_frame({"type": "config", "config": completed})
+        return 0
+    inbox = Inbox()
     try:
-        model, pb_utils = load_model(header)
-        import numpy as np
+        import numpy as np  # a missing numpy fails the load, named
+        sys.path.insert(0, _STUB_DIR)
+        import triton_python_backend_utils as pb_utils
+        threading.Thread(target=inbox.run, name="trellis-inbox", daemon=True).start()
+        pb_utils._bls = Bls(np, pb_utils, inbox)
+        model = load_model(header, pb_utils)
     except BaseException:
         write_frame({"type": "load_failed", "message": last_lines()})
         return 1
-    pb_utils._bls_caller = make_bls_caller(np, pb_utils)
     write_frame({"type": "ready"})
     while True:
-        try:
-            header, body = read_frame()
-        except EOFError:
+        item = inbox.main.get()
+        if item is None:
             return 0
+        header, body = item
         if header["type"] == "finalize":
             if hasattr(model, "finalize"):
                 try:
-                    model.finalize()
+                    result = model.finalize()
+                    if inspect.iscoroutine(result):
+                        _LOOP.run_until_complete(result)
                 except Exception:
                     sys.stderr.write(last_lines() + "\n")
             write_frame({"type": "finalized"})
             return 0
         try:
-            run_execute(np, pb_utils, model, header, body)
+            run_execute(np, pb_utils, inbox, model, header, body)
         except Exception as exc:
-            write_frame({"type": "failed", "id": header.get("id"), "message": error_text(exc)})
+            write_frame({"type": "failed", "id": header.get("id"), "message": error_text(exc),
+                         "code": triton_code(exc)})
 
 
 if __name__ == "__main__":

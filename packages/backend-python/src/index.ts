@@ -11,6 +11,7 @@ import { instanceCount, type ModelBackend } from "@trellis/runtime";
 import { Code, type ModelCaller, StageError, type StageLogger } from "@trellis/stage";
 import { StubProcess } from "./stub-process.js";
 
+export { type AutoCompleteOptions, autoCompletePythonConfig } from "./auto-complete.js";
 export { STUB_PATH } from "./stub-process.js";
 
 export interface PythonBackendOptions {
@@ -94,7 +95,7 @@ export async function createPythonBackend(options: PythonBackendOptions): Promis
   return {
     instances: count,
     executeRequests: async (requests, ctx) => ({
-      responses: await (stubs[ctx.instance] as StubProcess).execute(requests),
+      responses: await (stubs[ctx.instance] as StubProcess).execute(requests, ctx.options),
     }),
     instanceStarts: () => stubs.map((s) => s.starts),
     close: async () => {

@@ -5,9 +5,12 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import type { InferRequest, ModelCaller, Tensor } from "@trellis/stage";
+import type { InferOptions, InferRequest, ModelCaller, Tensor } from "@trellis/stage";
 import { Code, StageError } from "@trellis/stage";
+import { answerControl, answerModelCall, parametersFromJson, parametersJson } from "./bls.js";
+import { codeOfTriton } from "./codes.js";
 import { decodeTensor, encodeFrame, encodeTensors, type Frame, FrameReader, type TensorMeta } from "./frames.js";
+import { answerMetric, applyMetricUpdate } from "./metrics.js";
 
 export const STUB_PATH = fileURLToPath(new URL("../python/stub.py", import.meta.url));
 
@@ -28,6 +31,13 @@ export interface StubOptions {
 
 export type StubAnswer = Tensor[] | Error;
 
+interface WireResponse {
+  outputs?: TensorMeta[];
+  parameters?: Record<string, unknown>;
+  error?: string;
+  code?: number;
+}
+
 type Waiter = { resolve(frame: Frame): void; reject(error: Error): void };
 
 export class StubProcess {
@@ -37,6 +47,8 @@ export class StubProcess {
   private starting: Promise<void> | undefined;
   /** How many processes this instance has started (1 + restarts). */
   starts = 0;
+  /** Executions sent so far: each one's id, which a cancellation names. */
+  private executions = 0;
 
   constructor(private readonly options: StubOptions) {}
 
@@ -116,8 +128,16 @@ export class StubProcess {
   }
 
   private deliver(frame: Frame): void {
-    if (frame.header.type === "bls") {
-      void this.answerBls(frame);
+    if (frame.header.type === "bls" || frame.header.type === "control") {
+      void this.answerModelCall(frame);
+      return;
+    }
+    if (frame.header.type === "metric") {
+      this.child?.stdin?.write(answerMetric(frame.header));
+      return;
+    }
+    if (frame.header.type === "metric_update") {
+      applyMetricUpdate(frame.header, this.options.onLog);
       return;
     }
     const waiter = this.waiter;
@@ -171,23 +191,42 @@ export class StubProcess {
     });
   }
 
-  /** Runs `execute(requests)` in the stub: each request's outputs, or an error of its own. */
-  async execute(requests: readonly InferRequest[]): Promise<StubAnswer[]> {
+  /**
+   * Runs `execute(requests)` in the stub: each request's outputs (with its response parameters),
+   * or an error of its own with the code the model gave it. `options.signal` (a batch of one)
+   * tells the model of a cancellation: `request.is_cancelled()`.
+   */
+  async execute(requests: readonly InferRequest[], options?: InferOptions): Promise<StubAnswer[]> {
     await this.start();
     const parts: Uint8Array[] = [];
     let offset = 0;
     const wire = requests.map((r, i) => {
       const inputs = encodeTensors(r.inputs, parts, offset);
       offset = parts.reduce((n, p) => n + p.byteLength, 0);
-      return { id: r.id ?? String(i), inputs, outputs: (r.outputs ?? []).map((o) => o.name) };
+      return {
+        id: r.id ?? String(i),
+        inputs,
+        outputs: (r.outputs ?? []).map((o) => o.name),
+        parameters: parametersJson(r.parameters),
+      };
     });
-    const frame = await this.exchange({ type: "execute", id: 1, requests: wire }, parts);
+    const executeId = ++this.executions;
+    const child = this.child;
+    const cancel = () => child?.stdin?.write(encodeFrame({ type: "cancel", execute: executeId, index: 0 }));
+    const signal = requests.length === 1 ? options?.signal : undefined;
+    signal?.addEventListener("abort", cancel, { once: true });
+    let frame: Frame;
+    try {
+      frame = await this.exchange({ type: "execute", id: executeId, requests: wire }, parts);
+    } finally {
+      signal?.removeEventListener("abort", cancel);
+    }
     const name = this.options.modelName;
     if (frame.header.type === "failed") {
-      const error = new StageError(Code.Internal, name, String(frame.header.message));
+      const error = new StageError(codeOfTriton(frame.header.code), name, String(frame.header.message));
       return requests.map(() => error);
     }
-    const responses = (frame.header.responses ?? []) as { outputs?: TensorMeta[]; error?: string }[];
+    const responses = (frame.header.responses ?? []) as WireResponse[];
     if (responses.length !== requests.length) {
       const error = new StageError(
         Code.Internal,
@@ -196,29 +235,22 @@ export class StubProcess {
       );
       return requests.map(() => error);
     }
-    return responses.map((r) =>
-      r.error !== undefined
-        ? new StageError(Code.Internal, name, r.error)
-        : (r.outputs ?? []).map((m) => decodeTensor(m, frame.body)),
-    );
+    return responses.map((r) => {
+      if (r.error !== undefined) return new StageError(codeOfTriton(r.code), name, r.error);
+      const outputs = (r.outputs ?? []).map((m) => decodeTensor(m, frame.body));
+      // The runtime gives these to the client as the response's parameters.
+      return r.parameters ? Object.assign(outputs, { parameters: parametersFromJson(r.parameters) }) : outputs;
+    });
   }
 
-  /** A BLS request from the model: run by the server's models, answered on the same pipe. */
-  private async answerBls(frame: Frame): Promise<void> {
-    const { header, body } = frame;
+  /** A BLS request or model control from the model: run by the server's models, answered on the same pipe. */
+  private async answerModelCall(frame: Frame): Promise<void> {
     const child = this.child;
-    let reply: Buffer;
-    try {
-      if (!this.options.models) throw new Error("BLS needs the server's models");
-      const inputs = (header.inputs as TensorMeta[]).map((m) => decodeTensor(m, body));
-      const outputs = (header.outputs as string[]).map((name) => ({ name }));
-      const version = typeof header.version === "string" && header.version ? { version: header.version } : {};
-      const answer = await this.options.models.infer(String(header.model), { inputs, outputs }, version);
-      const parts: Uint8Array[] = [];
-      reply = encodeFrame({ type: "bls_result", outputs: encodeTensors(answer.outputs, parts) }, parts);
-    } catch (e) {
-      reply = encodeFrame({ type: "bls_result", error: (e as Error).message });
-    }
+    const models = this.options.models;
+    const reply =
+      frame.header.type === "control"
+        ? await answerControl(models, frame.header)
+        : await answerModelCall(models, frame, this.options.maxFrameBytes);
     child?.stdin?.write(reply);
   }
 

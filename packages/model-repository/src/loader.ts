@@ -326,18 +326,31 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   }
   if (backend === "python") {
     // Triton's Python backend, as a migration bridge: model.py runs only from this repository folder.
-    const { createPythonBackend, pythonModelFile } = await import("@trellis/backend-python");
-    if (!(await exists(pythonModelFile(config, model.modelDir, version))))
-      throw pythonRefusal(config, model.name, version);
+    const { autoCompletePythonConfig, createPythonBackend, pythonModelFile } = await import("@trellis/backend-python");
+    const modelFile = pythonModelFile(config, model.modelDir, version);
+    if (!(await exists(modelFile))) throw pythonRefusal(config, model.name, version);
+    const strict = options.strictModelConfig ?? true;
+    // configText "": the folder has no config.pbtxt (scan), so its config is all auto-complete's.
+    if (strict && model.configText === "")
+      throw new StageError(
+        Code.InvalidArgument,
+        model.name,
+        "no config.pbtxt, and auto-complete is off (--strict-model-config / --disable-auto-complete-config)",
+      );
+    const pythonExecutable = options.python?.pythonExecutable;
+    // As Triton: a Python model's auto_complete_config completes its config before instances start.
+    const completed = strict
+      ? config
+      : await autoCompletePythonConfig({ config, modelFile, ...(pythonExecutable ? { pythonExecutable } : {}) });
     const python = await createPythonBackend({
-      config,
+      config: completed,
       modelDir: model.modelDir,
       version,
       ...(options.python ?? {}),
       ...(options.models ? { models: options.models } : {}),
       ...(logger ? { logger } : {}),
     });
-    return serveModel({ config, version, backend: python }, model, options);
+    return serveModel({ config: completed, version, backend: python }, model, options);
   }
   const what = backend ? `backend "${backend}"` : config.platform ? `platform "${config.platform}"` : "no backend";
   throw new StageError(

@@ -4,7 +4,8 @@
  */
 import { readdir, readFile, stat } from "node:fs/promises";
 import { dirname, join } from "node:path";
-import { type ModelConfig, parseModelConfig } from "@trellis/protocol";
+import { create } from "@bufbuild/protobuf";
+import { type ModelConfig, ModelConfigSchema, parseModelConfig } from "@trellis/protocol";
 
 export interface RepositoryModel {
   name: string;
@@ -71,9 +72,14 @@ export async function scanRepository(repositories: (string | RepositorySource)[]
         continue;
       }
       try {
-        if (!hasConfig) throw new Error(`${configPath}: no config.pbtxt`);
-        const configText = await readFile(configPath, "utf8");
-        const config = parseModelConfig(configText, configPath);
+        // As Triton: a folder without config.pbtxt whose version folder holds model.py is a Python
+        // model, its config completed at load by its auto_complete_config (configText "": none).
+        const python = !hasConfig && (await hasPythonModel(modelDir, versions));
+        if (!hasConfig && !python) throw new Error(`${configPath}: no config.pbtxt`);
+        const configText = python ? "" : await readFile(configPath, "utf8");
+        const config = python
+          ? create(ModelConfigSchema, { name, backend: "python" })
+          : parseModelConfig(configText, configPath);
         // A mapped folder is served under the name it is mapped to, whatever its config calls it.
         if (!config.name || mapped) config.name = name;
         if (config.name !== name) {
@@ -109,6 +115,12 @@ export async function scanRepository(repositories: (string | RepositorySource)[]
     ],
     skipped,
   };
+}
+
+/** Whether a version folder of `modelDir` holds model.py (a Python model's default file). */
+async function hasPythonModel(modelDir: string, versions: readonly string[]): Promise<boolean> {
+  for (const v of versions) if (await stat(join(modelDir, v, "model.py")).catch(() => undefined)) return true;
+  return false;
 }
 
 /**

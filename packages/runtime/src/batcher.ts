@@ -12,7 +12,7 @@
  */
 import { ConnectError } from "@connectrpc/connect";
 import { type ModelDynamicBatching, type ModelQueuePolicy, ModelQueuePolicy_TimeoutAction } from "@trellis/protocol";
-import type { InferOptions, InferRequest, InferResponse, RequestOutcome } from "@trellis/stage";
+import type { InferOptions, InferRequest, InferResponse, Parameters, RequestOutcome } from "@trellis/stage";
 import {
   Code,
   type ExecutionTimes,
@@ -580,7 +580,15 @@ class Batcher implements DynamicBatcher {
         }
       }
       const outputs = pickOutputs(name, p.request, outcome);
-      return { id: p.request.id, modelName: name, modelVersion: this.version, outputs };
+      // A backend may give the response's parameters on its outputs (a Python model's InferenceResponse(parameters=…)).
+      const { parameters } = outcome as { parameters?: Parameters };
+      return {
+        id: p.request.id,
+        modelName: name,
+        modelVersion: this.version,
+        outputs,
+        ...(parameters ? { parameters } : {}),
+      };
     } catch (err) {
       return toConnectError(err, name);
     }

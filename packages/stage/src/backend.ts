@@ -5,6 +5,13 @@ export {
   modelConfigOf,
 } from "./config.js";
 export {
+  type CustomMetricKind,
+  CustomMetrics,
+  type CustomMetricsLimits,
+  customMetrics,
+  DEFAULT_CUSTOM_METRICS_LIMITS,
+} from "./custom-metrics.js";
+export {
   checkDefinition,
   computeOne,
   type DefinedStage,

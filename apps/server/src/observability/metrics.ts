@@ -6,7 +6,7 @@
 import { cpus, freemem, totalmem } from "node:os";
 import type { ManagedStage, ShadowAgreement } from "@trellis/model-repository";
 import type { ModelStatistics } from "@trellis/protocol";
-import { observeFirstResponses, observeIsolation, observeRequests } from "@trellis/stage/backend";
+import { customMetrics, observeFirstResponses, observeIsolation, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
 
 export interface MetricsSource {
@@ -164,7 +164,8 @@ export function createMetrics(
     scrape: async () => {
       scrape = undefined;
       try {
-        return await register.metrics();
+        // Then the families models made themselves (a Python model's pb_utils.MetricFamily).
+        return (await register.metrics()) + customMetrics.text();
       } finally {
         scrape = undefined;
       }
