@@ -214,11 +214,13 @@ await Promise.all([preprocess.close(), inference.close(), postprocess.close()]);
 `;
 
 describe("(a) a 0.1-era script: createPreprocess → createOnnxStage → createPostprocess", () => {
-  it("classifies chelsea.jpg as Egyptian cat with the shared MobileNetV2", async () => {
+  it("classifies chelsea.jpg as Egyptian cat with the bundled MobileNetV2", async () => {
     const modelDir = join(project, "mobilenet");
     await mkdir(join(modelDir, "1"), { recursive: true });
     await copyFile(MOBILENET_PATH, join(modelDir, "1", "model.onnx"));
-    await copyFile(LABELS_PATH, join(project, "labels.txt"));
+    // The labels as that era's users had them (the seed's imagenet_classes.txt): no final newline,
+    // which the script's split("\\n") relies on.
+    await writeFile(join(project, "labels.txt"), (await readFile(LABELS_PATH, "utf8")).trimEnd());
     await writeFile(join(project, "classify.mjs"), CLASSIFY);
     const t = performance.now();
     const { stdout } = await run(
