@@ -103,15 +103,18 @@ describe("unread gRPC answers", () => {
     expect(first.status).toBe("0");
     expect(first.bytes).toBeGreaterThan(MiB);
 
-    const small = nonReader();
-    call(small);
-    await until(() => grpc.unreadAnswers.held().total >= MiB);
     const big = nonReader();
     const bigClosed = new Promise<number | undefined>((resolve) => {
       big.once("goaway", (code: number) => resolve(code));
       big.once("close", () => resolve(undefined));
     });
     for (let i = 0; i < 3; i++) call(big);
+    await until(() => grpc.unreadAnswers.held().total >= 2 * MiB);
+    // Past the idle grace (1 s), so the big one is a candidate whenever the bound is crossed,
+    // and the small one, newer, is not yet: which is cut does not hang on timer ticks.
+    await new Promise((r) => setTimeout(r, 1200));
+    const small = nonReader();
+    call(small);
     // Three answers on one connection and one on another: 4 MiB held, over the 3 MiB bound.
     expect(await bigClosed).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM);
     expect(grpc.unreadAnswers.resets).toBe(1);
