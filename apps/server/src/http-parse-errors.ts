@@ -29,8 +29,10 @@ function nodeStatusLine(code: string | undefined): string {
 
 /** http.Server's 'clientError' listener (see the module comment). */
 export function answerParseError(err: Error & { code?: string }, socket: Duplex): void {
-  // An answer still being written on this connection (pipelining) must not be cut by ours.
-  const busy = (socket as Duplex & { _httpMessage?: unknown })._httpMessage != null;
+  // An answer already begun on this connection (pipelining) must not be cut by ours; one not yet
+  // begun (a request whose body is still arriving, as at a request timeout) is, as Node does.
+  const pending = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } | null })._httpMessage;
+  const busy = pending?.headersSent === true;
   if (socket.writable && !busy) {
     const both = err.code === "HPE_INVALID_TRANSFER_ENCODING" && /Content-Length/i.test(err.message);
     if (both) {
