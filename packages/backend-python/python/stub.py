@@ -140,8 +140,9 @@ def last_lines(limit=6):
     return "\n".join(lines[-limit:])
 
 
-def load_model(args, pb_utils):
-    path = args["model_file"]
+def import_user_module(path):
+    """Imports the user's model.py (its folder first on sys.path, as Triton's stub does) and
+    checks that it defines TritonPythonModel."""
     _MODEL_DIR[0] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     sys.path.insert(0, os.path.dirname(path))
     spec = importlib.util.spec_from_file_location("trellis_user_model", path)
@@ -149,6 +150,12 @@ def load_model(args, pb_utils):
     spec.loader.exec_module(module)
     if not hasattr(module, "TritonPythonModel"):
         raise ImportError(f"{os.path.basename(path)} defines no class TritonPythonModel")
+    return module
+
+
+def load_model(args, pb_utils):
+    path = args["model_file"]
+    module = import_user_module(path)
     model = module.TritonPythonModel()
     if hasattr(model, "initialize"):
         result = model.initialize(args["initialize"])
@@ -437,13 +444,7 @@ def auto_complete(header):
     sys.path.insert(0, _STUB_DIR)
     import triton_python_backend_utils as pb_utils
     path = header["model_file"]
-    _MODEL_DIR[0] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-    sys.path.insert(0, os.path.dirname(path))
-    spec = importlib.util.spec_from_file_location("trellis_user_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "TritonPythonModel"):
-        raise ImportError(f"{os.path.basename(path)} defines no class TritonPythonModel")
+    module = import_user_module(path)
     config = pb_utils.ModelConfig(header["model_config"])
     complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
     if complete is not None:

@@ -8,7 +8,7 @@ import { spawn } from "node:child_process";
 import { type ModelConfig, modelConfigToJson, parseModelConfigJson } from "@trellis/protocol";
 import { Code, StageError } from "@trellis/stage";
 import { encodeFrame, type Frame, FrameReader } from "./frames.js";
-import { STUB_PATH } from "./stub-process.js";
+import { pythonStartError, STUB_PATH } from "./stub-process.js";
 
 export interface AutoCompleteOptions {
   config: ModelConfig;
@@ -78,17 +78,7 @@ function askStub(options: AutoCompleteOptions): Promise<Frame> {
         ),
       timeoutMs,
     );
-    child.once("error", (e: NodeJS.ErrnoException) =>
-      settle(
-        new StageError(
-          Code.Unavailable,
-          config.name,
-          e.code === "ENOENT"
-            ? `the Python executable "${python}" was not found (set --python-executable)`
-            : `the Python executable "${python}" could not start: ${e.message}`,
-        ),
-      ),
-    );
+    child.once("error", (e: NodeJS.ErrnoException) => settle(pythonStartError(config.name, python, e)));
     child.stdout.on("data", (chunk: Buffer) => {
       try {
         const [frame] = reader.push(chunk);

@@ -71,15 +71,7 @@ export class StubProcess {
       child.once("spawn", resolve);
       child.once("error", (e: NodeJS.ErrnoException) => {
         if (this.child === child) this.child = undefined;
-        reject(
-          new StageError(
-            Code.Unavailable,
-            options.modelName,
-            e.code === "ENOENT"
-              ? `the Python executable "${options.pythonExecutable}" was not found (set --python-executable)`
-              : `the Python executable "${options.pythonExecutable}" could not start: ${e.message}`,
-          ),
-        );
+        reject(pythonStartError(options.modelName, options.pythonExecutable, e));
       });
     });
     child.stdout?.on("data", (chunk: Buffer) => {
@@ -265,4 +257,15 @@ export class StubProcess {
     }
     child.kill("SIGKILL");
   }
+}
+
+/** Why the Python executable did not start, for the model's load or restart error. */
+export function pythonStartError(model: string, python: string, e: NodeJS.ErrnoException): StageError {
+  return new StageError(
+    Code.Unavailable,
+    model,
+    e.code === "ENOENT"
+      ? `the Python executable "${python}" was not found (set --python-executable)`
+      : `the Python executable "${python}" could not start: ${e.message}`,
+  );
 }
