@@ -7,6 +7,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { InferOptions, InferRequest, ModelCaller, Tensor } from "@trellis/stage";
 import { Code, StageError } from "@trellis/stage";
+import { InstanceEndedError } from "@trellis/stage/backend";
 import { answerControl, answerModelCall, parametersFromJson, parametersJson } from "./bls.js";
 import { codeOfTriton } from "./codes.js";
 import { decodeTensor, encodeFrame, encodeTensors, type Frame, FrameReader, type TensorMeta } from "./frames.js";
@@ -95,10 +96,11 @@ export class StubProcess {
       if (this.child !== child) return;
       this.detach(child);
       this.fail(
-        new StageError(
+        new InstanceEndedError(
           Code.Unavailable,
           options.modelName,
           `model "${options.modelName}": its Python process exited (${signal ?? `code ${code}`}); the instance restarts for the next request`,
+          "exited",
         ),
       );
     });
@@ -160,10 +162,11 @@ export class StubProcess {
     return new Promise<Frame>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.fail(
-          new StageError(
+          new InstanceEndedError(
             Code.Unavailable,
             this.options.modelName,
             `model "${this.options.modelName}": its Python process gave no answer within ${timeoutMs} ms and was stopped; the instance restarts for the next request`,
+            "timed out",
           ),
         );
         this.detach(child);

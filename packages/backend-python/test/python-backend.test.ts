@@ -145,6 +145,33 @@ describe("a Python model", () => {
     }
     expect(served.backend.instanceStarts()[0]).toBe(before + 2);
   }, 60_000);
+
+  it("fails a crashing or hanging row of a batch alone, with one restart; the same input again is refused without one", async () => {
+    for (const bad of [66, 13]) {
+      const before = served.backend.instanceStarts()[0] as number;
+      // The first good one runs alone; the other 9 and the bad one (last) queue and form one batch,
+      // which ends the instance. Its requests then run alone: the 9 succeed, so the bad one is the
+      // culprit and fails without running again.
+      const goods = Array.from({ length: 10 }, (_, i) => served.runtime.infer(request(i + 30, bad)));
+      const failing = served.runtime.infer(request(bad, 123)).catch((e: StageError) => e);
+      const answers = await Promise.all(goods);
+      expect(answers.map((a) => valuesOf(a))).toEqual(Array.from({ length: 10 }, (_, i) => [(i + 30) * 2, bad * 2]));
+      const e = (await failing) as StageError;
+      expect(e.code).toBe(Code.Unavailable);
+      expect(e.message).toMatch(bad === 13 ? /no answer within 6000 ms/ : /exited \(code 1\)/);
+      expect(e.message).toMatch(/every other request of it succeeded alone, so this one was not run again/);
+      expect(served.backend.instanceStarts()[0]).toBe(before + 1);
+      // The same input again: refused at once, naming why; no restart, good ones answered beside it.
+      const [again, good] = await Promise.all([
+        served.runtime.infer(request(bad, 123)).catch((x: StageError) => x),
+        served.runtime.infer(request(3)),
+      ]);
+      expect((again as StageError).code).toBe(Code.Unavailable);
+      expect((again as StageError).message).toMatch(/the same input ended the model's instance \d+ s ago/);
+      expect(valuesOf(good)).toEqual([6, 2]);
+      expect(served.backend.instanceStarts()[0]).toBe(before + 1);
+    }
+  }, 60_000);
 });
 
 // BLS: asks model "double" (through the server's models) and adds 1 to its answer; async_exec too.

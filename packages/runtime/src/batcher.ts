@@ -5,9 +5,9 @@
  * run on up to `instances` slots at once. Each request of a batch gets its own
  * outcome: an executor either answers each request (Triton's
  * `execute(requests)`), or computes the requests merged along dim 0, its
- * outputs then split back by rows. A merged execution that fails is run again
- * one request at a time, so only the request that caused it fails (a failed
- * batch of k costs k more executions). Without a dynamic_batching config every
+ * outputs then split back by rows. A batch that fails is isolated
+ * (bisection.ts), so only the request that caused it fails, its re-runs paid
+ * from a budget (isolation.ts). Without a dynamic_batching config every
  * request runs alone through the same path (queueing, cancellation, statistics).
  */
 import { ConnectError } from "@connectrpc/connect";
@@ -16,54 +16,28 @@ import type { InferOptions, InferRequest, InferResponse, Parameters, RequestOutc
 import {
   Code,
   type ExecutionTimes,
-  elementCount,
   formatShape,
   nowNs,
   type RequestTrace,
   StageError,
   type StatisticsRecorder,
   type Tensor,
-  type TensorData,
   traceExecution,
 } from "@trellis/stage";
-import { allocate, deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
+import { deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
+import { isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
+import type { BatchContext, BatchExecutor, RequestsExecutor, RequestsResult } from "./execution.js";
 import { FailureIsolation } from "./isolation.js";
 
-export interface BatchContext {
-  /** Items in the batch: the sum of the requests' dim 0 (1 per request when the model does not batch). */
-  batchSize: number;
-  /** The requests merged into this batch, in order. */
-  requests: readonly InferRequest[];
-  /** Which execution slot (0 ≤ instance < instances) runs the batch, e.g. which session or worker. */
-  instance: number;
-  /** True when the batcher allocated the inputs (concatenation), so the executor may transfer or reuse their buffers. */
-  ownsInputs: boolean;
-  /** A batch of one request: that request's options (its signal, priority), its trace left to the batcher. */
-  options?: InferOptions;
-}
-
-/**
- * What an executor measured itself; anything missing counts as compute_infer. `queueNs`: time
- * the request waited inside the backend (an ensemble's steps' queues), added to its queue time.
- */
-export type ReportedTimes = Partial<ExecutionTimes> & { queueNs?: number };
-
-export interface BatchResult {
-  /** Every output the batch asked for (or all), with dim 0 = batchSize when the model batches. */
-  outputs: Tensor[];
-  times?: ReportedTimes;
-}
-
-/** Each request's answer to one execution, in `context.requests` order (Triton's `execute(requests)`). */
-export interface RequestsResult {
-  responses: RequestOutcome[];
-  times?: ReportedTimes;
-}
-
-/** Computes a batch merged along dim 0: one result for all its requests (a throw fails the execution). */
-export type BatchExecutor = (batch: InferRequest, context: BatchContext) => Promise<BatchResult>;
-/** Computes a batch's requests as they are and answers each: its outputs, or an error of its own. */
-export type RequestsExecutor = (requests: readonly InferRequest[], context: BatchContext) => Promise<RequestsResult>;
+export { isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
+export type {
+  BatchContext,
+  BatchExecutor,
+  BatchResult,
+  ReportedTimes,
+  RequestsExecutor,
+  RequestsResult,
+} from "./execution.js";
 
 export type BatchingStrategy = "delay" | "eager";
 
@@ -192,9 +166,11 @@ const removeFrom = (list: Pending[], p: Pending) => {
 };
 
 export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {
-  if (options.executeRequests) return new Batcher(options, options.executeRequests);
-  if (!options.execute) throw new StageError(Code.Internal, options.name, "a batcher needs execute or executeRequests");
   const isolation = new FailureIsolation(options.recorder);
+  if (options.executeRequests) {
+    return new Batcher(options, isolatedRequestsExecutor(options.name, options.executeRequests, isolation), isolation);
+  }
+  if (!options.execute) throw new StageError(Code.Internal, options.name, "a batcher needs execute or executeRequests");
   return new Batcher(options, mergedExecutor(options.name, options.execute, isolation), isolation);
 }
 
@@ -279,6 +255,8 @@ class Batcher implements DynamicBatcher {
       if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloading");
       this.options.validate?.(request);
       size = this.requestSize(request);
+      const refusal = this.isolation?.refusal(request);
+      if (refusal) throw refusal;
       if (opts.signal?.aborted) throw abortError(this.name, opts.signal);
       level = this.levelOf(opts.priority);
       const override = opts.timeoutMicroseconds ?? 0;
@@ -420,6 +398,7 @@ class Batcher implements DynamicBatcher {
     let bestPreferred = 0;
     let full = false;
     let quarantined: Pending | undefined;
+    if (isolation?.refusing) this.dropRefused(isolation);
     for (const p of this.ordered()) {
       if (isolation && this.batching && isolation.isSuspect(p.request)) {
         quarantined ??= p;
@@ -451,6 +430,16 @@ class Batcher implements DynamicBatcher {
     const oldest = Math.min(...batch.map((p) => p.enqueuedNs));
     const waitNs = oldest + this.delayNs - nowNs();
     return waitNs <= 0 ? { batch } : { waitNs };
+  }
+
+  /** Fails the queued requests whose input ended the instance while they waited, as on arrival. */
+  private dropRefused(isolation: FailureIsolation): void {
+    for (const p of [...this.ordered()]) {
+      const refusal = isolation.refusal(p.request);
+      if (!refusal) continue;
+      this.dequeue(p);
+      this.fail(p, refusal);
+    }
   }
 
   private schedule(): void {
@@ -503,6 +492,7 @@ class Batcher implements DynamicBatcher {
       p.queueNs = now - p.enqueuedNs;
     }
     const run = this.runBatch(batch, slot).finally(() => {
+      this.isolation?.finished(lane);
       release?.();
       this.inFlight.delete(run);
       this.free.push(slot);
@@ -607,136 +597,4 @@ function pickOutputs(name: string, request: InferRequest, outputs: Tensor[]): Te
 
 function withoutTrace({ trace: _trace, ...rest }: InferOptions): InferOptions {
   return rest;
-}
-
-function sliceData(data: TensorData, start: number, end: number): TensorData {
-  // subarray: a view, so splitting a batch copies nothing; BYTES arrays are sliced.
-  return Array.isArray(data)
-    ? data.slice(start, end)
-    : (data as Exclude<TensorData, Uint8Array[]>).subarray(start, end);
-}
-
-/** Concatenates the requests' inputs along dim 0 (they share a batch key, so shapes agree past dim 0). */
-function mergeRequests(requests: readonly InferRequest[]): InferRequest {
-  const first = requests[0]!;
-  const inputs = first.inputs.map((t): Tensor => {
-    const parts = requests.map((r) => r.inputs.find((x) => x.name === t.name)!);
-    const rows = parts.reduce((n, x) => n + x.shape[0]!, 0);
-    const shape = [rows, ...t.shape.slice(1)];
-    if (t.datatype === "BYTES") {
-      return { name: t.name, datatype: "BYTES", shape, data: parts.flatMap((x) => x.data as Uint8Array[]) };
-    }
-    const data = allocate(t.datatype, elementCount(shape)) as Exclude<TensorData, Uint8Array[]>;
-    let offset = 0;
-    for (const x of parts) {
-      const src = x.data as Exclude<TensorData, Uint8Array[]>;
-      (data as Float32Array).set(src as Float32Array, offset);
-      offset += src.length;
-    }
-    return { name: t.name, datatype: t.datatype, shape, data } as Tensor;
-  });
-  // Every output any request wants, or all when one of them wants all.
-  const wantsAll = requests.some((r) => !r.outputs || r.outputs.length === 0);
-  const names = new Set(requests.flatMap((r) => (r.outputs ?? []).map((o) => o.name)));
-  return {
-    inputs,
-    outputs: wantsAll ? undefined : [...names].map((n) => ({ name: n })),
-    parameters: first.parameters,
-  };
-}
-
-/**
- * A merged executor answering request by request: the requests are concatenated along dim 0,
- * computed at once, and the outputs split back by rows. When a merged execution of several
- * requests fails, it is bisected on the same instance (see isolation.ts): each half runs merged
- * again, a half that succeeds answers its requests, a half that fails is split again, and a
- * request that fails alone gets its own error. One culprit among k costs about 2·log2(k) runs.
- */
-export function mergedExecutor(name: string, execute: BatchExecutor, isolation?: FailureIsolation): RequestsExecutor {
-  /** Runs `requests` merged (alone when one) as a re-run: their outcomes, bisecting again on failure. */
-  const rerun = async (requests: readonly InferRequest[], context: BatchContext): Promise<RequestOutcome[]> => {
-    isolation?.reran(1);
-    const sizes = requests.map(rowsOf);
-    const total = sizes.reduce((n, size) => n + size, 0);
-    const single = requests.length === 1;
-    const batch = single ? requests[0]! : mergeRequests(requests);
-    try {
-      const result = await execute(batch, {
-        batchSize: total,
-        requests,
-        instance: context.instance,
-        ownsInputs: !single,
-        ...(single && context.options ? { options: context.options } : {}),
-      });
-      if (single) isolation?.succeeded(batch);
-      return splitRows(name, result, sizes, total);
-    } catch (err) {
-      if (!single) return bisect(requests, context);
-      isolation?.failed(batch);
-      return [toConnectError(err, name)];
-    }
-  };
-  const bisect = async (requests: readonly InferRequest[], context: BatchContext): Promise<RequestOutcome[]> => {
-    const half = Math.ceil(requests.length / 2);
-    const first = await rerun(requests.slice(0, half), context);
-    return first.concat(await rerun(requests.slice(half), context));
-  };
-  return async (requests, context) => {
-    if (requests.length === 1) {
-      const request = requests[0]!;
-      try {
-        const result = await execute(request, context);
-        isolation?.succeeded(request);
-        return { responses: [result.outputs], ...(result.times ? { times: result.times } : {}) };
-      } catch (err) {
-        isolation?.failed(request);
-        throw err;
-      }
-    }
-    const sizes = requests.map(rowsOf);
-    let result: BatchResult;
-    const t0 = nowNs();
-    const merged = mergeRequests(requests);
-    const t1 = nowNs();
-    try {
-      result = await execute(merged, context);
-    } catch {
-      return { responses: await bisect(requests, context) };
-    }
-    const reported = result.times ?? {};
-    return {
-      responses: splitRows(name, result, sizes, context.batchSize),
-      times: { ...reported, computeInputNs: t1 - t0 + (reported.computeInputNs ?? 0) },
-    };
-  };
-}
-
-const rowsOf = (request: InferRequest): number => request.inputs[0]?.shape[0] ?? 1;
-
-/** Each request's own rows of a merged result (an output of the wrong dim 0 fails them INTERNAL). */
-function splitRows(name: string, result: BatchResult, sizes: readonly number[], total: number): RequestOutcome[] {
-  const responses: RequestOutcome[] = [];
-  let offset = 0;
-  for (const size of sizes) {
-    try {
-      responses.push(result.outputs.map((t) => sliceRows(name, t, offset, size, total)));
-    } catch (err) {
-      responses.push(toConnectError(err, name));
-    }
-    offset += size;
-  }
-  return responses;
-}
-
-function sliceRows(name: string, t: Tensor, offset: number, rows: number, total: number): Tensor {
-  if (t.shape[0] !== total) {
-    throw new StageError(
-      Code.Internal,
-      name,
-      `output ${t.name}: batch of ${total} produced dim 0 = ${t.shape[0]} (shape ${formatShape(t.shape)})`,
-    );
-  }
-  const per = elementCount(t.shape.slice(1));
-  const data = sliceData(t.data, offset * per, (offset + rows) * per);
-  return { name: t.name, datatype: t.datatype, shape: [rows, ...t.shape.slice(1)], data } as Tensor;
 }

@@ -1,45 +1,67 @@
 /**
  * Failure isolation without amplification. A merged batch that fails is bisected to find the
  * request that failed it (about 2·log2(k) runs for one culprit among k, each run as large as it
- * can be), and the halves that succeed answer their requests. Re-runs spend a per-model budget
- * that merged executions earn back slowly; while it is spent, requests whose content recently
- * failed are kept out of merged batches and run alone in a quarantine lane, which gets one turn
- * per LANE_EVERY merged executions, or after LANE_IDLE_MS without one (a model with no good
- * traffic), so a client that keeps sending a failing request cannot drag its neighbours' batches
- * down. (Under closed-loop clients the queue is often empty the moment a batch ends, its clients
- * still reading their answers: a lane that ran whenever no good request waited would run after
- * every batch.)
+ * can be), and the halves that succeed answer their requests (bisection.ts). Every re-run is paid
+ * from a per-model budget, checked before the run and never overdrawn, that merged executions earn
+ * back slowly: what the budget cannot pay for fails with its batch's error, saying so. While the
+ * budget is not full, requests whose content recently failed alone are kept out of merged batches
+ * and run alone in a quarantine lane, one lane run at a time, which gets one turn per LANE_EVERY
+ * merged executions, or when no merged execution ran (none in flight, none started or ended) for
+ * LANE_IDLE_MS (a model with no good traffic), so a client that keeps sending a failing request
+ * cannot drag its neighbours' batches down. (Under closed-loop clients the queue is often empty the
+ * moment a batch ends, its clients still reading their answers: a lane that ran whenever no good
+ * request waited would run after every batch; one timed from a merged run's start would run beside
+ * every long one.) An input whose lone run ended its instance (a crash, a timeout: costly restarts,
+ * InstanceEndedError) is not run again for SUSPECT_MS: it is refused at once, naming why.
  */
 import { createHash } from "node:crypto";
 import type { InferRequest, StatisticsRecorder } from "@trellis/stage";
+import { StageError } from "@trellis/stage";
+import type { InstanceEndedError } from "@trellis/stage/backend";
 
 /** How long a request's content stays suspect after it failed an execution alone. */
 const SUSPECT_MS = 30_000;
-/** The most distinct failing contents remembered; the oldest is forgotten first. */
+/** The most distinct failing contents remembered (each kind); the oldest is forgotten first. */
 const MAX_SUSPECTS = 4096;
-/** Re-run executions a model may spend at once before recent failures are quarantined. */
-const BUDGET_BURST = 16;
+/** Re-run executions a model may spend at once; suspects merge again only once it is full. */
+export const BUDGET_BURST = 16;
 /** What each merged execution earns back: re-runs stay within 1/16 of executions over time. */
-const BUDGET_PER_EXECUTION = 1 / 16;
+export const BUDGET_PER_EXECUTION = 1 / 16;
 /** The lane runs one request per this many merged executions… */
 export const LANE_EVERY = 8;
-/** …or when no merged execution started for this long. */
+/** …or when no merged execution ran for this long. */
 const LANE_IDLE_MS = 5;
+
+/** Why an input that ended its instance is refused, and until when (ms since the epoch). */
+interface Fatal {
+  until: number;
+  at: number;
+  code: InstanceEndedError["code"];
+  why: string;
+}
 
 /** One model's isolation state: its re-run budget, the contents that recently failed, the lane's turn. */
 export class FailureIsolation {
   /** Content key → when it stops being suspect (ms since the epoch), oldest first. */
   private readonly suspects = new Map<string, number>();
+  /** Content key → its lone run ended the instance: refused until then, oldest first. */
+  private readonly fatal = new Map<string, Fatal>();
   private readonly keys = new WeakMap<InferRequest, string>();
   private budget = BUDGET_BURST;
   private sinceLane = 0;
+  private mergedRunning = 0;
+  private laneRunning = 0;
+  /** When a merged execution last started or ended (performance.now() ms). */
   private lastMergedMs = 0;
 
-  constructor(private readonly recorder: StatisticsRecorder) {}
+  constructor(
+    private readonly recorder: StatisticsRecorder,
+    private readonly name = recorder.name,
+  ) {}
 
-  /** Whether this request goes to the lane: its content failed recently and the re-run budget is spent. */
+  /** Whether this request goes to the lane: its content failed alone recently and the re-run budget is not full. */
   isSuspect(request: InferRequest): boolean {
-    if (this.budget >= 1 || this.suspects.size === 0) return false;
+    if (this.budget >= BUDGET_BURST || this.suspects.size === 0) return false;
     const key = this.keyOf(request);
     const until = this.suspects.get(key);
     if (until === undefined) return false;
@@ -48,15 +70,42 @@ export class FailureIsolation {
     return false;
   }
 
+  /** Whether some input is refused now (refusal() may answer). */
+  get refusing(): boolean {
+    return this.fatal.size > 0;
+  }
+
+  /** The refusal of an input whose lone run ended its instance less than SUSPECT_MS ago; undefined: run it. */
+  refusal(request: InferRequest): StageError | undefined {
+    if (this.fatal.size === 0) return undefined;
+    const key = this.keyOf(request);
+    const fatal = this.fatal.get(key);
+    if (fatal === undefined) return undefined;
+    const now = Date.now();
+    if (fatal.until <= now) {
+      this.fatal.delete(key);
+      return undefined;
+    }
+    const ago = Math.max(0, Math.round((now - fatal.at) / 1000));
+    return new StageError(
+      fatal.code,
+      this.name,
+      `the same input ended the model's instance ${ago} s ago (${fatal.why}); it is refused without running for ${SUSPECT_MS / 1000} s after that`,
+    );
+  }
+
   /** A request failed an execution on its own: its content is suspect for a while. */
   failed(request: InferRequest): void {
-    const key = this.keyOf(request);
-    this.suspects.delete(key); // re-inserted last: the map stays in expiry order
-    this.suspects.set(key, Date.now() + SUSPECT_MS);
-    if (this.suspects.size > MAX_SUSPECTS) {
-      const oldest = this.suspects.keys().next().value;
-      if (oldest !== undefined) this.suspects.delete(oldest);
-    }
+    remember(this.suspects, this.keyOf(request), Date.now() + SUSPECT_MS);
+  }
+
+  /** A request's execution on its own ended its instance: the same input is refused for a while. */
+  endedAlone(request: InferRequest, error: InstanceEndedError): void {
+    const now = Date.now();
+    const prefix = `${error.stage}: `;
+    const why = error.rawMessage.startsWith(prefix) ? error.rawMessage.slice(prefix.length) : error.rawMessage;
+    remember(this.fatal, this.keyOf(request), { until: now + SUSPECT_MS, at: now, code: error.code, why });
+    this.failed(request);
   }
 
   /** A request succeeded on its own: content that failed for a passing reason is forgiven. */
@@ -64,32 +113,59 @@ export class FailureIsolation {
     if (this.suspects.size > 0) this.suspects.delete(this.keyOf(request));
   }
 
-  /** `count` executions were run again to find a failed batch's culprit. */
-  reran(count: number): void {
-    this.budget -= count;
-    this.recorder.isolated(count, 0);
+  /**
+   * Pays for one re-run to isolate a failed batch's culprit: false, paying nothing, when the
+   * budget cannot (the caller fails those requests instead). Checked before every re-run.
+   */
+  tryRerun(): boolean {
+    if (this.budget < 1) return false;
+    this.budget -= 1;
+    this.recorder.isolated(1, 0);
+    return true;
+  }
+
+  /** Re-runs the budget can pay for now. */
+  get rerunsLeft(): number {
+    return Math.floor(this.budget);
   }
 
   /** A batch left the queue: a lane run resets the lane's turn; a merged one earns back budget. */
   ran(inLane: boolean): void {
     if (inLane) {
       this.sinceLane = 0;
+      this.laneRunning += 1;
       this.recorder.isolated(0, 1);
       return;
     }
     this.sinceLane += 1;
+    this.mergedRunning += 1;
     this.lastMergedMs = performance.now();
     this.budget = Math.min(BUDGET_BURST, this.budget + BUDGET_PER_EXECUTION);
   }
 
-  /** Whether the lane may run now: enough merged executions ran since its last turn, or none for a while. */
+  /** A batch's execution ended (answered or failed). */
+  finished(inLane: boolean): void {
+    if (inLane) {
+      this.laneRunning -= 1;
+      return;
+    }
+    this.mergedRunning -= 1;
+    this.lastMergedMs = performance.now();
+  }
+
+  /**
+   * Whether the lane may run now: it is not running, and enough merged executions ran since its
+   * last turn, or none ran for a while.
+   */
   laneTurn(): boolean {
+    if (this.laneRunning > 0) return false;
     return this.sinceLane >= LANE_EVERY || this.laneWaitNs() === 0;
   }
 
   /** How long until the lane's turn comes without merged executions (ns; 0: it has). */
   laneWaitNs(): number {
-    return Math.max(0, Math.ceil((this.lastMergedMs + LANE_IDLE_MS - performance.now()) * 1e6));
+    const idleMs = this.mergedRunning > 0 ? LANE_IDLE_MS : this.lastMergedMs + LANE_IDLE_MS - performance.now();
+    return Math.max(0, Math.ceil(idleMs * 1e6));
   }
 
   /** A digest of the request's inputs (names, datatypes, shapes, bytes), computed once per request. */
@@ -109,5 +185,15 @@ export class FailureIsolation {
     key = hash.digest("base64");
     this.keys.set(request, key);
     return key;
+  }
+}
+
+/** Sets key → value last in `map` (kept in expiry order), forgetting the oldest past MAX_SUSPECTS. */
+function remember<V>(map: Map<string, V>, key: string, value: V): void {
+  map.delete(key);
+  map.set(key, value);
+  if (map.size > MAX_SUSPECTS) {
+    const oldest = map.keys().next().value;
+    if (oldest !== undefined) map.delete(oldest);
   }
 }

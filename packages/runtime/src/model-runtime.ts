@@ -50,6 +50,7 @@ import {
   type BatchResult,
   createIsolatedBatcher,
   type DynamicBatcher,
+  isolatedRequestsExecutor,
   mergedExecutor,
   type RequestsExecutor,
   type RequestsResult,
@@ -457,7 +458,7 @@ function admitBoth(
 
 /** How the runtime runs a backend's batch: request by request, or merged and split back (isolating failures). */
 function requestsExecutor(backend: ModelBackend, name: string, isolation: FailureIsolation) {
-  if (backend.executeRequests) return backend.executeRequests.bind(backend);
+  if (backend.executeRequests) return isolatedRequestsExecutor(name, backend.executeRequests.bind(backend), isolation);
   // A decoupled backend computes only streams: its batches are never formed (infer refuses).
   if (!backend.execute) return async () => ({ responses: [decoupledRefusal(name)] });
   return mergedExecutor(name, backend.execute.bind(backend), isolation);

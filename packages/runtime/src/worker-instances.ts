@@ -28,6 +28,7 @@ import {
   StatisticsRecorder,
   type Tensor,
 } from "@trellis/stage";
+import { InstanceEndedError } from "@trellis/stage/backend";
 
 export interface WorkerInstancesOptions {
   /** The stage module: a file URL, or a package name resolvable from @trellis/runtime (resolve it first otherwise). */
@@ -561,7 +562,9 @@ class InstancePool {
     instance.call = undefined;
     const at = this.idle.indexOf(instance);
     if (at >= 0) this.idle.splice(at, 1);
-    call?.settle(new StageError(Code.Internal, model, `the instance's worker thread crashed: ${why}`));
+    call?.settle(
+      new InstanceEndedError(Code.Internal, model, `the instance's worker thread crashed: ${why}`, "exited"),
+    );
     if (!instance.loaded) return;
     this.logger?.error({ model, instance: index, err: instance.crash }, "instance worker thread crashed; replacing it");
     this.replace(index);

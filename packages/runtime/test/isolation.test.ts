@@ -15,6 +15,7 @@ import {
   type Tensor,
   tensor,
 } from "@trellis/stage";
+import { InstanceEndedError } from "@trellis/stage/backend";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
 import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "../src/batcher.js";
@@ -142,7 +143,7 @@ describe("a merged batch that fails", () => {
     }
   });
 
-  it("runs content that keeps failing alone in its lane once the re-run budget is spent; good ones keep merging", async () => {
+  it("runs content that failed alone in its lane while the re-run budget is not full; good ones keep merging", async () => {
     const recorder = new StatisticsRecorder("m", "1");
     const calls: number[][] = [];
     let gate: Promise<void> = Promise.resolve();
@@ -174,16 +175,17 @@ describe("a merged batch that fails", () => {
       const err = await refused;
       expect(err.rawMessage).toMatch(/negative value \(-5/);
       const roundCalls = calls.slice(roundStart);
-      // Rounds 1-3 bisect a batch of 8 (6 re-runs each: 16 - 18 < 1 spends the budget); then the
-      // bad content runs alone and the 7 good rows merge. The lane's turn comes after that merged
-      // run, or after its 5 ms wait on a slow machine: either order.
-      if (round <= 3) expect(roundCalls.map((c) => c.length)).toEqual([8, 4, 4, 2, 2, 1, 1]);
+      // Round 1 bisects a batch of 8 (6 re-runs), so the budget is no longer full and the bad
+      // content, which failed alone, is suspect: from round 2 it runs alone and the 7 good rows
+      // merge. The lane's turn comes after that merged run, or after its 5 ms wait on a slow
+      // machine: either order.
+      if (round === 1) expect(roundCalls.map((c) => c.length)).toEqual([8, 4, 4, 2, 2, 1, 1]);
       else {
         expect(roundCalls.map((c) => c.length).sort((a, b) => a - b)).toEqual([1, 7]);
         expect(roundCalls.find((c) => c.length === 1)).toEqual([-501]); // the bad content (seed -5)
       }
     }
-    expect(recorder.isolation()).toEqual({ reruns: 18, quarantined: 2 });
+    expect(recorder.isolation()).toEqual({ reruns: 6, quarantined: 4 });
     expect(recorder.snapshot().inferenceStats?.fail?.count).toBe(5n);
   });
 
@@ -193,6 +195,136 @@ describe("a merged batch that fails", () => {
     const err = await rejectionOf(batcher.infer(req(2, -1)), StageError);
     expect(err.code).toBe(Code.InvalidArgument);
     expect(calls).toHaveLength(1);
+  });
+});
+
+/** Seed 66's content (values 6601…) ends the instance that runs it, as a crashing model would. */
+const CRASH_SEED = 66;
+const crashes = (values: Float32Array) => values.some((v) => v > 6600 && v < 6700);
+function crashOrTwice(x: Tensor): Tensor[] {
+  if (crashes(x.data as Float32Array)) {
+    throw new InstanceEndedError(Code.Unavailable, "m", "its process exited (code 1); the instance restarts", "exited");
+  }
+  return twice(x);
+}
+const endedRuns = (calls: { rows: number[] }[], firstCall: number) => calls.slice(firstCall);
+
+/** Sends `requests` while the held batcher's first execution runs: they form one batch. */
+async function asOneBatch(h: ReturnType<typeof held>, requests: InferRequest[]) {
+  const first = h.batcher.infer(req(1, 1));
+  const answers = requests.map((r) =>
+    h.batcher.infer(r).then(
+      (res) => res,
+      (err: unknown) => err,
+    ),
+  );
+  h.release();
+  await first;
+  return Promise.all(answers);
+}
+
+describe("a batch whose run ended its instance (a crash, a timeout)", () => {
+  for (const kind of ["merged", "request by request"] as const) {
+    const make = () =>
+      kind === "merged"
+        ? held({ merged: crashOrTwice })
+        : held({
+            perRequest: async (requests) => {
+              // Triton's execute(requests) in a process: a crash fails the whole batch.
+              for (const r of requests) crashOrTwice(r.inputs[0]!);
+              return { responses: requests.map((r) => twice(r.inputs[0]!)) };
+            },
+          });
+
+    it(`(${kind}) is not bisected: its requests run alone until the culprit ends it again, then the rest together`, async () => {
+      const h = make();
+      const requests = Array.from({ length: 8 }, (_, i) => req(1, i === 2 ? CRASH_SEED : i + 2));
+      const settled = await asOneBatch(h, requests);
+      // The batch of 8 ended the instance; 0 and 1 ran alone; 2 ended it again; 3-7 ran merged.
+      expect(endedRuns(h.calls, 1).map((c) => c.rows.length)).toEqual([8, 1, 1, 1, 5]);
+      expect(h.recorder.isolation()).toEqual({ reruns: 4, quarantined: 0 });
+      for (const [i, answer] of settled.entries()) {
+        if (i === 2) {
+          expect(answer).toBeInstanceOf(InstanceEndedError);
+          expect((answer as StageError).code).toBe(Code.Unavailable);
+        } else {
+          expect(Array.from((answer as InferResponseLike).outputs[0]!.data as Float32Array)).toEqual(
+            doubled(requests[i]!.inputs[0]!),
+          );
+        }
+      }
+      // The same input again is refused at once, without running (no third restart), naming why.
+      const callsBefore = h.calls.length;
+      const again = await rejectionOf(h.batcher.infer(req(1, CRASH_SEED, "again")), StageError);
+      expect(again.code).toBe(Code.Unavailable);
+      expect(again.rawMessage).toMatch(/the same input ended the model's instance \d+ s ago \(its process exited/);
+      expect(h.calls.length).toBe(callsBefore);
+      // Other inputs still run.
+      const good = await h.batcher.infer(req(1, 40));
+      expect(Array.from(good.outputs[0]!.data as Float32Array)).toEqual(doubled(req(1, 40).inputs[0]!));
+    });
+
+    it(`(${kind}) fails the culprit without running it again when every other request succeeded alone: one restart`, async () => {
+      const h = make();
+      const requests = Array.from({ length: 4 }, (_, i) => req(1, i === 3 ? CRASH_SEED : i + 2));
+      const settled = await asOneBatch(h, requests);
+      expect(endedRuns(h.calls, 1).map((c) => c.rows.length)).toEqual([4, 1, 1, 1]);
+      const culprit = settled[3] as StageError;
+      expect(culprit.code).toBe(Code.Unavailable);
+      expect(culprit.rawMessage).toMatch(/every other request of it succeeded alone, so this one was not run again/);
+      for (const i of [0, 1, 2]) expect((settled[i] as InferResponseLike).outputs[0]!.shape).toEqual([1, 2]);
+      const callsBefore = h.calls.length;
+      const again = await rejectionOf(h.batcher.infer(req(1, CRASH_SEED, "again")), StageError);
+      expect(again.rawMessage).toMatch(/the same input ended the model's instance/);
+      expect(h.calls.length).toBe(callsBefore);
+    });
+
+    it(`(${kind}) refuses a queued request whose input ended the instance while it waited`, async () => {
+      const h = make();
+      const first = h.batcher.infer(req(1, CRASH_SEED, "first")).then(
+        () => undefined,
+        (err: unknown) => err as StageError,
+      );
+      // Queued behind the first (held) execution, the same input: refused once the first has ended it.
+      const second = rejectionOf(h.batcher.infer(req(1, CRASH_SEED, "second")), StageError);
+      h.release();
+      expect(await first).toBeInstanceOf(InstanceEndedError);
+      expect((await second).rawMessage).toMatch(/the same input ended the model's instance/);
+      expect(h.calls).toHaveLength(1);
+    });
+  }
+});
+
+describe("the re-run budget", () => {
+  it("is checked before each re-run: 16 at most, the rest fail with their batch's error, saying why", async () => {
+    const h = held({ merged: twice });
+    // 32 different failing contents: bisecting them all would take 62 re-runs.
+    const requests = Array.from({ length: 31 }, (_, i) => req(1, -(i + 2)));
+    const settled = await asOneBatch(h, requests);
+    expect(h.recorder.isolation()).toEqual({ reruns: 16, quarantined: 0 });
+    expect(h.calls.length).toBe(2 + 16);
+    const unpaid = settled.filter((e) =>
+      /budget .* is spent, so it was not run alone/.test((e as StageError).rawMessage),
+    );
+    expect(unpaid.length).toBeGreaterThan(0);
+    for (const e of settled) {
+      expect(e).toBeInstanceOf(StageError);
+      expect((e as StageError).code).toBe(Code.InvalidArgument);
+      expect((e as StageError).rawMessage).toMatch(/negative value/);
+    }
+    // A second failing batch right after: nothing left to pay a re-run with (a merged run earns 1/16).
+    const before = h.calls.length;
+    const second = await Promise.all(
+      [req(1, 3), req(1, -40)].map((r) =>
+        h.batcher.infer(r).then(
+          () => "ok",
+          (e: StageError) => e.rawMessage,
+        ),
+      ),
+    );
+    expect(h.recorder.isolation().reruns).toBeLessThanOrEqual(17);
+    expect(h.calls.length - before).toBeLessThanOrEqual(3);
+    expect(second.filter((x) => x !== "ok")).not.toHaveLength(0);
   });
 });
 

@@ -21,7 +21,17 @@ export {
   pickOutputs,
 } from "./define.js";
 export { delegateStage, type StageOverrides } from "./delegate.js";
-export { internal, invalidArgument, notFound, resourceExhausted, toConnectError, unavailable } from "./errors.js";
+export {
+  endedInstance,
+  InstanceEndedError,
+  type InstanceEnding,
+  internal,
+  invalidArgument,
+  notFound,
+  resourceExhausted,
+  toConnectError,
+  unavailable,
+} from "./errors.js";
 export { float16ArrayToFloat32, float16BitsToFloat32, float32ArrayToFloat16, float32ToFloat16Bits } from "./fp16.js";
 export type { RateLimitedInstance, RateLimiterResource, RateLimiterSlot } from "./instances.js";
 export { modelFilePath } from "./model-files.js";

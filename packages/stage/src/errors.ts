@@ -49,3 +49,29 @@ export function toConnectError(err: unknown, stage = ""): ConnectError {
 export function codeName(code: Code): string {
   return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
 }
+
+/** How a run ended its instance: its process or thread exited, or its deadline passed and it was stopped. */
+export type InstanceEnding = "exited" | "timed out";
+
+/**
+ * A backend's error for an execution that ended its instance: the process or thread running it
+ * died, or was stopped because it gave no answer in time. Such a run costs a restart (or a whole
+ * timeout) rather than an execution, so the runtime's failure isolation never bisects it, and
+ * refuses for a while an input whose run alone ended the instance. Throw it from
+ * `execute` / `executeRequests`.
+ */
+export class InstanceEndedError extends StageError {
+  constructor(
+    code: Code,
+    stage: string,
+    message: string,
+    readonly ending: InstanceEnding,
+  ) {
+    super(code, stage, message);
+  }
+}
+
+/** Whether `err` says its execution ended its instance. */
+export function endedInstance(err: unknown): err is InstanceEndedError {
+  return err instanceof InstanceEndedError;
+}

@@ -1,0 +1,198 @@
+/**
+ * Finding the request that failed a batch, so that only it fails (its neighbours are answered),
+ * without multiplying the cost of the failure. Every re-run is paid from the model's budget
+ * (isolation.ts), checked before the run: what it cannot pay for fails with the batch's error.
+ *
+ * - A batch that failed for an ordinary reason (an exception, a bad output) is bisected on the
+ *   same instance: each half runs again merged, a half that succeeds answers its requests, a
+ *   half that fails is split again. One culprit among k costs about 2·log2(k) runs.
+ * - A batch whose run ended its instance (a crash, a timeout: InstanceEndedError in @trellis/stage/backend) costs a
+ *   restart or a whole timeout per failing run, so it is not bisected: its requests run again
+ *   alone, in order, until one ends the instance again (that one is the culprit: it fails, and its
+ *   input is refused for a while), and the rest then run merged. When every other request
+ *   succeeded alone, the last is the culprit: it fails without running again (one restart in
+ *   all), and its input is refused for a while too.
+ */
+import type { InferRequest, RequestOutcome } from "@trellis/stage";
+import { nowNs, StageError } from "@trellis/stage";
+import { endedInstance, type InstanceEndedError, toConnectError } from "@trellis/stage/backend";
+import type { BatchContext, BatchExecutor, BatchResult, RequestsExecutor } from "./execution.js";
+
+import type { FailureIsolation } from "./isolation.js";
+import { mergeRequests, rowsOf, splitRows } from "./merge-rows.js";
+
+/** Runs `requests` as one execution: each one's outcome; throws when the execution failed as a whole. */
+type RunBatch = (requests: readonly InferRequest[], context: BatchContext) => Promise<RequestOutcome[]>;
+
+/**
+ * A merged executor answering request by request: the requests are concatenated along dim 0,
+ * computed at once, and the outputs split back by rows; a failed batch is isolated (see above).
+ */
+export function mergedExecutor(name: string, execute: BatchExecutor, isolation?: FailureIsolation): RequestsExecutor {
+  const run: RunBatch = async (requests, context) => {
+    const sizes = requests.map(rowsOf);
+    const total = sizes.reduce((n, size) => n + size, 0);
+    const single = requests.length === 1;
+    const result = await execute(single ? requests[0]! : mergeRequests(requests), {
+      batchSize: total,
+      requests,
+      instance: context.instance,
+      ownsInputs: !single,
+      ...(single && context.options ? { options: context.options } : {}),
+    });
+    return splitRows(name, result, sizes, total);
+  };
+  const isolate = failureIsolator(name, run, isolation, true);
+  return async (requests, context) => {
+    if (requests.length === 1) {
+      const request = requests[0]!;
+      let result: BatchResult;
+      try {
+        result = await execute(request, context);
+      } catch (err) {
+        isolation && failedAlone(isolation, request, err);
+        throw err;
+      }
+      isolation?.succeeded(request);
+      return { responses: [result.outputs], ...(result.times ? { times: result.times } : {}) };
+    }
+    const sizes = requests.map(rowsOf);
+    const t0 = nowNs();
+    const merged = mergeRequests(requests);
+    const mergeNs = nowNs() - t0;
+    let result: BatchResult;
+    try {
+      result = await execute(merged, context);
+    } catch (err) {
+      return { responses: await isolate(requests, context, err) };
+    }
+    const reported = result.times ?? {};
+    return {
+      responses: splitRows(name, result, sizes, context.batchSize),
+      times: { ...reported, computeInputNs: mergeNs + (reported.computeInputNs ?? 0) },
+    };
+  };
+}
+
+/**
+ * A request-by-request executor (Triton's `execute(requests)`, e.g. a Python model) whose batch
+ * that ended its instance is isolated (see above), so a request that crashes or hangs the model
+ * fails alone. Any other failure of the whole batch fails the batch, as in Triton.
+ */
+export function isolatedRequestsExecutor(
+  name: string,
+  executeRequests: RequestsExecutor,
+  isolation: FailureIsolation,
+): RequestsExecutor {
+  const run: RunBatch = async (requests, context) => (await executeRequests(requests, context)).responses;
+  const isolate = failureIsolator(name, run, isolation, false);
+  return async (requests, context) => {
+    try {
+      const result = await executeRequests(requests, context);
+      if (requests.length === 1) isolation.succeeded(requests[0]!);
+      return result;
+    } catch (err) {
+      if (requests.length === 1) failedAlone(isolation, requests[0]!, err);
+      if (requests.length === 1 || !endedInstance(err)) throw err;
+      return { responses: await isolate(requests, context, err) };
+    }
+  };
+}
+
+/** A request failed an execution on its own: suspect for a while, refused for a while if it ended its instance. */
+function failedAlone(isolation: FailureIsolation, request: InferRequest, err: unknown): void {
+  if (endedInstance(err)) isolation.endedAlone(request, err);
+  else isolation.failed(request);
+}
+
+/**
+ * The isolation of a failed batch of several requests over `run`: each request's outcome.
+ * `bisects`: whether an ordinary failure is bisected (merged executions) or fails the batch.
+ */
+function failureIsolator(name: string, run: RunBatch, isolation: FailureIsolation | undefined, bisects: boolean) {
+  /** Runs `requests` again as one execution, paid from the budget; isolates again when it fails. */
+  const rerun = async (
+    requests: readonly InferRequest[],
+    context: BatchContext,
+    batchError: unknown,
+  ): Promise<RequestOutcome[]> => {
+    if (isolation && !isolation.tryRerun()) return requests.map(() => unpaid(name, batchError));
+    try {
+      const outcomes = await run(requests, context);
+      if (requests.length === 1 && !(outcomes[0] instanceof Error)) isolation?.succeeded(requests[0]!);
+      return outcomes;
+    } catch (err) {
+      if (requests.length > 1) return isolate(requests, context, err);
+      if (isolation) failedAlone(isolation, requests[0]!, err);
+      return [toConnectError(err, name)];
+    }
+  };
+
+  /** Each request alone until one ends the instance again; then the rest together. */
+  const aloneUntilCulprit = async (
+    requests: readonly InferRequest[],
+    context: BatchContext,
+    batchError: InstanceEndedError,
+  ): Promise<RequestOutcome[]> => {
+    const outcomes: RequestOutcome[] = [];
+    for (let i = 0; i < requests.length; i++) {
+      const request = requests[i]!;
+      if (i === requests.length - 1 && outcomes.every((o) => !(o instanceof Error))) {
+        // Every other request ran alone without ending the instance: this one did, and its input
+        // is refused for a while as if it had ended the instance alone.
+        isolation?.endedAlone(request, batchError);
+        outcomes.push(culpritByElimination(name, batchError));
+        return outcomes;
+      }
+      const [outcome] = await rerun([request], context, batchError);
+      outcomes.push(outcome!);
+      if (endedInstance(outcome)) {
+        const rest = requests.slice(i + 1);
+        if (rest.length > 0) outcomes.push(...(await rerun(rest, context, batchError)));
+        return outcomes;
+      }
+    }
+    return outcomes;
+  };
+
+  const isolate = async (
+    requests: readonly InferRequest[],
+    context: BatchContext,
+    err: unknown,
+  ): Promise<RequestOutcome[]> => {
+    if (endedInstance(err)) return aloneUntilCulprit(requests, context, err);
+    if (!bisects) return requests.map(() => toConnectError(err, name));
+    const half = Math.ceil(requests.length / 2);
+    const first = await rerun(requests.slice(0, half), context, err);
+    return first.concat(await rerun(requests.slice(half), context, err));
+  };
+  return isolate;
+}
+
+/** The batch's error for a request the re-run budget could not pay to run again. */
+function unpaid(name: string, batchError: unknown): StageError {
+  const e = toConnectError(batchError, name);
+  const stage = e instanceof StageError ? e.stage : name;
+  return new StageError(
+    e.code,
+    stage,
+    `${withoutStage(e, stage)} (it ran in a batch that failed, and the model's budget for running failed batches again to find the culprit is spent, so it was not run alone)`,
+  );
+}
+
+/** The error of the request found to have ended its instance because every other one of its batch succeeded alone. */
+function culpritByElimination(name: string, batchError: unknown): StageError {
+  const e = toConnectError(batchError, name);
+  const stage = e instanceof StageError ? e.stage : name;
+  return new StageError(
+    e.code,
+    stage,
+    `${withoutStage(e, stage)} (its batch ended the model's instance and every other request of it succeeded alone, so this one was not run again)`,
+  );
+}
+
+/** An error's message without the "stage: " prefix StageError adds. */
+function withoutStage(e: { rawMessage: string }, stage: string): string {
+  const prefix = `${stage}: `;
+  return e.rawMessage.startsWith(prefix) ? e.rawMessage.slice(prefix.length) : e.rawMessage;
+}
