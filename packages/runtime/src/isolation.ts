@@ -12,7 +12,9 @@
  * moment a batch ends, its clients still reading their answers: a lane that ran whenever no good
  * request waited would run after every batch; one timed from a merged run's start would run beside
  * every long one.) An input whose lone run ended its instance (a crash, a timeout: costly restarts,
- * InstanceEndedError) is not run again for SUSPECT_MS: it is refused at once, naming why.
+ * InstanceEndedError) is not run again for SUSPECT_MS: it is refused at once, naming why; each
+ * time the same input ends the instance again when let through, it is refused twice as long (up
+ * to MAX_REFUSAL_MS), so a client resending it costs one restart per window, ever rarer.
  */
 import { createHash } from "node:crypto";
 import type { InferRequest, StatisticsRecorder } from "@trellis/stage";
@@ -21,6 +23,10 @@ import type { InstanceEndedError } from "@trellis/stage/backend";
 
 /** How long a request's content stays suspect after it failed an execution alone. */
 const SUSPECT_MS = 30_000;
+/** The longest an input that keeps ending the instance is refused at a time. */
+const MAX_REFUSAL_MS = 16 * SUSPECT_MS;
+/** How long an input that ended the instance is remembered after its refusal ends (its strikes kept). */
+const STRIKES_KEPT_MS = 2 * MAX_REFUSAL_MS;
 /** The most distinct failing contents remembered (each kind); the oldest is forgotten first. */
 const MAX_SUSPECTS = 4096;
 /** Re-run executions a model may spend at once; suspects merge again only once it is full. */
@@ -35,6 +41,8 @@ const LANE_IDLE_MS = 5;
 /** Why an input that ended its instance is refused, and until when (ms since the epoch). */
 interface Fatal {
   until: number;
+  /** How many times its run ended the instance (each doubles the refusal). */
+  strikes: number;
   at: number;
   code: InstanceEndedError["code"];
   why: string;
@@ -83,14 +91,15 @@ export class FailureIsolation {
     if (fatal === undefined) return undefined;
     const now = Date.now();
     if (fatal.until <= now) {
-      this.fatal.delete(key);
+      // Let through once more; remembered (with its strikes) a while in case it ends the instance again.
+      if (fatal.until + STRIKES_KEPT_MS <= now) this.fatal.delete(key);
       return undefined;
     }
     const ago = Math.max(0, Math.round((now - fatal.at) / 1000));
     return new StageError(
       fatal.code,
       this.name,
-      `the same input ended the model's instance ${ago} s ago (${fatal.why}); it is refused without running for ${SUSPECT_MS / 1000} s after that`,
+      `the same input ended the model's instance ${ago} s ago (${fatal.why}); it is refused without running for ${Math.round((fatal.until - fatal.at) / 1000)} s after that`,
     );
   }
 
@@ -104,13 +113,17 @@ export class FailureIsolation {
     const now = Date.now();
     const prefix = `${error.stage}: `;
     const why = error.rawMessage.startsWith(prefix) ? error.rawMessage.slice(prefix.length) : error.rawMessage;
-    remember(this.fatal, this.keyOf(request), { until: now + SUSPECT_MS, at: now, code: error.code, why });
+    const key = this.keyOf(request);
+    const strikes = (this.fatal.get(key)?.strikes ?? 0) + 1;
+    const refusalMs = Math.min(MAX_REFUSAL_MS, SUSPECT_MS * 2 ** (strikes - 1));
+    remember(this.fatal, key, { until: now + refusalMs, at: now, code: error.code, why, strikes });
     this.failed(request);
   }
 
   /** A request succeeded on its own: content that failed for a passing reason is forgiven. */
   succeeded(request: InferRequest): void {
     if (this.suspects.size > 0) this.suspects.delete(this.keyOf(request));
+    if (this.fatal.size > 0) this.fatal.delete(this.keyOf(request));
   }
 
   /**

@@ -17,7 +17,7 @@ import {
 } from "@trellis/stage";
 import { InstanceEndedError } from "@trellis/stage/backend";
 import { rejectionOf } from "@trellis/testing";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "../src/batcher.js";
 import { createModelRuntime, stageBackend } from "../src/model-runtime.js";
 
@@ -293,6 +293,31 @@ describe("a batch whose run ended its instance (a crash, a timeout)", () => {
       expect(h.calls).toHaveLength(1);
     });
   }
+});
+
+describe("an input that keeps ending the instance", () => {
+  it("is let through once its refusal ends, and refused twice as long each time it ends the instance again", async () => {
+    vi.useFakeTimers({ toFake: ["Date"] });
+    try {
+      const h = held({ merged: crashOrTwice });
+      h.release();
+      const windows: number[] = [];
+      for (let strike = 1; strike <= 3; strike++) {
+        const ended = await rejectionOf(h.batcher.infer(req(1, CRASH_SEED)), StageError);
+        expect(ended).toBeInstanceOf(InstanceEndedError);
+        const refused = await rejectionOf(h.batcher.infer(req(1, CRASH_SEED)), StageError);
+        const seconds = Number(/refused without running for (\d+) s/.exec(refused.rawMessage)?.[1]);
+        windows.push(seconds);
+        vi.advanceTimersByTime(seconds * 1000 - 1000);
+        await expect(h.batcher.infer(req(1, CRASH_SEED))).rejects.toThrow(/the same input ended/);
+        vi.advanceTimersByTime(1000);
+      }
+      expect(windows).toEqual([30, 60, 120]);
+      expect(h.calls).toHaveLength(3); // one run per window: each ended the instance once
+    } finally {
+      vi.useRealTimers();
+    }
+  });
 });
 
 describe("the re-run budget", () => {

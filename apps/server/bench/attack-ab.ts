@@ -1,0 +1,203 @@
+/**
+ * Issue 52's attacks (items 2–4), each measured as what two attacking clients cost the good
+ * clients beside them, against two extra good clients (the control). One server process, one
+ * repository: `gather` (gatherModel from @trellis/testing: an out-of-range index fails the whole
+ * onnxruntime run it is merged into) and `twice` (a Python model, Y = 2·X, dynamic batching, one
+ * instance; X[0] = 66 exits the process, 13 hangs past --python-execute-timeout-secs, 77 answers
+ * 32 MiB). Attacks:
+ *   python-large-answer  good → gather, attack → twice answering 32 MiB each (item 2)
+ *   python-crash         good → twice, attack → twice with an input that exits model.py (item 3)
+ *   python-hang          good → twice, attack → twice with an input that hangs model.py (item 3)
+ *   onnx-bad-constant    good → gather, attack → gather with the same bad index (item 4)
+ *   onnx-bad-changing    good → gather, attack → gather, a bad index on new content each time (item 4)
+ * For each: interleaved rounds (A B, B A, …) of ATTACK_AB_SECONDS (6) after 1 s of warm-up each;
+ * reported: good req/s per phase (median round), B/A per round with its median (target ≥ 0.8),
+ * good requests failed, and the server's re-runs, quarantined runs and Python restarts.
+ * Run (after pnpm build): pnpm --filter @trellis/server bench:attacks [attack…]
+ * (ATTACK_AB_ROUNDS 3, ATTACK_AB_GOOD 16; PYTHON=<python3 with numpy>, default /usr/bin/python3)
+ */
+import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import {
+  closedLoop,
+  GATHER_WIDTH,
+  gatherConfig,
+  gatherModel,
+  interleavedRounds,
+  median,
+  removeDir,
+  startServerProcess,
+} from "@trellis/testing";
+
+const SECONDS = Number(process.env.ATTACK_AB_SECONDS ?? 6);
+const ROUNDS = Number(process.env.ATTACK_AB_ROUNDS ?? 3);
+const GOOD = Number(process.env.ATTACK_AB_GOOD ?? 16);
+const PYTHON = process.env.PYTHON ?? "/usr/bin/python3";
+
+const TWICE_CONFIG = `name: "twice"
+backend: "python"
+max_batch_size: 64
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+`;
+
+const TWICE_MODEL = `import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x[0][0] == 66:
+                os._exit(1)
+            if x[0][0] == 13:
+                time.sleep(3600)
+            if x[0][0] == 77:
+                y = np.zeros((x.shape[0], 8 * 1024 * 1024), dtype=np.float32)
+            else:
+                y = x * 2
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", y)]))
+        return responses
+`;
+
+type Target = "gather" | "twice";
+
+interface Attack {
+  name: string;
+  good: Target;
+  /** The n-th attacking request's body and the model it goes to. */
+  attack: (n: number) => { model: Target; body: string };
+}
+
+const gatherBody = (seed: number, index: number): string =>
+  JSON.stringify({
+    inputs: [
+      {
+        name: "x",
+        datatype: "FP32",
+        shape: [1, GATHER_WIDTH],
+        data: Array.from({ length: GATHER_WIDTH }, (_, i) => ((seed * 7 + i) % 17) / 8 - 1),
+      },
+      { name: "idx", datatype: "INT64", shape: [1, 1], data: [index] },
+    ],
+  });
+/** A request to `twice`; its answer comes back as binary data, so the attack costs the Python path, not JSON. */
+const twiceBody = (first: number, seed: number): string =>
+  JSON.stringify({
+    inputs: [{ name: "X", datatype: "FP32", shape: [1, 4], data: [first, seed % 1000, 1, 2] }],
+    outputs: [{ name: "Y", parameters: { binary_data: true } }],
+  });
+const goodBody = (target: Target, n: number) =>
+  target === "gather" ? gatherBody(n, n % GATHER_WIDTH) : twiceBody(100 + (n % 50), n);
+
+const ATTACKS: Attack[] = [
+  { name: "python-large-answer", good: "gather", attack: (n) => ({ model: "twice", body: twiceBody(77, n) }) },
+  { name: "python-crash", good: "twice", attack: () => ({ model: "twice", body: twiceBody(66, 0) }) },
+  { name: "python-hang", good: "twice", attack: () => ({ model: "twice", body: twiceBody(13, 0) }) },
+  {
+    name: "onnx-bad-constant",
+    good: "gather",
+    attack: (n) => ({ model: "gather", body: gatherBody(0, 1000 + (n % 2)) }),
+  },
+  { name: "onnx-bad-changing", good: "gather", attack: (n) => ({ model: "gather", body: gatherBody(n, 1000) }) },
+];
+
+const chosen = process.argv.slice(2);
+const attacks = chosen.length > 0 ? ATTACKS.filter((a) => chosen.includes(a.name)) : ATTACKS;
+
+const repo = await mkdtemp(join(tmpdir(), "trellis-attack-ab-"));
+await mkdir(join(repo, "gather", "1"), { recursive: true });
+await writeFile(join(repo, "gather", "config.pbtxt"), gatherConfig("gather"));
+await writeFile(join(repo, "gather", "1", "model.onnx"), gatherModel());
+await mkdir(join(repo, "twice", "1"), { recursive: true });
+await writeFile(join(repo, "twice", "config.pbtxt"), TWICE_CONFIG);
+await writeFile(join(repo, "twice", "1", "model.py"), TWICE_MODEL);
+const server = await startServerProcess([
+  "--model-repository",
+  repo,
+  "--python-executable",
+  PYTHON,
+  "--python-execute-timeout-secs",
+  "2",
+]);
+
+let goodFailed = 0;
+async function post(model: Target, body: string, good: boolean): Promise<void> {
+  const res = await fetch(`${server.http}/v2/models/${model}/infer`, {
+    method: "POST",
+    body,
+    headers: { "content-type": "application/json" },
+  });
+  await res.arrayBuffer();
+  if (good && res.status !== 200) goodFailed++;
+}
+
+async function metricsSum(name: string): Promise<number> {
+  const text = await (await fetch(`${server.metrics}/metrics`)).text();
+  return text
+    .split("\n")
+    .filter((l) => l.startsWith(`${name}{`) || l.startsWith(`${name} `))
+    .reduce((n, l) => n + Number(l.split(" ").pop()), 0);
+}
+
+interface Phase {
+  label: string;
+  extra: (n: number) => { model: Target; body: string; good: boolean };
+  rates: number[];
+}
+
+async function runAttack(attack: Attack): Promise<string> {
+  const phases: Phase[] = [
+    {
+      label: "A: + 2 good clients",
+      extra: (n) => ({ model: attack.good, body: goodBody(attack.good, n + 7), good: true }),
+      rates: [],
+    },
+    { label: "B: + 2 attacking clients", extra: (n) => ({ ...attack.attack(n), good: false }), rates: [] },
+  ];
+  const failedBefore = goodFailed;
+  const counters = ["trellis_inference_rerun_count", "trellis_inference_quarantined_count"];
+  const before = await Promise.all(counters.map(metricsSum));
+  await closedLoop((k) => post(attack.good, goodBody(attack.good, k), true), GOOD, 2); // warm-up, unmeasured
+  await interleavedRounds(phases, ROUNDS, async (phase, round) => {
+    let running = true;
+    const extras = [0, 1].map(async (client) => {
+      for (let n = client; running; n += 2) {
+        const x = phase.extra(n);
+        await post(x.model, x.body, x.good);
+      }
+    });
+    const r = await closedLoop((k) => post(attack.good, goodBody(attack.good, k), true), GOOD, SECONDS, {
+      warmupSeconds: 1,
+    });
+    running = false;
+    await Promise.all(extras);
+    phase.rates.push(r.calls / r.seconds);
+    console.log(`  ${attack.name} round ${round + 1} ${phase.label}: ${(r.calls / r.seconds).toFixed(0)} good req/s`);
+  });
+  const after = await Promise.all(counters.map(metricsSum));
+  const [a, b] = phases as [Phase, Phase];
+  const ratios = b.rates.map((rate, i) => rate / a.rates[i]!);
+  return `| ${attack.name} | ${median(a.rates).toFixed(0)}/s | ${median(b.rates).toFixed(0)}/s | ${ratios.map((r) => r.toFixed(2)).join(", ")} | **${median(ratios).toFixed(2)}** | ${goodFailed - failedBefore} | ${after[0]! - before[0]!} / ${after[1]! - before[1]!} |`;
+}
+
+try {
+  const rows: string[] = [];
+  for (const attack of attacks) rows.push(await runAttack(attack));
+  console.log(
+    `\nattacks A/B: ${GOOD} good closed-loop clients over HTTP/JSON, ${ROUNDS} interleaved rounds of ${SECONDS} s`,
+  );
+  console.log(
+    "| attack | A: + 2 good | B: + 2 attacking | B/A per round | B/A median | good failed | re-runs / quarantined |",
+  );
+  console.log("|---|---|---|---|---|---|---|");
+  for (const row of rows) console.log(row);
+} finally {
+  await server.stop();
+  await removeDir(repo);
+}
