@@ -98,6 +98,7 @@ async function repositoryManager(settings: Settings, logger: Logger, responseCac
       pythonExecutable: flags.pythonExecutable,
       executeTimeoutMs: flags.pythonExecuteTimeoutSecs * 1000,
       maxFrameBytes: flags.pythonMaxAnswerBytes,
+      maxStreamResponses: flags.pythonMaxResponses,
     },
     logger,
     pollIntervalMs: flags.repositoryPollSecs * 1000,

@@ -217,6 +217,7 @@ class Inbox:
                 sender = self.senders.pop(key, None) if header.get("close") else None
                 if sender is not None:
                     sender.closed = True
+                    sender._request._cancelled.set()  # is_cancelled() says so from now on
             elif kind == "forget":
                 self.senders.pop((header.get("execute"), header.get("index")), None)
             else:

@@ -9,6 +9,8 @@ import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelInstanceGroup_Kind } from "@trellis/protocol";
 import { instanceCount, type ModelBackend } from "@trellis/runtime";
 import { Code, type ModelCaller, StageError, type StageLogger } from "@trellis/stage";
+import { pickOutputs } from "@trellis/stage/backend";
+import { MAX_RESPONSES } from "./decoupled.js";
 import { StubProcess } from "./stub-process.js";
 
 export { type AutoCompleteOptions, autoCompletePythonConfig } from "./auto-complete.js";
@@ -25,8 +27,10 @@ export interface PythonBackendOptions {
   executeTimeoutMs?: number;
   /** Longest a process may take to load the model (imports, initialize); default 120 s. */
   loadTimeoutMs?: number;
-  /** Largest frame a stub may send; default 1 GiB. */
+  /** Largest frame a stub may send (and most unread bytes of a decoupled request's responses); default 1 GiB. */
   maxFrameBytes?: number;
+  /** Most responses a decoupled model may send one request; default 100,000. */
+  maxStreamResponses?: number;
   /** The server's models, for BLS requests. */
   models?: ModelCaller;
   logger?: StageLogger;
@@ -80,6 +84,7 @@ export async function createPythonBackend(options: PythonBackendOptions): Promis
         executeTimeoutMs: options.executeTimeoutMs ?? 60_000,
         loadTimeoutMs: options.loadTimeoutMs ?? 120_000,
         maxFrameBytes: options.maxFrameBytes ?? 1 << 30,
+        maxStreamResponses: options.maxStreamResponses ?? MAX_RESPONSES,
         ...(options.models ? { models: options.models } : {}),
         onLog: (text) => options.logger?.info({ model: config.name }, text.trimEnd()),
       }),
@@ -97,9 +102,33 @@ export async function createPythonBackend(options: PythonBackendOptions): Promis
     executeRequests: async (requests, ctx) => ({
       responses: await (stubs[ctx.instance] as StubProcess).execute(requests, ctx.options),
     }),
+    ...(isDecoupled(config) ? { executeStream: decoupledExecutor(config.name, version, stubs) } : {}),
     instanceStarts: () => stubs.map((s) => s.starts),
     close: async () => {
       await Promise.all(stubs.map((s) => s.close()));
     },
+  };
+}
+
+const isDecoupled = (config: ModelConfig): boolean => config.modelTransactionPolicy?.decoupled === true;
+
+/** A decoupled model's requests, each on the next instance in turn, answered as the model sends. */
+function decoupledExecutor(
+  name: string,
+  version: string,
+  stubs: StubProcess[],
+): NonNullable<ModelBackend["executeStream"]> {
+  let next = 0;
+  return async function* (request, options) {
+    const stub = stubs[next++ % stubs.length] as StubProcess;
+    for await (const { outputs, parameters } of stub.executeDecoupled(request, options)) {
+      yield {
+        ...(request.id !== undefined ? { id: request.id } : {}),
+        modelName: name,
+        modelVersion: version,
+        outputs: pickOutputs(name, request, outputs),
+        ...(parameters ? { parameters } : {}),
+      };
+    }
   };
 }

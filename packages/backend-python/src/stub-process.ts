@@ -10,6 +10,7 @@ import { Code, StageError } from "@trellis/stage";
 import { InstanceEndedError } from "@trellis/stage/backend";
 import { answerControl, answerModelCall, parametersFromJson, parametersJson } from "./bls.js";
 import { codeOfTriton } from "./codes.js";
+import { ResponseStream, type StreamItem } from "./decoupled.js";
 import { decodeTensor, encodeFrame, encodeTensors, type Frame, FrameReader, type TensorMeta } from "./frames.js";
 import { answerMetric, applyMetricUpdate } from "./metrics.js";
 
@@ -26,6 +27,8 @@ export interface StubOptions {
   /** Longest the load (imports, initialize) may take, at start and at each restart. */
   loadTimeoutMs: number;
   maxFrameBytes: number;
+  /** Most responses a decoupled model may send one request. */
+  maxStreamResponses: number;
   models?: ModelCaller;
   onLog?: (line: string) => void;
 }
@@ -50,6 +53,10 @@ export class StubProcess {
   starts = 0;
   /** Executions sent so far: each one's id, which a cancellation names. */
   private executions = 0;
+  /** A decoupled model's requests still open, by "execute:index" (their responses' frames name it). */
+  private readonly streams = new Map<string, ResponseStream>();
+  /** Decoupled executions take the process one at a time (the batcher does it for the others). */
+  private turns: Promise<void> = Promise.resolve();
 
   constructor(private readonly options: StubOptions) {}
 
@@ -130,6 +137,16 @@ export class StubProcess {
       this.child?.stdin?.write(answerMetric(frame.header));
       return;
     }
+    if (frame.header.type === "response") {
+      const key = `${frame.header.execute}:${frame.header.index}`;
+      this.streams.get(key)?.push(frame);
+      if (frame.header.final === true && this.streams.delete(key)) {
+        this.child?.stdin?.write(
+          encodeFrame({ type: "forget", execute: frame.header.execute, index: frame.header.index }),
+        );
+      }
+      return;
+    }
     if (frame.header.type === "metric_update") {
       applyMetricUpdate(frame.header, this.options.onLog);
       return;
@@ -150,6 +167,10 @@ export class StubProcess {
     const waiter = this.waiter;
     this.waiter = undefined;
     waiter?.reject(error);
+    // The process is gone (or being stopped): no open decoupled request gets another response.
+    const open = [...this.streams.values()];
+    this.streams.clear();
+    for (const stream of open) stream.fail(error);
   }
 
   /** Sends one frame and waits for the stub's answer, killing the process past the deadline. */
@@ -236,6 +257,62 @@ export class StubProcess {
       // The runtime gives these to the client as the response's parameters.
       return r.parameters ? Object.assign(outputs, { parameters: parametersFromJson(r.parameters) }) : outputs;
     });
+  }
+
+  /**
+   * A decoupled model's request: execute([request]) with a response sender, then every response
+   * it sends until TRITONSERVER_RESPONSE_COMPLETE_FINAL (bounded: see decoupled.ts).
+   */
+  async *executeDecoupled(request: InferRequest, options?: InferOptions): AsyncGenerator<StreamItem> {
+    const stream = await this.startDecoupled(request, options?.signal);
+    yield* stream;
+  }
+
+  private async startDecoupled(request: InferRequest, signal?: AbortSignal): Promise<ResponseStream> {
+    const { modelName: name, executeTimeoutMs, maxFrameBytes, maxStreamResponses } = this.options;
+    let release!: () => void;
+    const previous = this.turns;
+    this.turns = new Promise<void>((r) => {
+      release = r;
+    });
+    await previous;
+    try {
+      await this.start();
+      const parts: Uint8Array[] = [];
+      const wire = {
+        id: request.id ?? "0",
+        inputs: encodeTensors(request.inputs, parts, 0),
+        outputs: (request.outputs ?? []).map((o) => o.name),
+        parameters: parametersJson(request.parameters),
+      };
+      const executeId = ++this.executions;
+      const key = `${executeId}:0`;
+      const child = this.child;
+      const stream = new ResponseStream({
+        modelName: name,
+        idleMs: executeTimeoutMs,
+        maxUnreadBytes: maxFrameBytes,
+        maxResponses: maxStreamResponses,
+        close: () => {
+          if (!this.streams.delete(key)) return;
+          child?.stdin?.write(encodeFrame({ type: "cancel", execute: executeId, index: 0, close: true }));
+        },
+      });
+      this.streams.set(key, stream);
+      if (signal?.aborted) stream.fail(new StageError(Code.Canceled, name, "request cancelled"));
+      signal?.addEventListener("abort", () => stream.fail(new StageError(Code.Canceled, name, "request cancelled")), {
+        once: true,
+      });
+      const frame = await this.exchange({ type: "execute", id: executeId, decoupled: true, requests: [wire] }, parts);
+      if (frame.header.type === "failed" || frame.header.error !== undefined) {
+        stream.fail(
+          new StageError(codeOfTriton(frame.header.code), name, String(frame.header.message ?? frame.header.error)),
+        );
+      }
+      return stream;
+    } finally {
+      release();
+    }
   }
 
   /** A BLS request or model control from the model: run by the server's models, answered on the same pipe. */

@@ -63,7 +63,12 @@ export interface LoadStageOptions {
   /** The queue bound of a model whose config sets no max_queue_size (--default-max-queue-size); 0: none. */
   defaultMaxQueueSize?: number;
   /** Python models (backend "python"): which python3 runs them (--python-executable), each execution's deadline. */
-  python?: { pythonExecutable?: string; executeTimeoutMs?: number; maxFrameBytes?: number };
+  python?: {
+    pythonExecutable?: string;
+    executeTimeoutMs?: number;
+    maxFrameBytes?: number;
+    maxStreamResponses?: number;
+  };
   logger?: StageLogger;
 }
 

@@ -271,6 +271,12 @@ export const program = new Command("trellis-server")
     1 << 30,
   )
   .option(
+    "--python-max-responses <n>",
+    "most responses a decoupled Python model may send one request; past it that request fails RESOURCE_EXHAUSTED naming the model and its response sender is closed",
+    positiveCount,
+    100_000,
+  )
+  .option(
     "--max-load-bytes <bytes>",
     "most bytes one model load request's file overrides may hold together (default 1 GiB); more are refused 400 / INVALID_ARGUMENT naming this flag, before anything is written",
     bytes,
@@ -586,6 +592,7 @@ export interface Flags extends TraceFlags {
   pythonExecutable: string;
   pythonExecuteTimeoutSecs: number;
   pythonMaxAnswerBytes: number;
+  pythonMaxResponses: number;
   maxInflightDecompressedBytes: number;
   maxInflightBytesTensorBytes: number;
   grpcMaxUnreadAnswerBytes: number;
