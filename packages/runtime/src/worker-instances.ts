@@ -113,13 +113,26 @@ const ownsBuffer = (v: ArrayBufferView): boolean =>
  * into a larger buffer, a shared one, or any buffer without `move`) is copied into a buffer of
  * its own, which moves. BYTES elements are copied into one buffer unless one element owns its own.
  */
+/**
+ * Most BYTES elements moved one buffer each; a larger tensor is packed into one buffer (one copy,
+ * linear), since a transfer list of millions of buffers costs more than copying their bytes.
+ */
+const MAX_TRANSFERRED_ELEMENTS = 1024;
+
 export function portableTensor(t: Tensor, transfer: ArrayBuffer[], move: boolean): Tensor {
   if (t.datatype === "BYTES") {
     const items = t.data as Uint8Array[];
-    if (move && items.every((b) => ownsBuffer(b) && !transfer.includes(b.buffer as ArrayBuffer))) {
-      const buffers = new Set(items.map((b) => b.buffer as ArrayBuffer));
+    if (move && items.length <= MAX_TRANSFERRED_ELEMENTS) {
+      // Moved as they are only when each element owns a buffer no other element or tensor moves.
+      const taken = new Set(transfer);
+      const buffers = new Set<ArrayBuffer>();
+      for (const b of items) {
+        const buffer = b.buffer as ArrayBuffer;
+        if (!ownsBuffer(b) || taken.has(buffer) || buffers.has(buffer)) break;
+        buffers.add(buffer);
+      }
       if (buffers.size === items.length) {
-        transfer.push(...buffers);
+        for (const buffer of buffers) transfer.push(buffer);
         return t;
       }
     }

@@ -67,6 +67,26 @@ describe("portableTensor", () => {
     expect(elements.map((e) => new TextDecoder().decode(e))).toEqual(["hello", "world"]);
     expect(elements[0]?.buffer.byteLength).toBe(10);
   });
+
+  it("packs a large BYTES tensor of owned elements into one buffer, in one pass (1,000,000 elements)", async () => {
+    const items = Array.from({ length: 1_000_000 }, (_, i) => Uint8Array.of(i % 251));
+    const transfer: ArrayBuffer[] = [new ArrayBuffer(8)];
+    const t = portableTensor({ name: "S", datatype: "BYTES", shape: [items.length], data: items }, transfer, true);
+    // One packed buffer added to the list, not a million: the caller's elements stay usable.
+    expect(transfer).toHaveLength(2);
+    expect(items[999_999]?.byteLength).toBe(1);
+    const elements = t.data as Uint8Array[];
+    expect(elements[0]?.buffer).toBe(transfer[1]);
+    expect(elements[999_999]?.[0]).toBe(999_999 % 251);
+  });
+
+  it("moves a few owned BYTES elements as they are, one buffer each", () => {
+    const items = [Uint8Array.of(1), Uint8Array.of(2, 3)];
+    const transfer: ArrayBuffer[] = [];
+    const t = portableTensor({ name: "S", datatype: "BYTES", shape: [2], data: items }, transfer, true);
+    expect(t.data).toBe(items);
+    expect(transfer).toEqual(items.map((b) => b.buffer));
+  });
 });
 
 describe("requests and answers through instance threads", () => {
