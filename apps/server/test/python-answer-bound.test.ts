@@ -2,7 +2,7 @@
  * Large Python answers through a real server: a 64 MiB answer comes back while another model's
  * requests are answered beside it, and an answer past --python-max-answer-bytes fails only its
  * own request, RESOURCE_EXHAUSTED (HTTP 503, Trellis's status for that code) naming the model and
- * the flag, judged from the frame's length prefix; the model answers again afterwards.
+ * the flag, judged from the frame's length prefix and dropped unread; the same process answers on.
  */
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -18,8 +18,9 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 `;
 
-// Y: N float32 elements, Y[i] = i % 1000.
-const MODEL = `import numpy as np
+// Y: N float32 elements, Y[i] = i % 1000; N = -1: Y = [the process id] (a restart changes it).
+const MODEL = `import os
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
@@ -27,7 +28,10 @@ class TritonPythonModel:
         out = []
         for r in requests:
             n = int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy()[0])
-            y = (np.arange(n, dtype=np.int64) % 1000).astype(np.float32)
+            if n == -1:
+                y = np.array([os.getpid()], dtype=np.float32)
+            else:
+                y = (np.arange(n, dtype=np.int64) % 1000).astype(np.float32)
             out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", y)]))
         return out
 `;
@@ -73,6 +77,8 @@ describe("a Python model's answer size", () => {
   it("answers 64 MiB whole, and past the bound fails only that request, named", { timeout: 300_000 }, async () => {
     const big = 16 << 20; // 64 MiB of FP32
     const tooBig = 24 << 20; // 96 MiB, past the 80 MiB bound
+    const pidOf = async () => new Float32Array(Uint8Array.from((await infer("grow", -1)).raw).buffer)[0];
+    const pid = await pidOf();
     const good = Array.from({ length: 20 }, (_, i) => infer("small", 10 + i));
     const [large, over, ...smalls] = await Promise.all([infer("grow", big), infer("grow", tooBig), ...good]);
     expect(large.status).toBe(200);
@@ -81,16 +87,17 @@ describe("a Python model's answer size", () => {
     expect([y[0], y[999], y[1000], y[big - 1]]).toEqual([0, 999, 0, (big - 1) % 1000]);
     expect(over.status).toBe(503);
     expect(JSON.parse(over.head).error).toMatch(
-      /model "grow": its Python process sent a 100663\d{3}-byte frame, over the 83886080-byte bound on a Python answer \(--python-max-answer-bytes\)/,
+      /model "grow": its Python process sent a 100663\d{3}-byte answer, over the 83886080-byte bound \(--python-max-answer-bytes\); it was dropped/,
     );
     expect(over.head).not.toMatch(/\/tmp\//);
     smalls.forEach((s, i) => {
       expect(s.status).toBe(200);
       expect(s.raw.byteLength).toBe((10 + i) * 4);
     });
-    // The instance restarted: the model answers again.
+    // The answer was dropped unread and the same process answers on: no restart.
     const again = await infer("grow", 5);
     expect(again.status).toBe(200);
     expect(again.raw.byteLength).toBe(20);
+    expect(await pidOf()).toBe(pid);
   });
 });

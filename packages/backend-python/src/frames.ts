@@ -20,6 +20,8 @@ export interface TensorMeta {
 export interface Frame {
   header: Record<string, unknown>;
   body: Uint8Array;
+  /** The frame was over the bound: its body (this many bytes with its prefix and header) was dropped. */
+  droppedBytes?: number;
 }
 
 export function encodeFrame(header: object, parts: readonly Uint8Array[] = []): Buffer {
@@ -64,9 +66,14 @@ export function decodeTensor(meta: TensorMeta, body: Uint8Array): Tensor {
   return { name: meta.name, datatype: meta.datatype, shape: meta.shape, data: viewAs(meta.datatype, copy) } as Tensor;
 }
 
+/** Largest header an over-bound frame may have to be read and named; past it the frame cannot be skipped. */
+const MAX_SKIPPED_HEADER_BYTES = 1 << 20;
+
 /**
  * Splits a byte stream into frames, refusing any frame over `maxFrameBytes` from its length
- * prefix, before its bytes are buffered. Chunks are kept in a list and each frame is copied out
+ * prefix, before its body is buffered: its (small) header is read, its body skipped as it
+ * arrives, and the frame is handed on with `droppedBytes` set, so the one answer fails and the
+ * process keeps running. Chunks are kept in a list and each frame is copied out
  * once when all its bytes are here (a frame inside one chunk is a view of it, no copy): linear in
  * the stream, where concatenating everything buffered on every chunk was quadratic.
  */
@@ -80,10 +87,19 @@ export class FrameReader {
   private lengths: [number, number] | undefined;
   /** Bytes this reader has copied to assemble frames (tests check it stays linear). */
   bytesCopied = 0;
+  /** Body bytes of an over-bound frame still to skip as they arrive. */
+  private skipping = 0;
+  /** The current frame is over the bound: its header is read, its body skipped. */
+  private oversize: number | undefined;
 
   constructor(private readonly maxFrameBytes: number) {}
 
   push(chunk: Buffer): Frame[] {
+    if (this.skipping > 0) {
+      const skipped = Math.min(this.skipping, chunk.byteLength);
+      this.skipping -= skipped;
+      chunk = chunk.subarray(skipped);
+    }
     if (chunk.byteLength === 0) return [];
     this.chunks.push(chunk);
     this.buffered += chunk.byteLength;
@@ -95,11 +111,27 @@ export class FrameReader {
         const headerLength = prefix.readUInt32LE(0);
         const bodyLength = prefix.readUInt32LE(4);
         const total = 8 + headerLength + bodyLength;
-        if (total > this.maxFrameBytes)
-          throw new Error(`its Python process sent a ${total}-byte frame, over the ${this.maxFrameBytes}-byte bound`);
+        if (total > this.maxFrameBytes) {
+          if (headerLength > Math.min(MAX_SKIPPED_HEADER_BYTES, this.maxFrameBytes))
+            throw new Error(`its Python process sent a ${total}-byte frame, over the ${this.maxFrameBytes}-byte bound`);
+          this.oversize = total;
+        }
         this.lengths = [headerLength, bodyLength];
       }
       const [headerLength, bodyLength] = this.lengths;
+      if (this.oversize !== undefined) {
+        if (this.buffered < headerLength) break;
+        const header = JSON.parse(this.take(headerLength).toString()) as Record<string, unknown>;
+        // Its body is dropped: what is buffered now, the rest as it arrives.
+        const buffered = Math.min(this.buffered, bodyLength);
+        this.discard(buffered);
+        this.skipping = bodyLength - buffered;
+        frames.push({ header, body: EMPTY, droppedBytes: this.oversize });
+        this.lengths = undefined;
+        this.oversize = undefined;
+        if (this.skipping > 0) break;
+        continue;
+      }
       if (this.buffered < headerLength + bodyLength) break;
       this.lengths = undefined;
       const header = JSON.parse(this.take(headerLength).toString()) as Record<string, unknown>;
@@ -134,6 +166,17 @@ export class FrameReader {
     this.bytesCopied += n;
     frameCopyStats.bytesCopied += n;
     return out;
+  }
+
+  /** Drops the next `n` buffered bytes without copying them. */
+  private discard(n: number): void {
+    this.buffered -= n;
+    while (n > 0) {
+      const chunk = this.chunks[this.head] as Buffer;
+      const count = Math.min(n, chunk.byteLength - this.offset);
+      this.advance(chunk, count);
+      n -= count;
+    }
   }
 
   private advance(chunk: Buffer, n: number): void {

@@ -129,6 +129,10 @@ export class StubProcess {
   }
 
   private deliver(frame: Frame): void {
+    if (frame.droppedBytes !== undefined) {
+      this.dropped(frame);
+      return;
+    }
     if (frame.header.type === "bls" || frame.header.type === "control") {
       void this.answerModelCall(frame);
       return;
@@ -156,6 +160,34 @@ export class StubProcess {
     waiter?.resolve(frame);
   }
 
+  /**
+   * A frame over --python-max-answer-bytes, its body dropped unread: an answer fails its execution
+   * (a decoupled response its request), and the process keeps running. Another frame (a BLS
+   * request the model waits on) cannot be answered: the process is stopped.
+   */
+  private dropped(frame: Frame): void {
+    const { modelName: name, maxFrameBytes } = this.options;
+    const error = new StageError(
+      Code.ResourceExhausted,
+      name,
+      `model "${name}": its Python process sent a ${frame.droppedBytes}-byte answer, over the ${maxFrameBytes}-byte bound (--python-max-answer-bytes); it was dropped`,
+    );
+    if (frame.header.type === "result") {
+      this.fail(error, false);
+      return;
+    }
+    if (frame.header.type === "response") {
+      this.streams.get(`${frame.header.execute}:${frame.header.index}`)?.fail(error);
+      return;
+    }
+    const child = this.child;
+    this.fail(error);
+    if (child) {
+      this.detach(child);
+      child.kill("SIGKILL");
+    }
+  }
+
   /** The next execution starts a fresh process; this one's late output and exit are ignored. */
   private detach(child: ChildProcess): void {
     if (this.child !== child) return;
@@ -163,10 +195,12 @@ export class StubProcess {
     this.starting = undefined;
   }
 
-  private fail(error: Error): void {
+  /** Fails the execution waiting; `ended`: the process is gone too, and every open decoupled request with it. */
+  private fail(error: Error, ended = true): void {
     const waiter = this.waiter;
     this.waiter = undefined;
     waiter?.reject(error);
+    if (!ended) return;
     // The process is gone (or being stopped): no open decoupled request gets another response.
     const open = [...this.streams.values()];
     this.streams.clear();

@@ -1,7 +1,8 @@
 /**
  * The stub's frame reader: frames split however the pipe splits them come out whole, and the
  * bytes it copies stay linear in the answer (it used to concatenate everything buffered on
- * every chunk: quadratic), and a frame over the bound is refused from its length prefix.
+ * every chunk: quadratic), and a frame over the bound has its body dropped unread, judged from its
+ * length prefix.
  */
 import { describe, expect, it } from "vitest";
 import { encodeFrame, FrameReader } from "../src/frames.js";
@@ -48,12 +49,25 @@ describe("FrameReader", () => {
     expect(reader.bytesCopied).toBe(0);
   });
 
-  it("refuses a frame over the bound from its prefix, before its body arrives", () => {
+  it("refuses a frame whose header alone is over the bound, from its prefix, before anything else arrives", () => {
     const reader = new FrameReader(1 << 20);
     const prefix = Buffer.alloc(8);
-    prefix.writeUInt32LE(2, 0);
-    prefix.writeUInt32LE(2 << 20, 4);
+    prefix.writeUInt32LE(2 << 20, 0);
+    prefix.writeUInt32LE(2, 4);
     expect(() => reader.push(prefix)).toThrow(/2097162-byte frame, over the 1048576-byte bound/);
     expect(reader.bytesCopied).toBe(0);
+  });
+
+  it("drops the body of a frame over the bound unread, hands on its header, and reads the frames after it", () => {
+    const stream = Buffer.concat([frameOf(1000, 1), frameOf(3 << 20, 2), frameOf(2000, 3)]);
+    for (const chunkBytes of [1, 4096, 64 << 10, stream.byteLength]) {
+      const reader = new FrameReader(1 << 20);
+      const frames = feed(reader, stream, chunkBytes);
+      expect(frames.map((f) => f.header.seed)).toEqual([1, 2, 3]);
+      expect(frames.map((f) => f.body.byteLength)).toEqual([1000, 0, 2000]);
+      expect(frames[1]?.droppedBytes).toBe(frameOf(3 << 20, 2).byteLength);
+      // Nothing of the dropped body was copied.
+      expect(reader.bytesCopied).toBeLessThanOrEqual(3000 + 200);
+    }
   });
 });

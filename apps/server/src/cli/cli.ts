@@ -266,7 +266,7 @@ export const program = new Command("trellis-server")
   )
   .option(
     "--python-max-answer-bytes <bytes>",
-    "most bytes a Python model's process may send as one answer (or one BLS request), judged from its length prefix before it is read; past it that execution's requests fail RESOURCE_EXHAUSTED naming the model and this flag, and the instance restarts (default 1 GiB)",
+    "most bytes a Python model's process may send as one answer (or one BLS request, or unread responses of one decoupled request), judged from its length prefix; past it that execution's requests fail RESOURCE_EXHAUSTED naming the model and this flag, the answer dropped unread and the process running on (a BLS request past it stops the process) (default 1 GiB)",
     bytes,
     1 << 30,
   )
