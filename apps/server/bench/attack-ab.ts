@@ -4,8 +4,9 @@
  * repository: `gather` (gatherModel from @trellis/testing: an out-of-range index fails the whole
  * onnxruntime run it is merged into) and `twice` (a Python model, Y = 2·X, dynamic batching, one
  * instance; X[0] = 66 exits the process, 13 hangs past --python-execute-timeout-secs, 77 answers
- * 32 MiB). Attacks:
- *   python-large-answer  good → gather, attack → twice answering 32 MiB each (item 2)
+ * X[1] MiB, ATTACK_AB_ANSWER_MIB (32) in the attack). Attacks:
+ *   python-large-answer  good → gather, attack → twice answering 32 MiB each (item 2); a lone
+ *                        answer's latency is printed first
  *   python-crash         good → twice, attack → twice with an input that exits model.py (item 3)
  *   python-hang          good → twice, attack → twice with an input that hangs model.py (item 3)
  *   onnx-bad-constant    good → gather, attack → gather with the same bad index (item 4)
@@ -34,6 +35,8 @@ const SECONDS = Number(process.env.ATTACK_AB_SECONDS ?? 6);
 const ROUNDS = Number(process.env.ATTACK_AB_ROUNDS ?? 3);
 const GOOD = Number(process.env.ATTACK_AB_GOOD ?? 16);
 const PYTHON = process.env.PYTHON ?? "/usr/bin/python3";
+/** The large-answer attack's answer size (MiB). */
+const ANSWER_MIB = Number(process.env.ATTACK_AB_ANSWER_MIB ?? 32);
 
 const TWICE_CONFIG = `name: "twice"
 backend: "python"
@@ -58,7 +61,7 @@ class TritonPythonModel:
             if x[0][0] == 13:
                 time.sleep(3600)
             if x[0][0] == 77:
-                y = np.zeros((x.shape[0], 8 * 1024 * 1024), dtype=np.float32)
+                y = np.zeros((x.shape[0], int(x[0][1]) * 256 * 1024), dtype=np.float32)
             else:
                 y = x * 2
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", y)]))
@@ -96,7 +99,7 @@ const goodBody = (target: Target, n: number) =>
   target === "gather" ? gatherBody(n, n % GATHER_WIDTH) : twiceBody(100 + (n % 50), n);
 
 const ATTACKS: Attack[] = [
-  { name: "python-large-answer", good: "gather", attack: (n) => ({ model: "twice", body: twiceBody(77, n) }) },
+  { name: "python-large-answer", good: "gather", attack: () => ({ model: "twice", body: twiceBody(77, ANSWER_MIB) }) },
   { name: "python-crash", good: "twice", attack: () => ({ model: "twice", body: twiceBody(66, 0) }) },
   { name: "python-hang", good: "twice", attack: () => ({ model: "twice", body: twiceBody(13, 0) }) },
   {
@@ -186,7 +189,23 @@ async function runAttack(attack: Attack): Promise<string> {
   return `| ${attack.name} | ${median(a.rates).toFixed(0)}/s | ${median(b.rates).toFixed(0)}/s | ${ratios.map((r) => r.toFixed(2)).join(", ")} | **${median(ratios).toFixed(2)}** | ${goodFailed - failedBefore} | ${after[0]! - before[0]!} / ${after[1]! - before[1]!} |`;
 }
 
+/** A lone large answer's latency (median of 5), the machine otherwise idle: what one attacking request costs. */
+async function loneLargeAnswerMs(): Promise<number> {
+  const times: number[] = [];
+  for (let i = 0; i < 6; i++) {
+    const t0 = performance.now();
+    await post("twice", twiceBody(77, ANSWER_MIB), true);
+    if (i > 0) times.push(performance.now() - t0);
+  }
+  return median(times);
+}
+
 try {
+  if (attacks.some((a) => a.name === "python-large-answer")) {
+    console.log(
+      `a lone ${ANSWER_MIB} MiB Python answer over HTTP (binary): ${(await loneLargeAnswerMs()).toFixed(1)} ms`,
+    );
+  }
   const rows: string[] = [];
   for (const attack of attacks) rows.push(await runAttack(attack));
   console.log(

@@ -25,7 +25,7 @@ import {
   traceExecution,
 } from "@trellis/stage";
 import { deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
-import { isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
+import { DeferredRerun, isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
 import type { BatchContext, BatchExecutor, RequestsExecutor, RequestsResult } from "./execution.js";
 import { FailureIsolation } from "./isolation.js";
 
@@ -127,6 +127,8 @@ interface Pending {
   options: InferOptions;
   timer?: NodeJS.Timeout;
   detach?: () => void;
+  /** Sent back from a failed batch the re-run budget could not pay to isolate: it runs alone, in the lane. */
+  deferred?: boolean;
   resolve(response: InferResponse): void;
   reject(err: ConnectError): void;
 }
@@ -282,20 +284,45 @@ class Batcher implements DynamicBatcher {
       if (timeoutUs > 0) {
         p.timer = deadlineTimer(Math.max(1, Math.ceil(timeoutUs / 1000)), () => this.timedOut(p, timeoutUs));
       }
-      const signal = opts.signal;
-      if (signal) {
-        const onAbort = () => {
-          this.dequeue(p);
-          this.fail(p, abortError(this.name, signal));
-          this.schedule();
-        };
-        signal.addEventListener("abort", onAbort, { once: true });
-        p.detach = () => signal.removeEventListener("abort", onAbort);
-      }
+      this.watchAbort(p);
       level.queue.push(p);
       this.queuedCount += 1;
       this.schedule();
     });
+  }
+
+  /** A cancellation removes the queued request and fails it. */
+  private watchAbort(p: Pending): void {
+    const signal = p.options.signal;
+    if (!signal) return;
+    const onAbort = () => {
+      this.dequeue(p);
+      this.fail(p, abortError(this.name, signal));
+      this.schedule();
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    p.detach = () => signal.removeEventListener("abort", onAbort);
+  }
+
+  /**
+   * A request of a failed batch that the re-run budget could not pay to isolate: back to the head
+   * of its queue, to run alone on the lane's turn (its outcome then its own), not failed for
+   * another request's input. Its queue timeout already ran out or was spent waiting once.
+   */
+  private deferToLane(p: Pending): void {
+    if (this.closed || p.options.signal?.aborted) {
+      this.fail(
+        p,
+        this.closed
+          ? new StageError(Code.Unavailable, this.name, "model is unloading")
+          : abortError(this.name, p.options.signal!),
+      );
+      return;
+    }
+    p.deferred = true;
+    this.watchAbort(p);
+    p.level.queue.unshift(p);
+    this.queuedCount += 1;
   }
 
   async close(): Promise<void> {
@@ -400,7 +427,7 @@ class Batcher implements DynamicBatcher {
     let quarantined: Pending | undefined;
     if (isolation?.refusing) this.dropRefused(isolation);
     for (const p of this.ordered()) {
-      if (isolation && this.batching && isolation.isSuspect(p.request)) {
+      if (isolation && (p.deferred || (this.batching && isolation.isSuspect(p.request)))) {
         quarantined ??= p;
         continue;
       }
@@ -541,7 +568,9 @@ class Batcher implements DynamicBatcher {
     recorder.executed(total, times);
     batch.forEach((p, i) => {
       const r = responses[i]!;
-      if (r instanceof ConnectError) {
+      if (r instanceof DeferredRerun && !p.deferred) {
+        this.deferToLane(p);
+      } else if (r instanceof ConnectError) {
         this.fail(p, r);
       } else {
         recorder.requestSucceeded(t2 - p.startNs, p.size, p.queueNs + (reported.queueNs ?? 0), times);

@@ -1,7 +1,8 @@
 /**
  * Finding the request that failed a batch, so that only it fails (its neighbours are answered),
  * without multiplying the cost of the failure. Every re-run is paid from the model's budget
- * (isolation.ts), checked before the run: what it cannot pay for fails with the batch's error.
+ * (isolation.ts), checked before the run: a request it cannot pay for goes back to the batcher,
+ * which runs it alone in the quarantine lane (DeferredRerun).
  *
  * - A batch that failed for an ordinary reason (an exception, a bad output) is bisected on the
  *   same instance: each half runs again merged, a half that succeeds answers its requests, a
@@ -169,14 +170,20 @@ function failureIsolator(name: string, run: RunBatch, isolation: FailureIsolatio
   return isolate;
 }
 
-/** The batch's error for a request the re-run budget could not pay to run again. */
+/**
+ * The outcome of a request of a failed batch that the re-run budget could not pay to run again:
+ * the batcher sends it back to run alone in its quarantine lane (whose share of executions is
+ * bounded), so it gets its own outcome. Anywhere else it is the batch's error, saying why.
+ */
+export class DeferredRerun extends StageError {}
+
 function unpaid(name: string, batchError: unknown): StageError {
   const e = toConnectError(batchError, name);
   const stage = e instanceof StageError ? e.stage : name;
-  return new StageError(
+  return new DeferredRerun(
     e.code,
     stage,
-    `${withoutStage(e, stage)} (it ran in a batch that failed, and the model's budget for running failed batches again to find the culprit is spent, so it was not run alone)`,
+    `${withoutStage(e, stage)} (it ran in a batch that failed, and the model's budget for running failed batches again to find the culprit is spent)`,
   );
 }
 
