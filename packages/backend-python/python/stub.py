@@ -100,7 +100,9 @@ def encode_tensor(np, name, array, parts, offset):
             pieces.append(b)
         data = b"".join(pieces)
     else:
-        data = np.ascontiguousarray(array, dtype=_DTYPES[datatype]).tobytes()
+        # A view of the array's own memory: a copy (tobytes) costs as much as the pipe for large answers.
+        contiguous = np.ascontiguousarray(array, dtype=_DTYPES[datatype])
+        data = memoryview(contiguous).cast("B") if contiguous.size else b""
     parts.append(data)
     meta = {"name": name, "datatype": datatype, "shape": list(array.shape), "offset": offset, "length": len(data)}
     return meta, offset + len(data)
