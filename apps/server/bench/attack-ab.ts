@@ -14,15 +14,18 @@
  * For each: interleaved rounds (A B, B A, …) of ATTACK_AB_SECONDS (6) after 1 s of warm-up each;
  * reported: good req/s per phase (median round), B/A per round with its median (target ≥ 0.8),
  * good requests failed, and the server's re-runs, quarantined runs and Python restarts.
+ * The two extra clients run in threads of their own (attack-worker.ts), so reading a large answer
+ * does not stall the good clients' event loop (it did: 0.35× measured that way was mostly the
+ * bench's own client reading 32 MiB answers).
  * Run (after pnpm build): pnpm --filter @trellis/server bench:attacks [attack…]
  * (ATTACK_AB_ROUNDS 3, ATTACK_AB_GOOD 16; PYTHON=<python3 with numpy>, default /usr/bin/python3)
  */
 import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Worker } from "node:worker_threads";
 import {
   closedLoop,
-  GATHER_WIDTH,
   gatherConfig,
   gatherModel,
   interleavedRounds,
@@ -30,13 +33,12 @@ import {
   removeDir,
   startServerProcess,
 } from "@trellis/testing";
+import { ANSWER_MIB, ATTACKS, type Attack, goodBody, type Target, twiceBody } from "./attack-bodies.js";
 
 const SECONDS = Number(process.env.ATTACK_AB_SECONDS ?? 6);
 const ROUNDS = Number(process.env.ATTACK_AB_ROUNDS ?? 3);
 const GOOD = Number(process.env.ATTACK_AB_GOOD ?? 16);
 const PYTHON = process.env.PYTHON ?? "/usr/bin/python3";
-/** The large-answer attack's answer size (MiB). */
-const ANSWER_MIB = Number(process.env.ATTACK_AB_ANSWER_MIB ?? 32);
 
 const TWICE_CONFIG = `name: "twice"
 backend: "python"
@@ -67,48 +69,6 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", y)]))
         return responses
 `;
-
-type Target = "gather" | "twice";
-
-interface Attack {
-  name: string;
-  good: Target;
-  /** The n-th attacking request's body and the model it goes to. */
-  attack: (n: number) => { model: Target; body: string };
-}
-
-const gatherBody = (seed: number, index: number): string =>
-  JSON.stringify({
-    inputs: [
-      {
-        name: "x",
-        datatype: "FP32",
-        shape: [1, GATHER_WIDTH],
-        data: Array.from({ length: GATHER_WIDTH }, (_, i) => ((seed * 7 + i) % 17) / 8 - 1),
-      },
-      { name: "idx", datatype: "INT64", shape: [1, 1], data: [index] },
-    ],
-  });
-/** A request to `twice`; its answer comes back as binary data, so the attack costs the Python path, not JSON. */
-const twiceBody = (first: number, seed: number): string =>
-  JSON.stringify({
-    inputs: [{ name: "X", datatype: "FP32", shape: [1, 4], data: [first, seed % 1000, 1, 2] }],
-    outputs: [{ name: "Y", parameters: { binary_data: true } }],
-  });
-const goodBody = (target: Target, n: number) =>
-  target === "gather" ? gatherBody(n, n % GATHER_WIDTH) : twiceBody(100 + (n % 50), n);
-
-const ATTACKS: Attack[] = [
-  { name: "python-large-answer", good: "gather", attack: () => ({ model: "twice", body: twiceBody(77, ANSWER_MIB) }) },
-  { name: "python-crash", good: "twice", attack: () => ({ model: "twice", body: twiceBody(66, 0) }) },
-  { name: "python-hang", good: "twice", attack: () => ({ model: "twice", body: twiceBody(13, 0) }) },
-  {
-    name: "onnx-bad-constant",
-    good: "gather",
-    attack: (n) => ({ model: "gather", body: gatherBody(0, 1000 + (n % 2)) }),
-  },
-  { name: "onnx-bad-changing", good: "gather", attack: (n) => ({ model: "gather", body: gatherBody(n, 1000) }) },
-];
 
 const chosen = process.argv.slice(2);
 const attacks = chosen.length > 0 ? ATTACKS.filter((a) => chosen.includes(a.name)) : ATTACKS;
@@ -150,36 +110,44 @@ async function metricsSum(name: string): Promise<number> {
 
 interface Phase {
   label: string;
-  extra: (n: number) => { model: Target; body: string; good: boolean };
+  /** The two extra clients send good requests (the control) or the attack's. */
+  attacking: boolean;
   rates: number[];
+}
+
+/** One extra client, in a thread of its own, until stop() is called: how many of its requests were good. */
+function extraClient(attack: Attack, attacking: boolean, client: number) {
+  const worker = new Worker(new URL("./attack-worker.js", import.meta.url), {
+    workerData: { http: server.http, attack: attack.name, attacking, client },
+  });
+  const done = new Promise<number>((resolve, reject) => {
+    worker.once("message", (failedGood: number) => resolve(failedGood));
+    worker.once("error", reject);
+  });
+  return {
+    stop: async () => {
+      worker.postMessage("stop");
+      goodFailed += await done;
+      await worker.terminate();
+    },
+  };
 }
 
 async function runAttack(attack: Attack): Promise<string> {
   const phases: Phase[] = [
-    {
-      label: "A: + 2 good clients",
-      extra: (n) => ({ model: attack.good, body: goodBody(attack.good, n + 7), good: true }),
-      rates: [],
-    },
-    { label: "B: + 2 attacking clients", extra: (n) => ({ ...attack.attack(n), good: false }), rates: [] },
+    { label: "A: + 2 good clients", attacking: false, rates: [] },
+    { label: "B: + 2 attacking clients", attacking: true, rates: [] },
   ];
   const failedBefore = goodFailed;
   const counters = ["trellis_inference_rerun_count", "trellis_inference_quarantined_count"];
   const before = await Promise.all(counters.map(metricsSum));
   await closedLoop((k) => post(attack.good, goodBody(attack.good, k), true), GOOD, 2); // warm-up, unmeasured
   await interleavedRounds(phases, ROUNDS, async (phase, round) => {
-    let running = true;
-    const extras = [0, 1].map(async (client) => {
-      for (let n = client; running; n += 2) {
-        const x = phase.extra(n);
-        await post(x.model, x.body, x.good);
-      }
-    });
+    const extras = [0, 1].map((client) => extraClient(attack, phase.attacking, client));
     const r = await closedLoop((k) => post(attack.good, goodBody(attack.good, k), true), GOOD, SECONDS, {
       warmupSeconds: 1,
     });
-    running = false;
-    await Promise.all(extras);
+    await Promise.all(extras.map((e) => e.stop()));
     phase.rates.push(r.calls / r.seconds);
     console.log(`  ${attack.name} round ${round + 1} ${phase.label}: ${(r.calls / r.seconds).toFixed(0)} good req/s`);
   });
