@@ -21,7 +21,7 @@
  * - The image name points at the image built here; CPU limits are capped at this machine's cores.
  * - Container ports are dropped (probes name port 8000): podman 4.3 publishes each containerPort on
  *   the host, where 8000 may be taken. The test reaches each pod at its IP on the podman network.
- * Environment: CONTAINERS_CONF (default deploy/containers.conf), TRELLIS_BASE_IMAGE (default: the
+ * Environment: DEPLOY_TEST_ORDER=reverse (start the pods in the opposite order), CONTAINERS_CONF (default deploy/containers.conf), TRELLIS_BASE_IMAGE (default: the
  * local base; set it to e.g. node:20-bookworm-slim where a registry is reachable), TRELLIS_CACHE_DIR.
  */
 import { execFile as execFileCb, execFileSync } from "node:child_process";
@@ -192,6 +192,12 @@ async function podmanManifests() {
       played.push(obj);
     }
   }
+  // DEPLOY_TEST_ORDER=reverse: the pods start in the opposite order (kube play follows the file), so
+  // the front comes up before the steps it calls: it must wait for them, not exit.
+  if (process.env.DEPLOY_TEST_ORDER === "reverse") {
+    const deployments = played.filter((o) => o.kind === "Deployment").reverse();
+    return [...played.filter((o) => o.kind !== "Deployment"), ...deployments];
+  }
   return played;
 }
 
@@ -307,6 +313,12 @@ async function runTest() {
     `all pods ready ${secs(readyMs)} after kube play (${deployments.map((d) => `${d} ${secs(readyAt[d])}`).join(", ")})`,
   );
   const front = pods.trellis.ip;
+  // Started in any order, no pod exited on the way (a front whose steps were not up yet waits for them).
+  for (const d of deployments) {
+    const restarts = JSON.parse(await podman("inspect", pods[d].container))[0].RestartCount ?? 0;
+    check(restarts === 0, `${d} came up without a restart (${restarts})`);
+  }
+  summary.order = process.env.DEPLOY_TEST_ORDER === "reverse" ? "reverse" : "file";
 
   // 4. the fixture photos through the front
   log("classifying the fixture photos through the front (MobileNetV2, int8)");
@@ -370,7 +382,7 @@ async function runTest() {
   summary.drain = `${ok}/${inFlight}`;
 
   console.log(
-    `\nsummary: image build ${summary.build ?? "skipped"}, pods ready ${secs(readyMs)}, ` +
+    `\nsummary: image build ${summary.build ?? "skipped"}, pods started in ${summary.order} order, ready ${secs(readyMs)}, no restarts, ` +
       `failure while down ${failMs} ms, recovery ${secs(recoveryMs)}, in-flight at SIGTERM ${summary.drain} completed`,
   );
 }
