@@ -12,6 +12,7 @@ import {
   ModelInstanceGroupSchema,
   ModelParameterSchema,
 } from "@trellis/protocol";
+import { groupInstanceCount, instanceGroupsOf } from "@trellis/stage/backend";
 
 export interface StepSettings {
   /** instance_group count (one KIND_CPU group). */
@@ -59,7 +60,8 @@ function parameter(config: ModelConfig, key: string): string | undefined {
 /** A step's settings as its config has them. */
 export function readSettings(config: ModelConfig): StepSettings {
   const batching = config.schedulingChoice.case === "dynamicBatching" ? config.schedulingChoice.value : undefined;
-  const count = config.instanceGroup.reduce((sum, g) => sum + Math.max(1, g.count), 0) || 1;
+  // As the server runs it: a group without a count gets Triton's default (2 for an onnxruntime CPU group).
+  const count = instanceGroupsOf(config).reduce((sum, g) => sum + groupInstanceCount(config, g), 0);
   const preferred = batching?.preferredBatchSize ?? [];
   return {
     count,

@@ -25,10 +25,8 @@
  *     finds none and leaves them).
  * - triton-inference-server/server qa/L0_model_config/autofill_noplatform_success/onnx/
  *   {cpu_instance,no_config_no_batch}/expected: what those rules give for ONNX models.
- *
- * One difference is argued (apps/server/README.md, "Model config as Triton normalizes it"):
- * a CPU group without a count reads count 1, the one instance Trellis runs, where Triton's
- * SetDefaultInstanceCount gives onnxruntime and tensorflow models 2.
+ *   A CPU group without a count reads (and runs) 2 for onnxruntime and tensorflow models,
+ *   Triton's SetDefaultInstanceCount (default_cpu_instance_count), and 1 for the others.
  */
 import { fromJson, type JsonObject, type JsonValue, toJson } from "@bufbuild/protobuf";
 import { ModelConfigSchema } from "@trellis/protocol";
@@ -226,7 +224,8 @@ const TINY_EXPECTED: JsonObject = {
       },
     },
   },
-  instance_group: [group("tiny_0", "KIND_CPU", 1), group("extra", "KIND_CPU", 1)],
+  // Without a count an onnxruntime CPU group gets Triton's default, 2; "extra" keeps its own.
+  instance_group: [group("tiny_0", "KIND_CPU", 2), group("extra", "KIND_CPU", 1)],
   default_model_filename: "model.onnx",
   parameters: {},
   model_warmup: [
@@ -297,8 +296,8 @@ const ACCUMULATOR_EXPECTED: JsonObject = {
     ],
     iterative_sequence: false,
   },
-  // No instance_group: one group named after the model.
-  instance_group: [group("accumulator", "KIND_CPU", 1)],
+  // No instance_group: one group named after the model, Triton's default count for onnxruntime.
+  instance_group: [group("accumulator", "KIND_CPU", 2)],
   default_model_filename: "model.onnx",
   parameters: {},
 };

@@ -9,7 +9,7 @@ import { dirname, join } from "node:path";
 import { type ModelConfig, ModelInstanceGroup_Kind } from "@trellis/protocol";
 import { rateLimiterResources } from "@trellis/runtime";
 import { Code, configInteger, configParameter, StageError } from "@trellis/stage";
-import type { RateLimiterResource } from "@trellis/stage/backend";
+import { groupInstanceCount, instanceGroupsOf, type RateLimiterResource } from "@trellis/stage/backend";
 
 /** One session to create: which execution providers, which device. */
 export interface InstancePlan {
@@ -34,12 +34,11 @@ const LEVELS: Record<string, string> = {
 const param = configParameter;
 const positiveInt = configInteger;
 
-/** The instances instance_group asks for: count per group (× GPUs listed for KIND_GPU). */
+/** The instances instance_group asks for: count per group (× GPUs listed for KIND_GPU); none: Triton's default, 2 on the CPU. */
 export function planInstances(config: ModelConfig): InstancePlan[] {
-  const groups =
-    config.instanceGroup.length > 0
-      ? config.instanceGroup
-      : [{ kind: ModelInstanceGroup_Kind.CPU, count: 1, gpus: [] }];
+  const groups = instanceGroupsOf(config);
+  // Whatever the config names (a library caller may name no backend), this is an onnxruntime model.
+  const asOnnxruntime = { ...config, backend: "onnxruntime" } as ModelConfig;
   const explicit = param(config, "execution_providers")
     ?.split(",")
     .map((s) => s.trim().toLowerCase())
@@ -47,8 +46,9 @@ export function planInstances(config: ModelConfig): InstancePlan[] {
   const gpuProviders = explicit ?? gpuAcceleratorProviders(config);
   const plans: InstancePlan[] = [];
   for (const g of groups) {
-    const count = Math.max(1, g.count);
-    const rateLimiter = rateLimiterResources("rateLimiter" in g ? g.rateLimiter : undefined);
+    // Triton's default without a count: 2 CPU instances (its default_cpu_instance_count), 1 per GPU.
+    const count = groupInstanceCount(asOnnxruntime, g);
+    const rateLimiter = rateLimiterResources(g.rateLimiter);
     if (g.kind === ModelInstanceGroup_Kind.GPU) {
       const gpus = g.gpus.length > 0 ? g.gpus : [0];
       for (const deviceId of gpus) {

@@ -175,6 +175,7 @@ equalityTests("synthetic ResNet-50", "resnet", () => resnetPath);
 
 describe("MobileNetV2 int8 (tooling/bundled)", () => {
   describe("queue policy and request checks", () => {
+    // One instance (not Triton's default two), so that one running batch makes the rest queue.
     let stage: OnnxStage;
     beforeAll(async () => {
       stage = await load(
@@ -182,6 +183,7 @@ describe("MobileNetV2 int8 (tooling/bundled)", () => {
         MOBILENET_PATH,
         `platform: "onnxruntime_onnx"
          max_batch_size: 16
+         instance_group [ { count: 1 kind: KIND_CPU } ]
          dynamic_batching { default_queue_policy { max_queue_size: 2 allow_timeout_override: true } }`,
       );
     });
@@ -382,6 +384,25 @@ describe("MobileNetV2 int8 (tooling/bundled)", () => {
     expect(bad.message).toContain('parameter exclusive_cpu: expected auto, true or false, got "maybe"');
     const badWait = await loadError("mnet_exclusive_bad_wait", MOBILENET_PATH, params("true", -1));
     expect(badWait.message).toContain('parameter exclusive_cpu_max_wait_ms: expected a whole number ≥ 0, got "-1"');
+  });
+
+  it("runs Triton's default two CPU instances for a config without instance_group, each with half the cores", () => {
+    const cores = availableParallelism();
+    for (const text of [
+      `name: "d"\nplatform: "onnxruntime_onnx"`,
+      `name: "d"\ninstance_group [ { kind: KIND_CPU } ]`,
+    ]) {
+      const config = parseModelConfig(text);
+      const plans = planInstances(config);
+      expect(plans.map((p) => p.kind)).toEqual(["CPU", "CPU"]);
+      expect(sessionOptions(config, plans[0]!, plans.length).intraOpNumThreads).toBe(
+        Math.max(1, Math.floor(cores / 2)),
+      );
+    }
+    // A count given is kept.
+    expect(planInstances(parseModelConfig(`name: "d"\ninstance_group [ { count: 1 kind: KIND_CPU } ]`))).toHaveLength(
+      1,
+    );
   });
 
   it("exclusive_cpu auto: on for a CPU instance whose threads cover every core, off for fewer threads or a GPU", () => {

@@ -18,6 +18,7 @@ import {
   ModelVersionPolicy_LatestSchema,
   ModelVersionPolicySchema,
 } from "@trellis/protocol";
+import { groupInstanceCount } from "@trellis/stage/backend";
 
 /** Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS (core src/constants.h); the sequence batcher idles out after as long. */
 export const SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000n;
@@ -104,15 +105,16 @@ function fillDefaults(c: ModelConfig, ensemble: boolean): void {
 /**
  * NormalizeInstanceGroup, resolved as Trellis runs instances: no group means one named
  * after the model; an unnamed group is `<model>_<index>`; KIND_AUTO runs on the CPU (as on
- * a Triton without GPUs); a count under 1 runs (and reads) 1; KIND_GPU without `gpus` runs
- * on device 0. (Triton counts 2 for onnxruntime and tensorflow CPU groups; Trellis runs 1.)
+ * a Triton without GPUs); a count under 1 runs (and reads) Triton's default: 2 for an onnxruntime
+ * or tensorflow CPU group, 1 for any other (groupInstanceCount); KIND_GPU without `gpus` runs on
+ * device 0.
  */
 function fillInstanceGroups(c: ModelConfig): void {
   if (c.instanceGroup.length === 0) c.instanceGroup.push(create(ModelInstanceGroupSchema, { name: c.name }));
   c.instanceGroup.forEach((g, i) => {
     g.name ||= `${c.name}_${i}`;
     if (g.kind === ModelInstanceGroup_Kind.AUTO) g.kind = ModelInstanceGroup_Kind.CPU;
-    if (g.count < 1) g.count = 1;
+    g.count = groupInstanceCount(c, g);
     if (g.kind === ModelInstanceGroup_Kind.GPU && g.gpus.length === 0) g.gpus = [0];
   });
 }

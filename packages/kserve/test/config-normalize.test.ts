@@ -83,6 +83,24 @@ instance_group [ { kind: KIND_GPU }, { kind: KIND_AUTO count: 3 }, { name: "own"
     ]);
   });
 
+  it("counts Triton's default_cpu_instance_count: 2 for an onnxruntime or tensorflow CPU group without a count", () => {
+    const counts = (text: string) =>
+      normalizedModelConfig(parseModelConfig(`name: "m"\n${text}`)).instanceGroup.map((g) => [g.kind, g.count]);
+    const { CPU, GPU } = ModelInstanceGroup_Kind;
+    // No group at all: one KIND_AUTO group, on the CPU here, with the default count.
+    expect(counts(`backend: "onnxruntime"`)).toEqual([[CPU, 2]]);
+    expect(counts(`platform: "onnxruntime_onnx"`)).toEqual([[CPU, 2]]);
+    expect(counts(`platform: "tensorflow_savedmodel"`)).toEqual([[CPU, 2]]);
+    expect(counts(`backend: "onnxruntime"\ninstance_group [ { kind: KIND_CPU }, { kind: KIND_GPU } ]`)).toEqual([
+      [CPU, 2],
+      [GPU, 1],
+    ]);
+    // A count given is kept; other backends get 1.
+    expect(counts(`backend: "onnxruntime"\ninstance_group [ { kind: KIND_CPU count: 1 } ]`)).toEqual([[CPU, 1]]);
+    expect(counts(`backend: "python"`)).toEqual([[CPU, 1]]);
+    expect(counts(`backend: "typescript"`)).toEqual([[CPU, 1]]);
+  });
+
   it("keeps what the config sets and leaves the config it was given as it was", () => {
     const given = parseModelConfig(`name: "m"
 backend: "onnxruntime"

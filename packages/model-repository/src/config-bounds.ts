@@ -7,6 +7,7 @@
  */
 import { availableParallelism } from "node:os";
 import { DataType, type ModelConfig } from "@trellis/protocol";
+import { groupInstanceCount, instanceGroupsOf } from "@trellis/stage/backend";
 
 export interface ConfigBounds {
   /** Instances one model may run, summed over its instance groups (--max-instances-per-model). */
@@ -54,7 +55,7 @@ function tensorBytes(datatype: DataType, shape: bigint[]): bigint {
 /** The instances a config asks for: each group's count (at least 1), per GPU for a GPU group. */
 export function instancesAskedFor(config: ModelConfig): number {
   let total = 0;
-  for (const g of config.instanceGroup) total += Math.max(1, g.count) * Math.max(1, g.gpus.length);
+  for (const g of instanceGroupsOf(config)) total += groupInstanceCount(config, g) * Math.max(1, g.gpus.length);
   return Math.max(1, total);
 }
 

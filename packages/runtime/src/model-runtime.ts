@@ -38,6 +38,8 @@ import {
   checkInferRequest,
   decoupledRefusal,
   definitionOf,
+  groupInstanceCount,
+  instanceGroupsOf,
   pickOutputs,
   type RateLimiterSlot,
   type RequestSpec,
@@ -128,15 +130,18 @@ export interface ModelRuntime extends Stage {
 /** instance_group's instances in order (a GPU group: count per device), each with its rate_limiter. */
 function instanceResources(config: ModelConfig) {
   const list: ReturnType<typeof rateLimiterResources>[] = [];
-  for (const g of config.instanceGroup) {
+  for (const g of instanceGroupsOf(config)) {
     const devices = g.kind === ModelInstanceGroup_Kind.GPU ? Math.max(1, g.gpus.length) : 1;
     const resources = rateLimiterResources(g.rateLimiter);
-    for (let i = 0; i < Math.max(1, g.count) * devices; i++) list.push(resources);
+    for (let i = 0; i < groupInstanceCount(config, g) * devices; i++) list.push(resources);
   }
   return list;
 }
 
-/** The executions instance_group asks for: the sum of its counts (a GPU group's per device); none: 1. */
+/**
+ * The executions instance_group asks for: the sum of its counts (a GPU group's per device), a
+ * group without a count as Triton fills it (groupInstanceCount: 2 for an onnxruntime CPU group).
+ */
 export function instanceCount(config: ModelConfig): number {
   return instanceResources(config).length || 1;
 }

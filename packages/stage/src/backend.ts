@@ -1,6 +1,9 @@
 export {
   configMaxQueueSize,
+  DEFAULT_CPU_INSTANCE_COUNT,
   datatypeToConfig,
+  groupInstanceCount,
+  instanceGroupsOf,
   type ModelConfigSource,
   modelConfigOf,
 } from "./config.js";

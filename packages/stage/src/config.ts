@@ -2,7 +2,15 @@
  * What a stage reads from its config.pbtxt: parameters, datatypes, the metadata
  * it declares, whether it is decoupled, how many requests it queues.
  */
-import { DataType as ConfigDataType, type ModelConfig, parseModelConfig } from "@trellis/protocol";
+import { create } from "@bufbuild/protobuf";
+import {
+  DataType as ConfigDataType,
+  type ModelConfig,
+  type ModelInstanceGroup,
+  ModelInstanceGroup_Kind,
+  ModelInstanceGroupSchema,
+  parseModelConfig,
+} from "@trellis/protocol";
 import { Code, StageError } from "./errors.js";
 import type { StageMetadata, TensorMetadata } from "./stage.js";
 import type { DataType } from "./tensor.js";
@@ -107,4 +115,31 @@ export function configMaxQueueSize(config: ModelConfig): number | undefined {
   }
   if (!set) return undefined;
   return unbounded ? 0 : total;
+}
+
+/** Triton's `default_cpu_instance_count`: what an onnxruntime or tensorflow CPU group without a count runs. */
+export const DEFAULT_CPU_INSTANCE_COUNT = 2;
+
+/** Whether Triton gives this model's CPU groups without a count DEFAULT_CPU_INSTANCE_COUNT (its onnxruntime and tensorflow backends). */
+function countsTwoCpuInstances(config: ModelConfig): boolean {
+  const backend = config.backend || config.platform.replace(/_.*$/, "");
+  return backend === "onnxruntime" || backend === "tensorflow";
+}
+
+/**
+ * The instances `group` runs per device, as Triton's SetDefaultInstanceCount fills it: its count,
+ * or without one, 2 for an onnxruntime or tensorflow CPU group (KIND_AUTO is the CPU here, a
+ * build without GPUs to pick) and 1 for any other.
+ */
+export function groupInstanceCount(config: ModelConfig, group: ModelInstanceGroup): number {
+  if (group.count >= 1) return group.count;
+  const cpu = group.kind === ModelInstanceGroup_Kind.CPU || group.kind === ModelInstanceGroup_Kind.AUTO;
+  return cpu && countsTwoCpuInstances(config) ? DEFAULT_CPU_INSTANCE_COUNT : 1;
+}
+
+/** The model's instance groups: its own, or Triton's default (one KIND_AUTO group, no count) when it names none. */
+export function instanceGroupsOf(config: ModelConfig): ModelInstanceGroup[] {
+  return config.instanceGroup.length > 0
+    ? config.instanceGroup
+    : [create(ModelInstanceGroupSchema, { name: config.name })];
 }
