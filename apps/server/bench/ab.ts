@@ -9,7 +9,11 @@
  * byte-identical. The model is the shared MobileNetV2 int8, or the synthetic ResNet-50
  * (ResNet-50's cost) with BENCH_MODEL=resnet50.
  * Run: AB_BASELINE=/tmp/base/apps/server/dist/main.js node apps/server/dist/bench/ab.js (or pnpm bench:ab).
+ * AB_DEFAULT_INSTANCES=1 (no AB_BASELINE): this checkout's server twice, A serving the seed repository
+ * as shipped (inference `count: 1`), B the same repository with inference's instance_group removed,
+ * so it runs Triton's default for onnxruntime (2 CPU instances, each half the cores): issue 57.
  */
+import { cp, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
@@ -27,8 +31,9 @@ const CANDIDATE = process.env.AB_CANDIDATE;
 const SECONDS = Number(process.env.AB_SECONDS ?? 10);
 const ROUNDS = Number(process.env.AB_ROUNDS ?? 4);
 const CONCURRENCY = Number(process.env.AB_CONCURRENCY ?? 8);
-if (!BASELINE) {
-  console.error("set AB_BASELINE to the other build's apps/server/dist/main.js");
+const DEFAULT_INSTANCES = process.env.AB_DEFAULT_INSTANCES === "1";
+if (!BASELINE && !DEFAULT_INSTANCES) {
+  console.error("set AB_BASELINE to the other build's apps/server/dist/main.js (or AB_DEFAULT_INSTANCES=1)");
   process.exit(2);
 }
 
@@ -37,6 +42,19 @@ const repo = await makeSeedRepository({ prefix: "trellis-ab-" });
 if (process.env.BENCH_MODEL === "resnet50") {
   await synthesizeResNet50({ seed: 7, path: join(repo, "resnet50_inference", "1", "model.onnx") });
 }
+/** B's repository in AB_DEFAULT_INSTANCES mode: the same, inference without instance_group. */
+const defaultsRepo = DEFAULT_INSTANCES ? await withoutInferenceInstances(repo) : undefined;
+
+async function withoutInferenceInstances(from: string): Promise<string> {
+  const to = `${from}-defaults`;
+  await cp(from, to, { recursive: true });
+  const config = join(to, "resnet50_inference", "config.pbtxt");
+  const text = await readFile(config, "utf8");
+  const stripped = text.replace(/instance_group\s*\[[^\]]*\]/, "");
+  if (stripped === text) throw new Error("resnet50_inference's config has no instance_group to remove");
+  await writeFile(config, stripped);
+  return to;
+}
 
 interface Subject extends RoundSubject {
   server: ServerProcess;
@@ -44,8 +62,8 @@ interface Subject extends RoundSubject {
   close: () => void;
 }
 
-async function subject(label: string, main: string | undefined): Promise<Subject> {
-  const server = await startServerProcess(["--model-repository", repo], main ? { main } : {});
+async function subject(label: string, main: string | undefined, repository = repo): Promise<Subject> {
+  const server = await startServerProcess(["--model-repository", repository], main ? { main } : {});
   const transport = grpcTransport(server.grpc);
   const client = createClient(GRPCInferenceService, transport);
   const infer = async (photo: Uint8Array) => {
@@ -61,10 +79,15 @@ async function subject(label: string, main: string | undefined): Promise<Subject
   return { label, server, infer, close: () => transport.close(), rates: [], p50s: [] };
 }
 
-const subjects = [
-  await subject("A (baseline)", BASELINE),
-  await subject(CANDIDATE ? "B (AB_CANDIDATE)" : "B (this checkout)", CANDIDATE),
-];
+const subjects = defaultsRepo
+  ? [
+      await subject("A (inference count: 1, as shipped)", undefined),
+      await subject("B (no instance_group: Triton's default)", undefined, defaultsRepo),
+    ]
+  : [
+      await subject("A (baseline)", BASELINE),
+      await subject(CANDIDATE ? "B (AB_CANDIDATE)" : "B (this checkout)", CANDIDATE),
+    ];
 try {
   // Same answers, byte for byte, before anything is timed.
   for (const [i, photo] of photos.entries()) {
@@ -87,4 +110,5 @@ try {
     await s.server.stop();
   }
   await removeDir(repo);
+  if (defaultsRepo) await removeDir(defaultsRepo);
 }
