@@ -142,6 +142,8 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", [1.0])]))
             elif mode == "bad_error":
                 responses.append(pb_utils.InferenceResponse(error="not a TritonError"))
+            elif mode == "reschedule":
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
             else:
                 responses.append(pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor("Y", x * 2)],
@@ -399,6 +401,12 @@ describe("parameters and errors", () => {
     expect(badError.status).toBe(500);
     expect(badError.json.error).toContain("InferenceResponse: error must be a pb_utils.TritonError, not str");
     expect(good.status).toBe(200);
+    // Rescheduling is Triton's for decoupled iterative sequence models, which are not served: named.
+    const reschedule = await paramsInfer({ mode: "reschedule" });
+    expect(reschedule.status).not.toBe(200);
+    expect(reschedule.json.error).toContain(
+      "request rescheduling is for decoupled models with iterative sequence batching, which this server does not serve",
+    );
     expect((await paramsInfer({ mode: "echo" })).status).toBe(200);
   }, 60_000);
 });

@@ -223,6 +223,19 @@ class InferenceRequest:
                 "(model_transaction_policy { decoupled: true })", TritonError.UNSUPPORTED)
         return self._sender
 
+    def set_release_flags(self, flags):
+        """Triton reschedules a request only for a decoupled model with iterative sequence batching,
+        which this server does not load (a sequence's requests are answered once each here)."""
+        if flags == TRITONSERVER_REQUEST_RELEASE_ALL:
+            return
+        if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE): request rescheduling is for "
+                "decoupled models with iterative sequence batching, which this server does not serve",
+                TritonError.UNSUPPORTED)
+        raise TypeError(f"set_release_flags: flags must be TRITONSERVER_REQUEST_RELEASE_ALL or "
+                        f"TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, not {flags!r}")
+
     def exec(self, decoupled=False):
         if _bls is None:
             raise TritonModelException("BLS is only available while the model executes")

@@ -176,7 +176,8 @@ output [ { name: "PREPROCESSED_IMAGE" data_type: TYPE_FP32 dims: [ 3, 224, 224 ]
       version: "1",
       versionDir: join(modelDir, "1"),
     });
-    expect(onnx.instances).toBe(1);
+    // An empty config names no instance_group: Triton's default for onnxruntime, two CPU instances.
+    expect(onnx.instances).toBe(2);
     expect(onnx.config.input.map((t) => t.name)).toEqual(["input"]);
     await onnx.close?.();
   });
