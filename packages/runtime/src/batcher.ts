@@ -204,6 +204,8 @@ class Batcher implements DynamicBatcher {
   private readonly inFlight = new Set<Promise<void>>();
   private delayTimer: NodeJS.Timeout | undefined;
   private queuedCount = 0;
+  /** The isolation's fatalCount when the queue was last checked for refused inputs. */
+  private fatalSwept = 0;
   private closed = false;
   /** An admission is being awaited (options.admit): batches wait for it. */
   private admitting = false;
@@ -425,7 +427,8 @@ class Batcher implements DynamicBatcher {
     let bestPreferred = 0;
     let full = false;
     let quarantined: Pending | undefined;
-    if (isolation?.refusing) this.dropRefused(isolation);
+    // Arrivals are checked on arrival; the queue once more each time an input newly ends the instance.
+    if (isolation && isolation.fatalCount !== this.fatalSwept) this.dropRefused(isolation);
     for (const p of this.ordered()) {
       if (isolation && (p.deferred || (this.batching && isolation.isSuspect(p.request)))) {
         quarantined ??= p;
@@ -461,6 +464,7 @@ class Batcher implements DynamicBatcher {
 
   /** Fails the queued requests whose input ended the instance while they waited, as on arrival. */
   private dropRefused(isolation: FailureIsolation): void {
+    this.fatalSwept = isolation.fatalCount;
     for (const p of [...this.ordered()]) {
       const refusal = isolation.refusal(p.request);
       if (!refusal) continue;

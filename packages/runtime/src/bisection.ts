@@ -19,7 +19,7 @@ import { nowNs, StageError } from "@trellis/stage";
 import { endedInstance, type InstanceEndedError, toConnectError } from "@trellis/stage/backend";
 import type { BatchContext, BatchExecutor, BatchResult, RequestsExecutor } from "./execution.js";
 
-import type { FailureIsolation } from "./isolation.js";
+import { type FailureIsolation, messageWithoutStage } from "./isolation.js";
 import { mergeRequests, rowsOf, splitRows } from "./merge-rows.js";
 
 /** Runs `requests` as one execution: each one's outcome; throws when the execution failed as a whole. */
@@ -177,29 +177,25 @@ function failureIsolator(name: string, run: RunBatch, isolation: FailureIsolatio
  */
 export class DeferredRerun extends StageError {}
 
-function unpaid(name: string, batchError: unknown): StageError {
+/** The batch's error for one of its requests, its code and stage kept, saying `why` (as `Kind`). */
+function batchErrorFor(name: string, batchError: unknown, why: string, Kind = StageError): StageError {
   const e = toConnectError(batchError, name);
   const stage = e instanceof StageError ? e.stage : name;
-  return new DeferredRerun(
-    e.code,
-    stage,
-    `${withoutStage(e, stage)} (it ran in a batch that failed, and the model's budget for running failed batches again to find the culprit is spent)`,
-  );
+  return new Kind(e.code, stage, `${messageWithoutStage({ rawMessage: e.rawMessage, stage })} (${why})`);
 }
+
+const unpaid = (name: string, batchError: unknown) =>
+  batchErrorFor(
+    name,
+    batchError,
+    "it ran in a batch that failed, and the model's budget for running failed batches again to find the culprit is spent",
+    DeferredRerun,
+  );
 
 /** The error of the request found to have ended its instance because every other one of its batch succeeded alone. */
-function culpritByElimination(name: string, batchError: unknown): StageError {
-  const e = toConnectError(batchError, name);
-  const stage = e instanceof StageError ? e.stage : name;
-  return new StageError(
-    e.code,
-    stage,
-    `${withoutStage(e, stage)} (its batch ended the model's instance and every other request of it succeeded alone, so this one was not run again)`,
+const culpritByElimination = (name: string, batchError: unknown) =>
+  batchErrorFor(
+    name,
+    batchError,
+    "its batch ended the model's instance and every other request of it succeeded alone, so this one was not run again",
   );
-}
-
-/** An error's message without the "stage: " prefix StageError adds. */
-function withoutStage(e: { rawMessage: string }, stage: string): string {
-  const prefix = `${stage}: `;
-  return e.rawMessage.startsWith(prefix) ? e.rawMessage.slice(prefix.length) : e.rawMessage;
-}

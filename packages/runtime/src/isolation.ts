@@ -3,7 +3,7 @@
  * request that failed it (about 2·log2(k) runs for one culprit among k, each run as large as it
  * can be), and the halves that succeed answer their requests (bisection.ts). Every re-run is paid
  * from a per-model budget, checked before the run and never overdrawn, that merged executions earn
- * back slowly: what the budget cannot pay for fails with its batch's error, saying so. While the
+ * back slowly: what the budget cannot pay for runs alone in the lane (DeferredRerun). While the
  * budget is not full, requests whose content recently failed alone are kept out of merged batches
  * and run alone in a quarantine lane, one lane run at a time, which gets one turn per LANE_EVERY
  * merged executions, or when no merged execution ran (none in flight, none started or ended) for
@@ -61,6 +61,10 @@ export class FailureIsolation {
   private laneRunning = 0;
   /** When a merged execution last started or ended (performance.now() ms). */
   private lastMergedMs = 0;
+  /** The end of the latest refusal window (ms since the epoch): past it no input is refused. */
+  private refusingUntil = 0;
+  /** Inputs that ended their instance so far: the batcher re-checks its queue when this grows. */
+  fatalCount = 0;
 
   constructor(
     private readonly recorder: StatisticsRecorder,
@@ -78,23 +82,18 @@ export class FailureIsolation {
     return false;
   }
 
-  /** Whether some input is refused now (refusal() may answer). */
+  /** Whether some input is refused now (refusal() may answer); false: no request need be hashed for it. */
   get refusing(): boolean {
-    return this.fatal.size > 0;
+    return this.refusingUntil > Date.now();
   }
 
   /** The refusal of an input whose lone run ended its instance less than SUSPECT_MS ago; undefined: run it. */
   refusal(request: InferRequest): StageError | undefined {
-    if (this.fatal.size === 0) return undefined;
-    const key = this.keyOf(request);
-    const fatal = this.fatal.get(key);
-    if (fatal === undefined) return undefined;
+    if (!this.refusing) return undefined;
+    const fatal = this.fatal.get(this.keyOf(request));
     const now = Date.now();
-    if (fatal.until <= now) {
-      // Let through once more; remembered (with its strikes) a while in case it ends the instance again.
-      if (fatal.until + STRIKES_KEPT_MS <= now) this.fatal.delete(key);
-      return undefined;
-    }
+    // Past its window it is let through once more, its strikes kept a while (endedAlone).
+    if (fatal === undefined || fatal.until <= now) return undefined;
     const ago = Math.max(0, Math.round((now - fatal.at) / 1000));
     return new StageError(
       fatal.code,
@@ -111,19 +110,24 @@ export class FailureIsolation {
   /** A request's execution on its own ended its instance: the same input is refused for a while. */
   endedAlone(request: InferRequest, error: InstanceEndedError): void {
     const now = Date.now();
-    const prefix = `${error.stage}: `;
-    const why = error.rawMessage.startsWith(prefix) ? error.rawMessage.slice(prefix.length) : error.rawMessage;
     const key = this.keyOf(request);
-    const strikes = (this.fatal.get(key)?.strikes ?? 0) + 1;
+    const previous = this.fatal.get(key);
+    const kept = previous !== undefined && previous.until + STRIKES_KEPT_MS > now;
+    const strikes = (kept ? previous.strikes : 0) + 1;
     const refusalMs = Math.min(MAX_REFUSAL_MS, SUSPECT_MS * 2 ** (strikes - 1));
+    const why = messageWithoutStage(error);
     remember(this.fatal, key, { until: now + refusalMs, at: now, code: error.code, why, strikes });
+    this.refusingUntil = Math.max(this.refusingUntil, now + refusalMs);
+    this.fatalCount += 1;
     this.failed(request);
   }
 
   /** A request succeeded on its own: content that failed for a passing reason is forgiven. */
   succeeded(request: InferRequest): void {
     if (this.suspects.size > 0) this.suspects.delete(this.keyOf(request));
-    if (this.fatal.size > 0) this.fatal.delete(this.keyOf(request));
+    // Its strikes are forgotten only if it was hashed anyway: no request is hashed just for this.
+    const key = this.keys.get(request);
+    if (key !== undefined) this.fatal.delete(key);
   }
 
   /**
@@ -209,4 +213,10 @@ function remember<V>(map: Map<string, V>, key: string, value: V): void {
     const oldest = map.keys().next().value;
     if (oldest !== undefined) map.delete(oldest);
   }
+}
+
+/** An error's message without the "stage: " prefix StageError puts before it. */
+export function messageWithoutStage(e: { rawMessage: string; stage?: string }): string {
+  const prefix = `${e.stage ?? ""}: `;
+  return e.stage && e.rawMessage.startsWith(prefix) ? e.rawMessage.slice(prefix.length) : e.rawMessage;
 }
