@@ -8,7 +8,7 @@ import { basename, join } from "node:path";
 import { toJson } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema, ModelInstanceGroup_Kind } from "@trellis/protocol";
 import { instanceCount, type ModelBackend } from "@trellis/runtime";
-import { Code, type ModelCaller, StageError, type StageLogger } from "@trellis/stage";
+import { Code, isDecoupled, type ModelCaller, StageError, type StageLogger } from "@trellis/stage";
 import { pickOutputs } from "@trellis/stage/backend";
 import { MAX_RESPONSES } from "./decoupled.js";
 import { StubProcess } from "./stub-process.js";
@@ -109,8 +109,6 @@ export async function createPythonBackend(options: PythonBackendOptions): Promis
     },
   };
 }
-
-const isDecoupled = (config: ModelConfig): boolean => config.modelTransactionPolicy?.decoupled === true;
 
 /** A decoupled model's requests, each on the next instance in turn, answered as the model sends. */
 function decoupledExecutor(
