@@ -120,17 +120,23 @@ describe("SIGTERM: the drain window, then the drain (--shutdown-drain-secs)", ()
       // Requests that arrive in the window and are still running when it ends are finished too.
       const lateHttp = httpInfer(server.httpPort, 17, SLOW_MS);
 
-      // The window ends: a new connection is refused (the listener is closed)...
+      // The window ends: a new connection is refused (the listener is closed)... A connection opened
+      // at the very moment the listener closes sits in the kernel's accept queue and is reset
+      // instead: that transition may be seen once, then only refusals.
       let refused: Outcome = { error: "" };
+      const transitions: Outcome[] = [];
       await until(
         async () => {
           refused = await httpInfer(server.httpPort, 0);
-          return "error" in refused;
+          if ("error" in refused && refused.error !== "ECONNREFUSED") transitions.push(refused);
+          return "error" in refused && refused.error === "ECONNREFUSED";
         },
         "the listener to close",
         30_000,
       );
       expect(refused).toEqual({ error: "ECONNREFUSED" });
+      expect(transitions.length).toBeLessThanOrEqual(1);
+      for (const t of transitions) expect(t).toEqual({ error: "ECONNRESET" });
       // ...while every request in flight is answered, and the process exits 0.
       expect((await Promise.all(slowHttp)).map((o) => ("out" in o ? o.out : o))).toEqual([1, 2, 3, 4, 5, 6]);
       expect((await Promise.all(slowGrpc)).map((r) => floats(r.rawOutputContents[0] as Uint8Array)[0])).toEqual([7, 8]);
