@@ -248,12 +248,27 @@ describe("MobileNetV2 int8 (tooling/bundled)", () => {
       }
     });
 
-    it("keeps the event loop free: health and metadata over gRPC are answered while a batch of 16 runs", async () => {
+    it("keeps the event loop free: the run is handed to its worker, and gRPC health and metadata are answered while a batch is in flight", async () => {
+      // Handed off: no worker reply can arrive during microtasks, so a run done on
+      // the main thread would settle here and one handed to a worker cannot.
+      let settled = false;
+      const direct = stage.infer(imageRequest(16, 41)).finally(() => {
+        settled = true;
+      });
+      for (let turn = 0; turn < 1000; turn++) await Promise.resolve();
+      expect(settled).toBe(false);
+      expect((await direct).outputs[0]!.shape).toEqual([16, 1000]);
+
+      // In flight over the network: the served answer is held until both probes are
+      // answered, so the order below is the code's, not the clock's.
+      let probesAnswered!: () => void;
+      const probesDone = new Promise<void>((r) => {
+        probesAnswered = r;
+      });
       let posted!: () => void;
       const batchPosted = new Promise<void>((r) => {
         posted = r;
       });
-      // Same stage; only notes when the batch has been handed to its session worker.
       const observed: Stage = {
         name: stage.name,
         version: stage.version,
@@ -262,10 +277,11 @@ describe("MobileNetV2 int8 (tooling/bundled)", () => {
         metadata: () => stage.metadata(),
         statistics: () => stage.statistics(),
         close: () => stage.close(),
-        infer: (r, o) => {
+        infer: async (r, o) => {
           const p = stage.infer(r, o);
           posted();
-          return p;
+          const [answer] = await Promise.all([p, probesDone]);
+          return answer;
         },
       };
       const server: ListeningServer = await listenStage(observed);
@@ -282,6 +298,7 @@ describe("MobileNetV2 int8 (tooling/bundled)", () => {
         const again = await connectStage(grpcTransport(server.url), stage.name); // ModelConfig + ModelMetadata RPCs
         expect((await again.metadata()).inputs[0]!.shape).toEqual([-1, 3, 224, 224]);
         order.push("ModelMetadata");
+        probesAnswered();
         expect((await big).outputs[0]!.shape).toEqual([16, 1000]);
         expect(order).toEqual(["ModelReady", "ModelMetadata", "batch of 16"]);
       } finally {
