@@ -3,7 +3,14 @@
  * which requests (Triton's checks against the ensemble's own tensors and outputs).
  */
 import type { ModelConfig } from "@trellis/protocol";
-import { Code, type InferRequest, type RequestedOutput, StageError, type StageMetadata } from "@trellis/stage";
+import {
+  Code,
+  type InferRequest,
+  type RequestedOutput,
+  type Stage,
+  StageError,
+  type StageMetadata,
+} from "@trellis/stage";
 import { configMaxQueueSize, type RequestSpec, requestRefusal, tritonMessages } from "@trellis/stage/backend";
 import { type EnsemblePlan, type StepPlan, stepLabel } from "./plan.js";
 
@@ -12,21 +19,28 @@ import { type EnsemblePlan, type StepPlan, stepLabel } from "./plan.js";
  * bound (what the step says, else its config's max_queue_size), shared among the steps calling
  * the same model; the tightest wins. Admitting no more than that, no step's queue overflows
  * with this ensemble's requests, so none is refused after an earlier step did its work (a
- * decoded image refused by the inference step). Read per request: a step may be reloaded.
+ * decoded image refused by the inference step). Read per request, from the stages the latest
+ * request held: a step may have been reloaded with another bound.
  */
 export class EntryBound {
   /** How many steps call each stage: a stage two steps call sees each request twice. */
   private readonly calls = new Map<string, number>();
 
-  constructor(private readonly plan: EnsemblePlan) {
+  constructor(
+    private readonly plan: EnsemblePlan,
+    /** The steps' stages now (by step index): those the latest request held. */
+    private readonly stages: () => readonly Stage[] = () => plan.steps.map((s) => s.stage),
+  ) {
     for (const s of plan.steps) this.calls.set(s.model, (this.calls.get(s.model) ?? 0) + 1);
   }
 
   get(): { bound: number; step?: StepPlan } {
     let bound = 0;
     let which: StepPlan | undefined;
+    const stages = this.stages();
     for (const s of this.plan.steps) {
-      const own = s.stage.maxQueueSize?.() ?? configMaxQueueSize(s.stage.config) ?? 0;
+      const stage = stages[s.index] ?? s.stage;
+      const own = stage.maxQueueSize?.() ?? configMaxQueueSize(stage.config) ?? 0;
       if (own <= 0) continue;
       const share = Math.max(1, Math.floor(own / (this.calls.get(s.model) ?? 1)));
       if (bound === 0 || share < bound) {

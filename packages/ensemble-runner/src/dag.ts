@@ -9,18 +9,21 @@ import {
   type InferResponse,
   nowNs,
   type RequestedOutput,
+  type Stage,
   type StageError,
   type Tensor,
 } from "@trellis/stage";
 import { abortError, missingOutput, stepError } from "./errors.js";
 import type { Limiter } from "./limiter.js";
-import { type StepRuntime, type StepTotals, stepOptions, stepRequest, stepSucceeded } from "./steps.js";
+import { type StepRuntime, type StepTotals, stepOptions, stepRecorder, stepRequest, stepSucceeded } from "./steps.js";
 
 /** One request as its steps see it: shared by every pass over the DAG it makes. */
 export interface RequestContext {
   /** The ensemble's name, for errors. */
   ensemble: string;
   steps: StepRuntime[];
+  /** The stages this request's steps run on (by step index), held for it since it began. */
+  stages: readonly Stage[];
   request: InferRequest;
   options: InferOptions | undefined;
   perStep: RequestedOutput[][];
@@ -112,19 +115,21 @@ class DagPass {
     try {
       if (ctx.signal.aborted) return release();
       let response: InferResponse;
-      const options = stepOptions(step, ctx.signal, ctx.options);
+      const stage = ctx.stages[step.index] as Stage;
+      const options = stepOptions(step, stage.version, ctx.signal, ctx.options);
+      const stats = stepRecorder(rt, stage.version);
       try {
-        response = await step.stage.infer(stepRequest(step, this.tensors, ctx.request, ctx.perStep), options);
+        response = await stage.infer(stepRequest(step, this.tensors, ctx.request, ctx.perStep), options);
       } catch (err) {
         options.trace?.failed?.();
-        rt.stats.requestFailed(nowNs() - queued);
+        stats.requestFailed(nowNs() - queued);
         release();
         this.stop(
           ctx.signal.aborted ? abortError(ctx.ensemble, ctx.signal.reason) : stepError(ctx.ensemble, step, err),
         );
         return;
       }
-      stepSucceeded(rt, ctx.batch, queued, started, ctx.totals);
+      stepSucceeded(stats, ctx.batch, queued, started, ctx.totals);
       if (ctx.signal.aborted) return release();
       for (const o of step.outputs) {
         const t = response.outputs.find((x) => x.name === o.name);

@@ -2,11 +2,11 @@
  * Decoupled fan-out: an ensemble with a decoupled step (any number of responses per request)
  * runs the steps after it once per response it sends, and answers once per response.
  */
-import { type InferResponse, nowNs, type Tensor } from "@trellis/stage";
+import { type InferResponse, nowNs, type Stage, type Tensor } from "@trellis/stage";
 import { type RequestContext, runSteps } from "./dag.js";
 import { abortError, EnsembleStepError, missingOutput, stepError } from "./errors.js";
 import type { EnsemblePlan } from "./plan.js";
-import { type StepRuntime, stepOptions, stepRequest, stepSucceeded } from "./steps.js";
+import { type StepRuntime, stepOptions, stepRecorder, stepRequest, stepSucceeded } from "./steps.js";
 
 /** The steps that read (directly or not) step `from`'s outputs: they run once per response it sends. */
 export function downstreamOf(plan: EnsemblePlan, from: number): Set<number> {
@@ -42,9 +42,11 @@ export async function* fanOut(
   await rt.limiter.acquire(ctx.signal);
   ctx.held = rt;
   const started = nowNs();
-  const responses = step.stage.inferStream!(
+  const stage = ctx.stages[step.index] as Stage;
+  const stats = stepRecorder(rt, stage.version);
+  const responses = stage.inferStream!(
     stepRequest(step, tensors, ctx.request, ctx.perStep),
-    stepOptions(step, ctx.signal, ctx.options),
+    stepOptions(step, stage.version, ctx.signal, ctx.options),
   );
   let first = true;
   try {
@@ -61,11 +63,11 @@ export async function* fanOut(
       yield answer(each);
     }
   } catch (err) {
-    rt.stats.requestFailed(nowNs() - queued);
+    stats.requestFailed(nowNs() - queued);
     // A later step's failure is already named; the decoupled step's own is named here.
     if (err instanceof EnsembleStepError) throw err;
     if (ctx.signal.aborted) throw abortError(ctx.ensemble, ctx.signal.reason);
     throw stepError(ctx.ensemble, step, err);
   }
-  stepSucceeded(rt, ctx.batch, queued, started, ctx.totals);
+  stepSucceeded(stats, ctx.batch, queued, started, ctx.totals);
 }

@@ -20,11 +20,13 @@ import {
 } from "@trellis/stage";
 import { decoupledRefusal } from "@trellis/stage/backend";
 import { stepError } from "./errors.js";
+import type { HoldStep } from "./held-steps.js";
 import { type EnsemblePlan, ensembling, planEnsemble } from "./plan.js";
 import { EnsembleRunner, type EnsembleRunnerOptions, type Served } from "./runner.js";
 import { type EnsembleTimes, type StepStatistics, stepStatistics } from "./steps.js";
 
 export { EnsembleStepError } from "./errors.js";
+export type { HeldStep, HoldStep } from "./held-steps.js";
 export type { EnsembleTimes, StepStatistics } from "./steps.js";
 
 export type ResolveStep = (model: string, version: bigint) => Stage | Promise<Stage>;
@@ -38,6 +40,11 @@ export interface CreateEnsembleOptions {
   logger?: StageLogger;
   /** Close the step stages when the ensemble closes (set when the ensemble created them). Default false. */
   ownsSteps?: boolean;
+  /**
+   * How each request takes its steps' models, once, for its whole run (a repository whose models
+   * may be reloaded: see HoldStep). Without it every request runs on the stages resolveStep gave.
+   */
+  holdStep?: HoldStep;
 }
 
 export interface EnsembleStage extends Stage {
@@ -117,6 +124,8 @@ export async function createEnsemble(options: CreateEnsembleOptions): Promise<En
       ownsSteps: options.ownsSteps ?? false,
       logger,
       decoupledStep,
+      versions: spec.step.map((s) => s.modelVersion),
+      ...(options.holdStep ? { holdStep: options.holdStep } : {}),
     });
   } catch (err) {
     if (options.ownsSteps) await Promise.allSettled([...new Set(stages)].map((s) => s.close()));
@@ -128,6 +137,21 @@ interface BuildEnsembleOptions extends EnsembleRunnerOptions {
   /** Close the step stages when the ensemble closes. */
   ownsSteps: boolean;
   logger: StageLogger | undefined;
+}
+
+/** Whether every step's model is ready now (looked up as a request would; false when one is not loaded). */
+async function stepsReady(runner: EnsembleRunner): Promise<boolean> {
+  let steps: ReturnType<EnsembleRunner["holder"]["take"]>;
+  try {
+    steps = runner.holder.take();
+  } catch {
+    return false;
+  }
+  try {
+    return (await Promise.all(steps.stages.map((s) => s.isReady()))).every(Boolean);
+  } finally {
+    steps.release();
+  }
 }
 
 /** The Stage over a validated plan: its requests are the runner's. */
@@ -146,7 +170,7 @@ function buildEnsemble(options: BuildEnsembleOptions): EnsembleStage {
     version,
     config,
     plan,
-    isReady: async () => !runner.closed && (await Promise.all(plan.steps.map((s) => s.stage.isReady()))).every(Boolean),
+    isReady: () => !runner.closed && stepsReady(runner),
     metadata: () => metadata,
     async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
       // A decoupled ensemble answers over a stream (inferStream), as Triton's.

@@ -4,6 +4,8 @@ export {
   type EnsembleStage,
   EnsembleStepError,
   type EnsembleTimes,
+  type HeldStep,
+  type HoldStep,
   type ResolveStep,
   type StepStatistics,
 } from "./ensemble.js";

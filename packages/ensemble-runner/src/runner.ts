@@ -23,6 +23,7 @@ import { EntryBound, ensembleRequestSpec, requestedOutputs } from "./admission.j
 import { type RequestContext, runSteps } from "./dag.js";
 import { downstreamOf, fanOut } from "./decoupled.js";
 import { abortError } from "./errors.js";
+import { type HoldStep, StepHolder, type StepSet } from "./held-steps.js";
 import type { EnsemblePlan } from "./plan.js";
 import { type EnsembleTimes, renamed, type StepRuntime, stepRuntimes } from "./steps.js";
 
@@ -36,6 +37,10 @@ export interface EnsembleRunnerOptions {
   maxInflight: number;
   /** The decoupled step's index, -1 for none. */
   decoupledStep: number;
+  /** Each step's model_version (-1: latest), by step index. */
+  versions: readonly bigint[];
+  /** How a request takes its steps' models (see HoldStep); without it, every request runs on the plan's stages. */
+  holdStep?: HoldStep;
 }
 
 /** Reports the times of a request a model runtime serves (it admits, records and traces). */
@@ -53,6 +58,8 @@ export class EnsembleRunner {
   readonly recorder: StatisticsRecorder;
   readonly steps: StepRuntime[];
   readonly entryBound: EntryBound;
+  /** Each request's hold on its steps' models. */
+  readonly holder: StepHolder;
   closed = false;
   private readonly decoupledStep: number;
   /** Steps that read (directly or not) the decoupled step's outputs: they run once per response it sends. */
@@ -77,7 +84,8 @@ export class EnsembleRunner {
     this.metadata = metadataFromConfig(this.config, [version]);
     this.recorder = new StatisticsRecorder(this.name, version);
     this.steps = stepRuntimes(plan, options.maxInflight);
-    this.entryBound = new EntryBound(plan);
+    this.holder = new StepHolder(this.name, plan, options.versions, options.holdStep);
+    this.entryBound = new EntryBound(plan, () => this.holder.latest);
     this.requestSpec = ensembleRequestSpec(this.config, this.metadata);
   }
 
@@ -98,6 +106,7 @@ export class EnsembleRunner {
     const controller = new AbortController();
     const onOuterAbort = () => controller.abort(outer?.reason);
     let ctx: RequestContext | undefined;
+    let held: StepSet | undefined;
     let completed = false;
     try {
       if (this.closed) throw new StageError(Code.Unavailable, name, "ensemble is closed");
@@ -105,8 +114,10 @@ export class EnsembleRunner {
       // Checks the request against the ensemble's declared tensors (Triton's checks and words).
       const batch = checkInferRequest(request, this.requestSpec);
       const { wanted, perStep } = requestedOutputs(name, this.plan, this.metadata, request);
+      // Each step's model looked up once, and kept loaded until this request ends.
+      held = this.holder.take();
       outer?.addEventListener("abort", onOuterAbort, { once: true });
-      ctx = this.requestContext(request, options, perStep, batch, controller);
+      ctx = this.requestContext(request, options, perStep, batch, controller, held.stages);
       const tensors = new Map<string, Tensor>();
       for (const t of request.inputs) tensors.set(t.name, t);
       const inputNs = nowNs() - begin;
@@ -133,6 +144,7 @@ export class EnsembleRunner {
       throw err instanceof StageError ? err : new StageError(Code.Internal, name, String(err), { cause: err });
     } finally {
       if (ctx?.held) ctx.held.limiter.release();
+      held?.release();
       outer?.removeEventListener("abort", onOuterAbort);
       // A consumer that stopped early (the client went away) stops the steps still running; a
       // completed request has none, and is not charged an abort (an error object) per request.
@@ -148,10 +160,12 @@ export class EnsembleRunner {
     perStep: RequestContext["perStep"],
     batch: number,
     controller: AbortController,
+    stages: RequestContext["stages"],
   ): RequestContext {
     return {
       ensemble: this.name,
       steps: this.steps,
+      stages,
       request,
       options,
       perStep,

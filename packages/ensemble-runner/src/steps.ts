@@ -17,7 +17,7 @@ import type { EnsemblePlan, StepPlan } from "./plan.js";
 export interface StepStatistics {
   step: number;
   model: string;
-  /** Version of the step's stage. */
+  /** The version of the step's model these figures are of (a step reloaded meanwhile has one entry per version). */
   version: string;
   /** Requests holding this step's slot now (running, or finished and waiting for a downstream slot). */
   inflight: number;
@@ -38,7 +38,18 @@ export interface EnsembleTimes {
 export interface StepRuntime {
   plan: StepPlan;
   limiter: Limiter;
-  stats: StatisticsRecorder;
+  /** The step's share of the traffic, per version of its model that ran it. */
+  recorders: Map<string, StatisticsRecorder>;
+}
+
+/** The recorder of `rt`'s calls that ran on `version` of its model. */
+export function stepRecorder(rt: StepRuntime, version: string): StatisticsRecorder {
+  let recorder = rt.recorders.get(version);
+  if (!recorder) {
+    recorder = new StatisticsRecorder(rt.plan.model, version, false);
+    rt.recorders.set(version, recorder);
+  }
+  return recorder;
 }
 
 /** One request's time in its steps so far: waiting for slots, and in the calls. */
@@ -52,7 +63,7 @@ export function stepRuntimes(plan: EnsemblePlan, maxInflight: number): StepRunti
   return plan.steps.map((p) => ({
     plan: p,
     limiter: new Limiter(maxInflight),
-    stats: new StatisticsRecorder(p.model, p.stage.version, false),
+    recorders: new Map([[p.stage.version, new StatisticsRecorder(p.model, p.stage.version, false)]]),
   }));
 }
 
@@ -76,19 +87,27 @@ export function stepRequest(
   return { id: request.id, inputs, outputs: perStep[step.index], parameters: request.parameters };
 }
 
-/** The options `step`'s call runs under: the request's signal, priority, timeout and a child trace. */
-export function stepOptions(step: StepPlan, signal: AbortSignal, options: InferOptions | undefined): InferOptions {
+/**
+ * The options `step`'s call runs under: the request's signal, priority, timeout and a child
+ * trace naming the version of the step's model that runs it.
+ */
+export function stepOptions(
+  step: StepPlan,
+  version: string,
+  signal: AbortSignal,
+  options: InferOptions | undefined,
+): InferOptions {
   return {
     signal,
     priority: options?.priority,
     timeoutMicroseconds: options?.timeoutMicroseconds,
-    trace: options?.trace?.child(step.model, step.stage.version),
+    trace: options?.trace?.child(step.model, version),
   };
 }
 
 /** A step call that succeeded: its statistics, and its share of the request's queue and compute time. */
 export function stepSucceeded(
-  rt: StepRuntime,
+  stats: StatisticsRecorder,
   batch: number,
   queued: number,
   started: number,
@@ -96,19 +115,22 @@ export function stepSucceeded(
 ): void {
   const done = nowNs();
   const times = { computeInputNs: 0, computeInferNs: done - started, computeOutputNs: 0 };
-  rt.stats.requestSucceeded(done - queued, batch, started - queued, times);
-  rt.stats.executed(batch, times);
+  stats.requestSucceeded(done - queued, batch, started - queued, times);
+  stats.executed(batch, times);
   totals.queueNs += started - queued;
   totals.computeNs += done - started;
 }
 
+/** Each step's share of the traffic: one entry per version of its model that ran it, by step, then version. */
 export function stepStatistics(steps: StepRuntime[]): StepStatistics[] {
-  return steps.map((rt) => ({
-    step: rt.plan.index,
-    model: rt.plan.model,
-    version: rt.plan.stage.version,
-    inflight: rt.limiter.inflight,
-    waiting: rt.limiter.waiting,
-    statistics: rt.stats.snapshot(),
-  }));
+  return steps.flatMap((rt) =>
+    [...rt.recorders.values()].map((recorder) => ({
+      step: rt.plan.index,
+      model: rt.plan.model,
+      version: recorder.version,
+      inflight: rt.limiter.inflight,
+      waiting: rt.limiter.waiting,
+      statistics: recorder.snapshot(),
+    })),
+  );
 }

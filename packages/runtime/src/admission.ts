@@ -12,7 +12,7 @@
 import type { ModelConfig } from "@trellis/protocol";
 import type { StageError } from "@trellis/stage";
 import { configMaxQueueSize, queueFullRefusal } from "@trellis/stage/backend";
-import type { QueueLevel } from "./batcher.js";
+import type { QueueLevel } from "./schedulers/dynamic/batcher.js";
 
 /** A backend's bound on the requests it holds in flight (0: none), and what sets it, for the refusal. */
 export interface QueueBound {

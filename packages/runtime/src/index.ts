@@ -1,4 +1,33 @@
 export type { QueueBound } from "./admission.js";
+export { definitionBackend, type ModelBackend, stageBackend } from "./backend.js";
+export { CpuGate } from "./cpu-gate.js";
+export {
+  importInInstanceThreads,
+  startWorkerInstances,
+  type WorkerInstancesOptions,
+} from "./instances/worker-instances.js";
+export { cacheInterceptor, type ModelCache } from "./interceptors/cache.js";
+export type {
+  InferNext,
+  InterceptedModel,
+  ModelInterceptor,
+  StreamNext,
+} from "./interceptors/chain.js";
+export { classification, classificationInterceptor } from "./interceptors/classification.js";
+export { tracingInterceptor } from "./interceptors/tracing.js";
+export { Model } from "./model.js";
+export {
+  configBatchingStrategy,
+  configRequestSpec,
+  createModel,
+  createModelRuntime,
+  instanceCount,
+  type ModelOptions,
+  type ModelRuntime,
+  type ModelRuntimeOptions,
+} from "./model-runtime.js";
+export { RateLimiter, rateLimiterResources } from "./rate-limiter.js";
+export { ResponseCache, type ResponseStore, responseCacheKey } from "./response-cache.js";
 export {
   type BatchContext,
   type BatchingStrategy,
@@ -7,27 +36,12 @@ export {
   type QueueLevel,
   type ReportedTimes,
   type RequestsResult,
-} from "./batcher.js";
-export { CpuGate } from "./cpu-gate.js";
-export {
-  configBatchingStrategy,
-  configRequestSpec,
-  createModelRuntime,
-  definitionBackend,
-  instanceCount,
-  type ModelBackend,
-  type ModelRuntime,
-  type ModelRuntimeOptions,
-  stageBackend,
-} from "./model-runtime.js";
-export { RateLimiter, rateLimiterResources } from "./rate-limiter.js";
-export { ResponseCache, type ResponseStore, responseCacheKey } from "./response-cache.js";
+} from "./schedulers/dynamic/batcher.js";
 export {
   createSequenceBatcher,
   type SequenceBatcher,
   type SequenceTensorSpec,
   sequenceTensors,
   withSequenceBatching,
-} from "./sequence-batcher.js";
+} from "./schedulers/sequence/batcher.js";
 export { definitionInstances, type ServeDefinitionOptions, serveDefinition } from "./serve-definition.js";
-export { importInInstanceThreads, startWorkerInstances, type WorkerInstancesOptions } from "./worker-instances.js";

@@ -4,7 +4,6 @@
  * config says, statistics), without a server.
  */
 import type { StageDefinition, StageLogger } from "@trellis/stage";
-import type { BatchingStrategy } from "./batcher.js";
 import {
   createModelRuntime,
   definitionBackend,
@@ -12,6 +11,7 @@ import {
   type ModelRuntime,
   type ModelRuntimeOptions,
 } from "./model-runtime.js";
+import type { BatchingStrategy } from "./schedulers/dynamic/batcher.js";
 
 export interface ServeDefinitionOptions {
   /** `<repository>/<model>`: where sequence_batching's initial_state files are read. */

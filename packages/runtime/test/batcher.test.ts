@@ -4,8 +4,8 @@ import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
 import { Code, StageError, StatisticsRecorder, type Tensor, tensor } from "@trellis/stage";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { type BatchContext, type BatchingStrategy, createDynamicBatcher } from "../src/batcher.js";
 import { CpuGate } from "../src/cpu-gate.js";
+import { type BatchContext, type BatchingStrategy, createDynamicBatcher } from "../src/schedulers/dynamic/batcher.js";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

@@ -18,8 +18,8 @@ import {
 import { InstanceEndedError } from "@trellis/stage/backend";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it, vi } from "vitest";
-import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "../src/batcher.js";
 import { createModelRuntime, stageBackend } from "../src/model-runtime.js";
+import { type BatchContext, createDynamicBatcher, type RequestsExecutor } from "../src/schedulers/dynamic/batcher.js";
 
 /** A request of `rows` rows of x [rows, 2]; a negative seed makes every value negative. */
 function req(rows: number, seed: number, id = `r${seed}`): InferRequest {

@@ -6,7 +6,7 @@ import type { InferRequest, Parameters, Stage } from "@trellis/stage";
 import { Code, defineStage, StageError, type Tensor, tensor } from "@trellis/stage";
 import { rejectionOf } from "@trellis/testing";
 import { afterAll, describe, expect, it } from "vitest";
-import { createSequenceBatcher, sequenceTensors, withSequenceBatching } from "../src/sequence-batcher.js";
+import { createSequenceBatcher, sequenceTensors, withSequenceBatching } from "../src/schedulers/sequence/batcher.js";
 
 const CONTROLS = `control_input [
     { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },

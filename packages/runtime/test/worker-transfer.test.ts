@@ -7,7 +7,7 @@ import { MessageChannel } from "node:worker_threads";
 import type { Tensor } from "@trellis/stage";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startWorkerInstances } from "../dist/index.js";
-import { portableTensor } from "../dist/worker-instances.js";
+import { portableTensor } from "../dist/instances/protocol.js";
 import { stageModule, workerConfig } from "./worker-helpers.js";
 
 /** Posts `value` over a MessageChannel with `transfer` and resolves with what arrives. */

@@ -105,6 +105,8 @@ export class StatisticsRecorder {
   private readonly computeOutput = zero();
   private readonly batches = new Map<number, { input: Duration; infer: Duration; output: Duration }>();
   private readonly isolationCounts = { reruns: 0, quarantined: 0 };
+  private readonly cacheHits = zero();
+  private readonly cacheMisses = zero();
 
   /**
    * @param observed whether observeRequests hears this recorder's requests: false for a
@@ -150,6 +152,20 @@ export class StatisticsRecorder {
   firstResponse(ns: number): void {
     if (!this.observed) return;
     for (const observer of firstResponseObservers) observer({ model: this.name, version: this.version, ns });
+  }
+
+  /**
+   * A request answered from the response cache in `ns` (its lookup): a success, as Triton
+   * counts a hit, with no execution or inference behind it.
+   */
+  cacheHit(ns: number): void {
+    add(this.cacheHits, ns);
+    add(this.success, ns);
+  }
+
+  /** A request the cache did not hold: `ns` is its lookup plus the insertion of its answer (not the execution between). */
+  cacheMiss(ns: number): void {
+    add(this.cacheMisses, ns);
   }
 
   requestFailed(totalNs: number): void {
@@ -202,8 +218,8 @@ export class StatisticsRecorder {
         computeInput: d(this.computeInput),
         computeInfer: d(this.computeInfer),
         computeOutput: d(this.computeOutput),
-        cacheHit: d(zero()),
-        cacheMiss: d(zero()),
+        cacheHit: d(this.cacheHits),
+        cacheMiss: d(this.cacheMisses),
       }),
       batchStats: [...this.batches.entries()]
         .sort(([a], [b]) => a - b)

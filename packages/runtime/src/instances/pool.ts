@@ -1,18 +1,10 @@
 /**
- * A TypeScript stage's instances in worker threads (instance_group count N,
- * config parameter worker_threads "true"): each thread imports the stage
- * module and calls its factory, and the Stage returned here hands each call to
- * an idle thread, so N synchronous, CPU-bound computes run at once. Tensors
- * cross as transferables: a buffer the sender owns moves, a view into a larger
- * one (a request body, Node's Buffer pool) is copied first, alone.
- *
- * What cannot cross a thread: the stage's `models` (BLS caller) is not given
- * to worker instances; its logger calls come back as messages to the main
- * thread's logger; the CPU gate is held (shared) here around each execution.
+ * The main thread's side of worker-thread instances: the options, the pool of threads (which
+ * are idle, the calls waiting for one, a crashed one's replacement) and closing a thread. The
+ * thread's own side is instance-worker.ts; what crosses between them is protocol.ts.
  */
 import { Worker } from "node:worker_threads";
-import { fromBinary, toBinary } from "@bufbuild/protobuf";
-import { ConnectError } from "@connectrpc/connect";
+import { toBinary } from "@bufbuild/protobuf";
 import { type ModelConfig, ModelConfigSchema } from "@trellis/protocol";
 import {
   Code,
@@ -20,15 +12,11 @@ import {
   type InferOptions,
   type InferRequest,
   type InferResponse,
-  nowNs,
-  type Stage,
   StageError,
   type StageLogger,
-  type StageMetadata,
-  StatisticsRecorder,
-  type Tensor,
 } from "@trellis/stage";
 import { InstanceEndedError } from "@trellis/stage/backend";
+import { errorFromWire, type FromInstance, type InstanceLoad, portableRequest, type ToInstance } from "./protocol.js";
 
 export interface WorkerInstancesOptions {
   /** The stage module: a file URL, or a package name resolvable from @trellis/runtime (resolve it first otherwise). */
@@ -51,21 +39,6 @@ export interface WorkerInstancesOptions {
   moveRequests?: boolean;
 }
 
-// ---- What crosses the thread boundary -------------------------------------------------
-
-/** workerData of an instance thread. */
-export interface InstanceLoad {
-  specifier: string;
-  label: string;
-  model: string;
-  config: Uint8Array;
-  modelDir: string;
-  version: string;
-  versionDir: string;
-  /** Modules imported before `specifier` (see importInInstanceThreads). */
-  imports?: string[];
-}
-
 const threadImports: string[] = [];
 
 /**
@@ -76,117 +49,7 @@ export function importInInstanceThreads(url: string): void {
   if (!threadImports.includes(url)) threadImports.push(url);
 }
 
-export interface WireError {
-  code: Code;
-  /** The error's message without its code prefix (ConnectError's rawMessage). */
-  message: string;
-  /** The StageError's stage, "" for another error. */
-  stage: string;
-}
-
-export type ToInstance =
-  | {
-      type: "infer";
-      id: number;
-      request: InferRequest;
-      options: Pick<InferOptions, "priority" | "timeoutMicroseconds">;
-      stream: boolean;
-    }
-  | { type: "cancel"; id: number }
-  | { type: "close" };
-
-export type FromInstance =
-  | { type: "ready"; name: string; version: string; config: Uint8Array; metadata: StageMetadata; stream: boolean }
-  | { type: "load-error"; error: WireError }
-  | { type: "log"; level: "info" | "warn" | "error"; obj: object | string; msg?: string }
-  | { type: "response"; id: number; response: InferResponse }
-  | { type: "end"; id: number }
-  | { type: "error"; id: number; error: WireError }
-  | { type: "closed" };
-
-const ownsBuffer = (v: ArrayBufferView): boolean =>
-  v.buffer instanceof ArrayBuffer && v.byteOffset === 0 && v.byteLength === v.buffer.byteLength;
-
-/**
- * `t` ready to post, its buffers added to `transfer`. With `move`, data that owns its whole
- * buffer is sent as it is (the buffer moves: detached here once posted); anything else (a view
- * into a larger buffer, a shared one, or any buffer without `move`) is copied into a buffer of
- * its own, which moves. BYTES elements are copied into one buffer unless one element owns its own.
- */
-/**
- * Most BYTES elements moved one buffer each; a larger tensor is packed into one buffer (one copy,
- * linear), since a transfer list of millions of buffers costs more than copying their bytes.
- */
-const MAX_TRANSFERRED_ELEMENTS = 1024;
-
-export function portableTensor(t: Tensor, transfer: ArrayBuffer[], move: boolean): Tensor {
-  if (t.datatype === "BYTES") {
-    const items = t.data as Uint8Array[];
-    if (move && items.length <= MAX_TRANSFERRED_ELEMENTS) {
-      // Moved as they are only when each element owns a buffer no other element or tensor moves.
-      const taken = new Set(transfer);
-      const buffers = new Set<ArrayBuffer>();
-      for (const b of items) {
-        const buffer = b.buffer as ArrayBuffer;
-        if (!ownsBuffer(b) || taken.has(buffer) || buffers.has(buffer)) break;
-        buffers.add(buffer);
-      }
-      if (buffers.size === items.length) {
-        for (const buffer of buffers) transfer.push(buffer);
-        return t;
-      }
-    }
-    let total = 0;
-    for (const b of items) total += b.byteLength;
-    const packed = new ArrayBuffer(total);
-    let offset = 0;
-    const data = items.map((b) => {
-      const view = new Uint8Array(packed, offset, b.byteLength);
-      view.set(b);
-      offset += b.byteLength;
-      return view;
-    });
-    transfer.push(packed);
-    return { ...t, data };
-  }
-  const data = t.data as Exclude<Tensor["data"], Uint8Array[]>;
-  if (move && ownsBuffer(data)) {
-    if (!transfer.includes(data.buffer as ArrayBuffer)) transfer.push(data.buffer as ArrayBuffer);
-    return t;
-  }
-  const copy = data.slice() as typeof data;
-  transfer.push(copy.buffer as ArrayBuffer);
-  return { ...t, data: copy } as Tensor;
-}
-
-export const portableRequest = (r: InferRequest, transfer: ArrayBuffer[], move: boolean): InferRequest => ({
-  ...r,
-  inputs: r.inputs.map((t) => portableTensor(t, transfer, move)),
-});
-
-export const portableResponse = (r: InferResponse, transfer: ArrayBuffer[], move: boolean): InferResponse => ({
-  ...r,
-  outputs: r.outputs.map((t) => portableTensor(t, transfer, move)),
-});
-
-/** An error as it crosses: its code, message and stage. Another error is INTERNAL under `model`. */
-export function errorToWire(err: unknown, model: string): WireError {
-  if (err instanceof StageError) return { code: err.code, message: err.rawMessage, stage: err.stage };
-  if (err instanceof ConnectError) return { code: err.code, message: err.rawMessage, stage: "" };
-  return { code: Code.Internal, message: err instanceof Error ? err.message : String(err), stage: model };
-}
-
-/** The StageError a WireError was, named as it was (another ConnectError under `model`). */
-export function errorFromWire(w: WireError, model: string): StageError {
-  const prefix = `${w.stage}: `;
-  if (w.stage && w.message.startsWith(prefix)) return new StageError(w.code, w.stage, w.message.slice(prefix.length));
-  if (w.stage) return new StageError(w.code, w.stage, w.message);
-  return new StageError(w.code, model, w.message);
-}
-
-// ---- The main thread's side ---------------------------------------------------------
-
-type ReadyMessage = Extract<FromInstance, { type: "ready" }>;
+export type ReadyMessage = Extract<FromInstance, { type: "ready" }>;
 
 interface Call {
   id: number;
@@ -214,106 +77,8 @@ const WORKER_URL = new URL("./instance-worker.js", import.meta.url);
 /** How long close() lets a thread close its stage before terminating it. */
 const CLOSE_GRACE_MS = 5_000;
 
-/**
- * Starts `instances` worker threads, each loading the stage module, and resolves
- * once every one has (a module that fails to import, or a factory that throws,
- * fails the load with a StageError naming the model). The Stage it gives runs
- * each call on an idle thread, one call per thread at a time, the others queued
- * in order. A thread that crashes fails its call INTERNAL and is replaced.
- */
-export async function startWorkerInstances(options: WorkerInstancesOptions): Promise<Stage & { instances: number }> {
-  const pool = new InstancePool(options);
-  const first = await pool.start();
-  const name = first.name || pool.model;
-  const version = first.version;
-  const config = fromBinary(ModelConfigSchema, first.config);
-  const { metadata } = first;
-  const recorder = new StatisticsRecorder(name, version, false);
-
-  const stage: Stage & { instances: number } = {
-    name,
-    version,
-    config,
-    instances: pool.count,
-    isReady: () => pool.isReady(),
-    metadata: () => metadata,
-    async infer(request, opts) {
-      const start = nowNs();
-      let response: InferResponse | undefined;
-      try {
-        await pool.run(request, opts, false, (r) => {
-          response = r;
-        });
-      } catch (err) {
-        recorder.requestFailed(nowNs() - start);
-        throw err;
-      }
-      recorder.ranAlone(start, config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 1) : 1);
-      return response as InferResponse;
-    },
-    statistics: () => recorder.snapshot(),
-    pendingRequests: () => pool.waitingCalls(),
-    close: () => pool.close(),
-  };
-  if (first.stream) stage.inferStream = (request, opts) => streamCall(pool, request, opts);
-  return stage;
-}
-
-/** A decoupled stage's responses to one request, as its thread sends them. */
-async function* streamCall(
-  pool: InstancePool,
-  request: InferRequest,
-  opts: InferOptions | undefined,
-): AsyncGenerator<InferResponse> {
-  const responses: InferResponse[] = [];
-  let done = false;
-  let failure: unknown;
-  let wake: (() => void) | undefined;
-  // Our own signal too: a consumer that stops reading cancels the call in its thread.
-  const own = new AbortController();
-  const outer = opts?.signal;
-  const forward = () => own.abort();
-  if (outer?.aborted) own.abort();
-  else outer?.addEventListener("abort", forward, { once: true });
-  const onResponse = (r: InferResponse) => {
-    responses.push(r);
-    wake?.();
-  };
-  pool.run(request, { ...opts, signal: own.signal }, true, onResponse).then(
-    () => {
-      done = true;
-      wake?.();
-    },
-    (err: unknown) => {
-      failure = err;
-      done = true;
-      wake?.();
-    },
-  );
-  try {
-    while (true) {
-      const next = responses.shift();
-      if (next) {
-        yield next;
-        continue;
-      }
-      if (done) {
-        if (failure !== undefined) throw failure;
-        return;
-      }
-      await new Promise<void>((r) => {
-        wake = r;
-      });
-      wake = undefined;
-    }
-  } finally {
-    outer?.removeEventListener("abort", forward);
-    if (!done) own.abort();
-  }
-}
-
 /** The threads behind startWorkerInstances: which are idle, the calls waiting for one, a crashed one's replacement. */
-class InstancePool {
+export class InstancePool {
   readonly model: string;
   readonly count: number;
   private readonly load: InstanceLoad;

@@ -19,13 +19,7 @@ import {
   type StageLogger,
 } from "@trellis/stage";
 import { isStageDefinition } from "@trellis/stage/backend";
-import {
-  errorToWire,
-  type FromInstance,
-  type InstanceLoad,
-  portableResponse,
-  type ToInstance,
-} from "./worker-instances.js";
+import { errorToWire, type FromInstance, type InstanceLoad, portableResponse, type ToInstance } from "./protocol.js";
 
 const port = parentPort;
 if (!port) throw new Error("instance-worker.js runs as a worker thread (see startWorkerInstances)");

@@ -9,25 +9,31 @@
  * (bisection.ts), so only the request that caused it fails, its re-runs paid
  * from a budget (isolation.ts). Without a dynamic_batching config every
  * request runs alone through the same path (queueing, cancellation, statistics).
+ *
+ * This file holds the batcher itself (queueing, scheduling on instance slots, running a batch,
+ * deferring a failed batch's unpaid re-runs to the quarantine lane); its priority levels are in
+ * queue.ts, batch forming in batch-forming.ts, a batch's per-request answers in answers.ts.
  */
 import { ConnectError } from "@connectrpc/connect";
-import { type ModelDynamicBatching, type ModelQueuePolicy, ModelQueuePolicy_TimeoutAction } from "@trellis/protocol";
-import type { InferOptions, InferRequest, InferResponse, Parameters, RequestOutcome } from "@trellis/stage";
-import {
-  Code,
-  type ExecutionTimes,
-  formatShape,
-  nowNs,
-  type RequestTrace,
-  StageError,
-  type StatisticsRecorder,
-  type Tensor,
-  traceExecution,
-} from "@trellis/stage";
-import { deadlineTimer, requestRefusal, toConnectError, tritonMessages } from "@trellis/stage/backend";
+import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
+import { Code, type ExecutionTimes, nowNs, StageError, type StatisticsRecorder, traceExecution } from "@trellis/stage";
+import { deadlineTimer, toConnectError } from "@trellis/stage/backend";
+import { answerOf } from "./answers.js";
+import { batchKey, formBatch, type NextBatch, requestSize } from "./batch-forming.js";
 import { DeferredRerun, isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
-import type { BatchContext, BatchExecutor, RequestsExecutor, RequestsResult } from "./execution.js";
+import type { BatchContext, RequestsExecutor, RequestsResult } from "./execution.js";
 import { FailureIsolation } from "./isolation.js";
+import {
+  abortError,
+  buildLevels,
+  type DynamicBatcher,
+  type DynamicBatcherOptions,
+  type Level,
+  type Pending,
+  type QueueLevel,
+  removeFrom,
+  withoutTrace,
+} from "./queue.js";
 
 export { isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
 export type {
@@ -38,134 +44,7 @@ export type {
   RequestsExecutor,
   RequestsResult,
 } from "./execution.js";
-
-export type BatchingStrategy = "delay" | "eager";
-
-export interface DynamicBatcherOptions {
-  /** Model name: prefixes errors and fills InferResponse.modelName. */
-  name: string;
-  /** Model version for responses; defaults to the recorder's. */
-  version?: string;
-  /** config.max_batch_size; 0 means the model has no batch dimension (requests never merge). */
-  maxBatchSize: number;
-  /** config.dynamic_batching; absent means every request executes alone, in arrival order. */
-  dynamicBatching?: ModelDynamicBatching;
-  /** Executions allowed in flight at once (instance_group count); default 1. */
-  instances?: number;
-  /** How a batch is computed: merged (`execute`), or request by request (`executeRequests`); give one. */
-  execute?: BatchExecutor;
-  executeRequests?: RequestsExecutor;
-  /**
-   * "eager" (default): an idle instance takes whatever is queued at once, so
-   * batches form while every instance is busy: no added latency at low load,
-   * full batches under saturation. "delay" (Triton's rule): a batch short of
-   * a preferred size waits up to max_queue_delay for more requests, even
-   * while instances sit idle (a lone request always waits the full delay).
-   */
-  strategy?: BatchingStrategy;
-  /**
-   * Hand a lone request's trace to the executor (an ensemble stamps its steps on it); the
-   * batcher still stamps the execution itself. Default: the trace stays with the batcher.
-   */
-  passTrace?: boolean;
-  /** Checks one request before it is queued, so a bad request fails alone (throw a StageError). */
-  validate?: (request: InferRequest) => void;
-  /**
-   * Called before each batch is formed, with the instance that will run it; gives
-   * (at once, or once it resolves) a function called when that execution ends.
-   * While it is awaited, arriving requests join the batch. For holding a CpuGate
-   * exclusively during runs that use every core, and for the rate limiter.
-   */
-  admit?: (instance: number) => (() => void) | Promise<() => void>;
-  recorder: StatisticsRecorder;
-}
-
-/** A priority level's queue, as the runtime's admission checks it (Triton's max_queue_size is per level). */
-export interface QueueLevel {
-  number: number;
-  /** The level's queue policy max_queue_size; 0: unbounded by the config. */
-  maxQueueSize: number;
-  queued: number;
-}
-
-export interface DynamicBatcher {
-  infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
-  /** The level a request of this priority queues at. */
-  queueLevel(priority?: number): QueueLevel;
-  /** Requests waiting in the queue (not executing). */
-  readonly queued: number;
-  /** Executions in flight. */
-  readonly executing: number;
-  /** Fails queued requests with UNAVAILABLE and waits for executions in flight. */
-  close(): Promise<void>;
-}
-
-interface Policy {
-  maxQueueSize: number;
-  timeoutUs: number;
-  delayOnTimeout: boolean;
-  allowOverride: boolean;
-}
-
-interface Level {
-  number: number;
-  policy: Policy;
-  queue: Pending[];
-  /** Requests whose timeout expired under timeout_action DELAY: served after this level's queue. */
-  delayed: Pending[];
-}
-
-interface Pending {
-  request: InferRequest;
-  size: number;
-  key: string;
-  level: Level;
-  startNs: number;
-  enqueuedNs: number;
-  queueNs: number;
-  trace?: RequestTrace;
-  options: InferOptions;
-  timer?: NodeJS.Timeout;
-  detach?: () => void;
-  /** Sent back from a failed batch the re-run budget could not pay to isolate: it runs alone, in the lane. */
-  deferred?: boolean;
-  resolve(response: InferResponse): void;
-  reject(err: ConnectError): void;
-}
-
-function resolvePolicy(p: ModelQueuePolicy | undefined): Policy {
-  return {
-    maxQueueSize: p?.maxQueueSize ?? 0,
-    timeoutUs: Number(p?.defaultTimeoutMicroseconds ?? 0n),
-    delayOnTimeout: p?.timeoutAction === ModelQueuePolicy_TimeoutAction.DELAY,
-    allowOverride: p?.allowTimeoutOverride ?? false,
-  };
-}
-
-/** Triton's rule: levels 1..priority_levels; 0 or out of range means default_priority_level. */
-function buildLevels(db: ModelDynamicBatching | undefined): { levels: Level[]; defaultIndex: number } {
-  const count = Math.max(1, Number(db?.priorityLevels ?? 0n));
-  const levels: Level[] = [];
-  for (let n = 1; n <= count; n++) {
-    const specific = count > 1 ? db?.priorityQueuePolicy[String(n)] : undefined;
-    levels.push({ number: n, policy: resolvePolicy(specific ?? db?.defaultQueuePolicy), queue: [], delayed: [] });
-  }
-  const def = Number(db?.defaultPriorityLevel ?? 0n);
-  return { levels, defaultIndex: def >= 1 && def <= count ? def - 1 : 0 };
-}
-
-function abortError(name: string, signal: AbortSignal): ConnectError {
-  const reason: unknown = signal.reason;
-  if (reason instanceof ConnectError) return reason;
-  const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
-  return new StageError(Code.Canceled, name, `request cancelled while queued${text ? `: ${text}` : ""}`);
-}
-
-const removeFrom = (list: Pending[], p: Pending) => {
-  const i = list.indexOf(p);
-  if (i >= 0) list.splice(i, 1);
-  return i >= 0;
-};
+export type { BatchingStrategy, DynamicBatcher, DynamicBatcherOptions, QueueLevel } from "./queue.js";
 
 export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {
   const isolation = new FailureIsolation(options.recorder);
@@ -258,7 +137,7 @@ class Batcher implements DynamicBatcher {
       // Checked before it queues: its size, its level, its timeout there.
       if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloading");
       this.options.validate?.(request);
-      size = this.requestSize(request);
+      size = requestSize(this.name, this.maxBatchSize, request);
       const refusal = this.isolation?.refusal(request);
       if (refusal) throw refusal;
       if (opts.signal?.aborted) throw abortError(this.name, opts.signal);
@@ -273,7 +152,7 @@ class Batcher implements DynamicBatcher {
       const p: Pending = {
         request,
         size,
-        key: this.batchKey(request),
+        key: batchKey(this.batching, request),
         level,
         startNs,
         enqueuedNs: nowNs(),
@@ -359,39 +238,6 @@ class Batcher implements DynamicBatcher {
     this.schedule();
   }
 
-  /** Items this request carries, checking every input agrees on dim 0. */
-  private requestSize(request: InferRequest): number {
-    const { name, maxBatchSize } = this;
-    if (maxBatchSize <= 0) return 1;
-    const first = request.inputs[0];
-    if (!first) return 1;
-    let size: number | undefined;
-    for (const t of request.inputs) {
-      if (t.shape.length === 0) throw requestRefusal(tritonMessages.noBatchDimension(request.id, name, t.name));
-      const b = t.shape[0]!;
-      if (size === undefined) size = b;
-      else if (b !== size) {
-        throw requestRefusal(tritonMessages.batchMismatch(request.id, name, t.name), `${b}, not ${size}`);
-      }
-    }
-    if (size !== undefined && size > maxBatchSize) {
-      throw requestRefusal(tritonMessages.batchTooLarge(request.id, name, maxBatchSize), `got ${size}`);
-    }
-    if (size === undefined || size < 1) {
-      throw requestRefusal(`batch size must be at least 1 for '${name}', got ${size}`);
-    }
-    return size;
-  }
-
-  /** Requests merge only when every input has the same name, datatype and non-batch dims. */
-  private batchKey(request: InferRequest): string {
-    if (!this.batching) return "";
-    return request.inputs
-      .map((t) => `${t.name}\u0000${t.datatype}\u0000${t.shape.slice(1).join(",")}`)
-      .sort()
-      .join("\u0001");
-  }
-
   /** Triton's rule: levels 1..priority_levels; 0 or out of range means default_priority_level. */
   private levelOf(priority = 0): Level {
     const levels = this.levels;
@@ -420,46 +266,11 @@ class Batcher implements DynamicBatcher {
    * The next batch to run now, the time to wait for more requests, or nothing queued. A
    * quarantined request (isolation.ts) joins no batch: it runs alone, on the lane's turn.
    */
-  private nextBatch(): { batch: Pending[]; lane?: boolean } | { waitNs: number } | undefined {
-    const { maxBatchSize, isolation } = this;
-    const batch: Pending[] = [];
-    let total = 0;
-    let bestPreferred = 0;
-    let full = false;
-    let quarantined: Pending | undefined;
+  private nextBatch(): NextBatch {
+    const isolation = this.isolation;
     // Arrivals are checked on arrival; the queue once more each time an input newly ends the instance.
     if (isolation && isolation.fatalCount !== this.fatalSwept) this.dropRefused(isolation);
-    for (const p of this.ordered()) {
-      if (isolation && (p.deferred || (this.batching && isolation.isSuspect(p.request)))) {
-        quarantined ??= p;
-        continue;
-      }
-      if (batch.length === 0) {
-        batch.push(p);
-        total = p.size;
-        if (!this.batching) return { batch };
-      } else if (p.key !== batch[0]!.key || total + p.size > maxBatchSize) {
-        // The batch cannot grow past this request without reordering the queue.
-        full = true;
-        break;
-      } else {
-        batch.push(p);
-        total += p.size;
-      }
-      if (this.preferred.has(total)) bestPreferred = batch.length;
-      if (total === maxBatchSize) {
-        full = true;
-        break;
-      }
-    }
-    if (quarantined && isolation?.laneTurn()) return { batch: [quarantined], lane: true };
-    if (batch.length === 0) return quarantined && isolation ? { waitNs: isolation.laneWaitNs() } : undefined;
-    if (total === maxBatchSize) return { batch };
-    if (bestPreferred > 0) return { batch: batch.slice(0, bestPreferred) };
-    if (full) return { batch };
-    const oldest = Math.min(...batch.map((p) => p.enqueuedNs));
-    const waitNs = oldest + this.delayNs - nowNs();
-    return waitNs <= 0 ? { batch } : { waitNs };
+    return formBatch(this.ordered(), this.batching, this.maxBatchSize, this.preferred, this.delayNs, isolation);
   }
 
   /** Fails the queued requests whose input ended the instance while they waited, as on arrival. */
@@ -560,7 +371,9 @@ class Batcher implements DynamicBatcher {
       return;
     }
     const t1 = nowNs();
-    const responses = batch.map((p, i) => this.answerOf(p, result.responses[i]!, batch.length > 1));
+    const responses = batch.map((p, i) =>
+      answerOf(name, this.version, this.maxBatchSize, p, result.responses[i]!, batch.length > 1),
+    );
     const t2 = nowNs();
     const reported = result.times ?? {};
     const times: ExecutionTimes = {
@@ -583,51 +396,4 @@ class Batcher implements DynamicBatcher {
       }
     });
   }
-
-  /**
-   * A request's response from its outcome: the outputs it asked for and, answered within a batch
-   * of several, only its own rows (dim 0 = its size), never another request's.
-   */
-  private answerOf(p: Pending, outcome: RequestOutcome, shared: boolean): InferResponse | ConnectError {
-    const name = this.name;
-    if (outcome instanceof Error) return toConnectError(outcome, name);
-    try {
-      if (shared && this.maxBatchSize > 0) {
-        const wrong = outcome.find((t) => t.shape[0] !== p.size);
-        if (wrong) {
-          throw new StageError(
-            Code.Internal,
-            name,
-            `output ${wrong.name}: a request of ${p.size} produced dim 0 = ${wrong.shape[0]} (shape ${formatShape(wrong.shape)})`,
-          );
-        }
-      }
-      const outputs = pickOutputs(name, p.request, outcome);
-      // A backend may give the response's parameters on its outputs (a Python model's InferenceResponse(parameters=…)).
-      const { parameters } = outcome as { parameters?: Parameters };
-      return {
-        id: p.request.id,
-        modelName: name,
-        modelVersion: this.version,
-        outputs,
-        ...(parameters ? { parameters } : {}),
-      };
-    } catch (err) {
-      return toConnectError(err, name);
-    }
-  }
-}
-
-function pickOutputs(name: string, request: InferRequest, outputs: Tensor[]): Tensor[] {
-  const wanted = request.outputs ?? [];
-  if (wanted.length === 0) return outputs;
-  return wanted.map((o) => {
-    const t = outputs.find((x) => x.name === o.name);
-    if (!t) throw new StageError(Code.Internal, name, `execution produced no output ${o.name}`);
-    return t;
-  });
-}
-
-function withoutTrace({ trace: _trace, ...rest }: InferOptions): InferOptions {
-  return rest;
 }

@@ -1,0 +1,59 @@
+/**
+ * A batch's answers, request by request: each request's response from its outcome, holding the
+ * outputs it asked for and, within a batch of several, only its own rows.
+ */
+import type { ConnectError } from "@connectrpc/connect";
+import type { InferRequest, InferResponse, Parameters, RequestOutcome, Tensor } from "@trellis/stage";
+import { Code, formatShape, StageError } from "@trellis/stage";
+import { toConnectError } from "@trellis/stage/backend";
+import type { Pending } from "./queue.js";
+
+/**
+ * A request's response from its outcome: the outputs it asked for and, answered within a batch
+ * of several, only its own rows (dim 0 = its size), never another request's. `name` and
+ * `version` are the model's, `maxBatchSize` its config's.
+ */
+export function answerOf(
+  name: string,
+  version: string,
+  maxBatchSize: number,
+  p: Pending,
+  outcome: RequestOutcome,
+  shared: boolean,
+): InferResponse | ConnectError {
+  if (outcome instanceof Error) return toConnectError(outcome, name);
+  try {
+    if (shared && maxBatchSize > 0) {
+      const wrong = outcome.find((t) => t.shape[0] !== p.size);
+      if (wrong) {
+        throw new StageError(
+          Code.Internal,
+          name,
+          `output ${wrong.name}: a request of ${p.size} produced dim 0 = ${wrong.shape[0]} (shape ${formatShape(wrong.shape)})`,
+        );
+      }
+    }
+    const outputs = pickOutputs(name, p.request, outcome);
+    // A backend may give the response's parameters on its outputs (a Python model's InferenceResponse(parameters=…)).
+    const { parameters } = outcome as { parameters?: Parameters };
+    return {
+      id: p.request.id,
+      modelName: name,
+      modelVersion: version,
+      outputs,
+      ...(parameters ? { parameters } : {}),
+    };
+  } catch (err) {
+    return toConnectError(err, name);
+  }
+}
+
+function pickOutputs(name: string, request: InferRequest, outputs: Tensor[]): Tensor[] {
+  const wanted = request.outputs ?? [];
+  if (wanted.length === 0) return outputs;
+  return wanted.map((o) => {
+    const t = outputs.find((x) => x.name === o.name);
+    if (!t) throw new StageError(Code.Internal, name, `execution produced no output ${o.name}`);
+    return t;
+  });
+}
