@@ -1,8 +1,9 @@
 /** The loader a repository manager uses unless told otherwise: this package's scan and stage loader. */
 
 import type { GrpcTlsOptions } from "@trellis/kserve";
-import { connectRemote, loadStage, type RemoteOptions } from "./loader.js";
-import type { ModelLoader } from "./manager.js";
+import { loadStage } from "./loader.js";
+import type { ModelLoader } from "./manager-options.js";
+import { connectRemote, type RemoteOptions } from "./remote.js";
 import { scanRepository } from "./scan.js";
 
 /**

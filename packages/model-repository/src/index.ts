@@ -7,17 +7,18 @@
 export { configBoundsProblem, defaultMaxInstancesPerModel } from "./config-bounds.js";
 export { modelLoader } from "./default-loader.js";
 export { type LoadModelOptions, loadModel } from "./load-model.js";
-export { connectRemote, type LoadStageOptions, loadStage, REMOTE_DEFAULTS, type RemoteOptions } from "./loader.js";
+export { type LoadStageOptions, loadStage } from "./loader.js";
 export { classification, DEFAULT_MAX_QUEUE_SIZE, ManagedStage, type ModelCache } from "./managed-model.js";
+export { RepositoryManager } from "./manager.js";
 export {
   type ControlMode,
   DEFAULT_MAX_LOAD_BYTES,
   DEFAULT_MAX_LOAD_FILES,
   type ModelLoader,
-  RepositoryManager,
   type RepositoryManagerOptions,
-  selectVersions,
-} from "./manager.js";
+} from "./manager-options.js";
+export { selectVersions } from "./registry.js";
+export { connectRemote, REMOTE_DEFAULTS, type RemoteOptions } from "./remote.js";
 export {
   type RepositoryModel,
   type RepositoryScan,

@@ -5,7 +5,7 @@
  */
 import { Code, type Stage, StageError } from "@trellis/stage";
 import { type LoadStageOptions, loadStage } from "./loader.js";
-import { selectVersions } from "./manager.js";
+import { selectVersions } from "./registry.js";
 import { scanRepository } from "./scan.js";
 
 export interface LoadModelOptions extends Partial<Omit<LoadStageOptions, "repositories">> {

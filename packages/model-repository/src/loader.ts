@@ -4,38 +4,35 @@
  * model computed in this process (a TypeScript stage, an ONNX model) gets its
  * model runtime (checks, batching, instances, statistics).
  */
-import { stat } from "node:fs/promises";
-import { basename, isAbsolute, join, resolve } from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { join } from "node:path";
 import { createEnsemble, type EnsembleStage, type ResolveStep } from "@trellis/ensemble-runner";
-import { type ConnectStageOptions, connectStage, type GrpcTlsOptions, grpcTransport } from "@trellis/kserve";
+import type { GrpcTlsOptions } from "@trellis/kserve";
 import type { ModelConfig } from "@trellis/protocol";
 import {
   createModelRuntime,
   definitionBackend,
   definitionInstances,
-  instanceCount,
   type ModelBackend,
   stageBackend,
-  startWorkerInstances,
 } from "@trellis/runtime";
 import {
   Code,
   type CpuGate,
   configParameter,
-  datatypeFromConfig,
   isDecoupled,
   type ModelCaller,
   type RateLimiter,
   type Stage,
   type StageDefinition,
   StageError,
-  type StageFactory,
   type StageFactoryOptions,
   type StageLogger,
 } from "@trellis/stage";
-import { delegateStage, isStageDefinition } from "@trellis/stage/backend";
+import { isStageDefinition } from "@trellis/stage/backend";
+import { pythonRefusal } from "./python-models.js";
+import { connectRemote, type RemoteOptions, remoteOptions } from "./remote.js";
 import { type RepositoryModel, type RepositorySource, scanRepository } from "./scan.js";
+import { exists, factoryOf, importModule, typescriptFactory, workerInstances } from "./typescript-modules.js";
 
 export interface LoadStageOptions {
   /** Version folder to load. */
@@ -74,165 +71,6 @@ export interface LoadStageOptions {
 
 /** Ensemble config parameters `endpoint.<model>` name remote steps inside the config itself. */
 const ENDPOINT_PARAMETER = "endpoint.";
-
-const exists = async (path: string) => (await stat(path).catch(() => undefined))?.isFile() ?? false;
-
-/** How remote models (--endpoints) are called. */
-export interface RemoteOptions {
-  /** Deadline of each call to the remote, in ms (a decoupled model's: of each response); 0: none. Default 30 s. */
-  timeoutMs?: number;
-  /** HTTP/2 keepalive ping after this many ms without a frame while calls are in flight; 0: none. Default 10 s. */
-  keepaliveTimeMs?: number;
-  /** A ping unanswered this long (ms) closes the connection, failing its calls UNAVAILABLE. Default 5 s. */
-  keepaliveTimeoutMs?: number;
-  /** Where a remote going away (and coming back) is logged, with its URL. */
-  logger?: StageLogger;
-}
-
-export const REMOTE_DEFAULTS = { timeoutMs: 30_000, keepaliveTimeMs: 10_000, keepaliveTimeoutMs: 5_000 } as const;
-
-/**
- * A remote model over KServe v2 gRPC; version "" lets the server choose.
- * Each call has a deadline and the connection a keepalive (see RemoteOptions);
- * readiness answers from the last known state, checked in the background, so
- * a health check never waits on the remote. Errors name the model, never its
- * URL (that goes to the log): a deadline is DEADLINE_EXCEEDED, a remote that
- * cannot be reached, dropped the connection, or does not have the model
- * loaded (restarting) is UNAVAILABLE, so callers can tell "that service is
- * down, retry" from a real error.
- */
-export async function connectRemote(
-  name: string,
-  url: string,
-  version = "",
-  tls?: GrpcTlsOptions,
-  remote: RemoteOptions = {},
-): Promise<Stage> {
-  const timeoutMs = remote.timeoutMs ?? REMOTE_DEFAULTS.timeoutMs;
-  const keepaliveTimeMs = remote.keepaliveTimeMs ?? REMOTE_DEFAULTS.keepaliveTimeMs;
-  const options: ConnectStageOptions = {
-    redactTransportErrors: true,
-    endpoint: url,
-    cachedReadiness: {},
-    ...(timeoutMs > 0 ? { timeoutMs } : {}),
-    ...(remote.logger ? { logger: remote.logger } : {}),
-  };
-  if (version) options.version = version;
-  const transport = grpcTransport(url, {
-    ...(tls ? { tls } : {}),
-    ...(keepaliveTimeMs > 0
-      ? {
-          keepalive: {
-            timeMs: keepaliveTimeMs,
-            timeoutMs: remote.keepaliveTimeoutMs ?? REMOTE_DEFAULTS.keepaliveTimeoutMs,
-          },
-        }
-      : {}),
-  });
-  let stage: Stage;
-  try {
-    stage = await connectStage(transport, name, options);
-  } catch (err) {
-    transport.close();
-    throw err;
-  }
-  // The stage owns its connection: closing it (unload, ensemble close) ends the HTTP/2 session.
-  // Everything else is the remote stage's own (a decoupled model's inferStream included).
-  return delegateStage(stage, {
-    close: async () => {
-      await stage.close();
-      transport.close();
-    },
-  });
-}
-
-/** The remote options of a load, with its logger unless they name one. */
-const remoteOptions = (options: LoadStageOptions): RemoteOptions => ({
-  ...(options.logger ? { logger: options.logger } : {}),
-  ...options.remote,
-});
-
-/** The factory a module exports: `createStage`, else a default-exported function. */
-function factoryOf(mod: Record<string, unknown>, where: string, model: string): StageFactory {
-  const f = mod.createStage ?? mod.default;
-  if (typeof f !== "function") {
-    throw new StageError(Code.InvalidArgument, model, `${where} exports neither createStage nor a default function`);
-  }
-  return f as StageFactory;
-}
-
-async function importModule(specifier: string, model: string): Promise<Record<string, unknown>> {
-  try {
-    return (await import(specifier)) as Record<string, unknown>;
-  } catch (err) {
-    const message = err instanceof Error ? err.message : String(err);
-    // Node names the importing file; when that is this loader, it says nothing about the model.
-    const own = ` imported from ${fileURLToPath(import.meta.url)}`;
-    const why = message.endsWith(own) ? message.slice(0, -own.length) : message;
-    throw new StageError(Code.NotFound, model, `cannot import ${specifier}: ${why}`, { cause: err });
-  }
-}
-
-/** `backend: "typescript"`: the module named by parameter `module`, else `<versionDir>/model.js` / `model.mjs`. */
-async function typescriptFactory(model: RepositoryModel, versionDir: string): Promise<StageFactory> {
-  const { specifier, where } = await typescriptModule(model, versionDir);
-  return factoryOf(await importModule(specifier, model.name), where, model.name);
-}
-
-/** The stage module of a `backend: "typescript"` model: its specifier, and how errors call it. */
-async function typescriptModule(
-  model: RepositoryModel,
-  versionDir: string,
-): Promise<{ specifier: string; where: string; param?: string }> {
-  const param = configParameter(model.config, "module");
-  if (param) {
-    // A path is the user's file (relative to the version folder); anything else is a package name.
-    const isPath = param.startsWith(".") || isAbsolute(param);
-    const specifier = isPath ? pathToFileURL(resolve(versionDir, param)).href : param;
-    return { specifier, where: `module "${param}"`, param };
-  }
-  for (const file of ["model.js", "model.mjs"]) {
-    const path = join(versionDir, file);
-    if (await exists(path)) return { specifier: pathToFileURL(path).href, where: path };
-  }
-  throw new StageError(
-    Code.InvalidArgument,
-    model.name,
-    `backend "typescript" needs a parameter "module" naming a stage package (e.g. "@trellis/preprocess") or a ${join(versionDir, "model.js")} exporting createStage`,
-  );
-}
-
-/**
- * Parameter worker_threads "true": the stage's instances (instanceCount: the sum of instance_group counts, default 1)
- * each in a worker thread that loads the module; a package name is resolved here, where it is a dependency.
- */
-async function workerInstances(
-  model: RepositoryModel,
-  versionDir: string,
-  factoryOptions: StageFactoryOptions,
-): Promise<Stage> {
-  const { specifier, where, param } = await typescriptModule(model, versionDir);
-  let resolved = specifier;
-  if (!specifier.startsWith("file:")) {
-    try {
-      resolved = import.meta.resolve(specifier);
-    } catch (err) {
-      const why = err instanceof Error ? err.message : String(err);
-      const own = ` imported from ${fileURLToPath(import.meta.url)}`;
-      const message = `cannot import ${specifier}: ${why.endsWith(own) ? why.slice(0, -own.length) : why}`;
-      throw new StageError(Code.NotFound, model.name, message, { cause: err });
-    }
-  }
-  const { config, modelDir, version } = factoryOptions;
-  return startWorkerInstances({
-    specifier: resolved,
-    label: param ? where : basename(where),
-    factoryOptions: { config, modelDir, version, versionDir },
-    instances: instanceCount(config),
-    ...(factoryOptions.logger ? { logger: factoryOptions.logger } : {}),
-    ...(factoryOptions.cpuGate ? { cpuGate: factoryOptions.cpuGate } : {}),
-  });
-}
 
 /**
  * Loads `model` (version `options.version`) as a Stage: an ensemble, an ONNX
@@ -477,49 +315,4 @@ function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions
     }
     return stage;
   };
-}
-
-/** A Python model without its model file: where its TypeScript counterpart goes. */
-function pythonRefusal(config: ModelConfig, name: string, version: string): StageError {
-  const replacement = trellisReplacement(config);
-  const file = config.defaultModelFilename || "model.py";
-  return new StageError(
-    Code.InvalidArgument,
-    name,
-    replacement
-      ? `backend "python" needs ${file} in the version folder ${version}; ${replacement} does what this model's model.py does: in config.pbtxt, replace backend: "python" with the lines: backend: "typescript" parameters { key: "module" value: { string_value: "${replacement}" } }`
-      : `backend "python" needs ${file} in the version folder ${version}; or set backend: "typescript" and either parameters { key: "module" value: { string_value: "<stage package>" } } or put a model.js exporting createStage(options) in the version folder ${version} (the TypeScript counterpart of model.py)`,
-  );
-}
-
-/**
- * The Trellis package that replaces a Triton Python model, for the kinds it has: the seed's
- * ResNet-50 preprocess (an encoded image in, a [3, 224, 224] FP32 tensor out) and postprocess
- * (1000 logits in, a JSON string out), recognised by name or by that shape.
- */
-function trellisReplacement(config: ModelConfig): string | undefined {
-  type Tensors = { dataType: ModelConfig["input"][number]["dataType"]; dims: bigint[] }[];
-  const types = (list: Tensors) =>
-    list
-      .map((t) => {
-        try {
-          return datatypeFromConfig(t.dataType);
-        } catch {
-          return "?";
-        }
-      })
-      .join(",");
-  const dims = (list: Tensors) => list.map((t) => t.dims.join("x")).join(",");
-  const [inputs, outputs] = [types(config.input), types(config.output)];
-  if (
-    config.name === "resnet50_preprocess" ||
-    (inputs === "BYTES" && outputs === "FP32" && dims(config.output) === "3x224x224")
-  )
-    return "@trellis/preprocess";
-  if (
-    config.name === "resnet50_postprocess" ||
-    (inputs === "FP32" && outputs === "BYTES" && dims(config.input) === "1000")
-  )
-    return "@trellis/postprocess";
-  return undefined;
 }
