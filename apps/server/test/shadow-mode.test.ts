@@ -4,7 +4,7 @@
  * agreement is in /metrics. Echo models stand in for a model and its replacement (the seed's
  * Python models are in python-models.test.ts); counts are asserted, never timings.
  */
-import { modelLoader, RepositoryManager, SHADOW_MAX_IN_FLIGHT } from "@trellis/model-repository";
+import { modelLoader, RepositoryManager, SHADOW_MAX_IN_FLIGHT, shadowAgreementOf } from "@trellis/model-repository";
 import { removeDir } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "../src/server.js";
@@ -54,7 +54,7 @@ const infer = (model: string, values: number[], parameters?: Record<string, unkn
 /** Every sample of `model` settled (the comparisons run after the answers). */
 async function settled(model: string, expected: number): Promise<void> {
   for (let i = 0; i < 200; i++) {
-    const a = manager.resolve(model).shadowAgreement();
+    const a = shadowAgreementOf(manager.resolve(model));
     if (a && a.sampled + a.skipped >= expected) return;
     await new Promise((r) => setTimeout(r, 25));
   }
@@ -81,7 +81,7 @@ describe("shadow mode on live traffic", () => {
   it("compares 1 in N requests with the shadow model, and /metrics shows the agreement", async () => {
     for (let i = 0; i < 10; i++) expect((await infer("replacement", [i, 1, 2, 3])).status).toBe(200);
     await settled("replacement", 5);
-    expect(manager.resolve("replacement").shadowAgreement()).toMatchObject({
+    expect(shadowAgreementOf(manager.resolve("replacement"))).toMatchObject({
       shadow: "reference",
       every: 2,
       sampled: 5,
@@ -105,7 +105,7 @@ describe("shadow mode on live traffic", () => {
     expect(answer.json.outputs[0].data).toEqual([3, 6, 9, 12]);
     await infer("wrong", [0, 0, 0, 1]);
     await settled("wrong", 2);
-    expect(manager.resolve("wrong").shadowAgreement()).toMatchObject({
+    expect(shadowAgreementOf(manager.resolve("wrong"))).toMatchObject({
       sampled: 2,
       agreed: 0,
       differed: 2,
@@ -123,23 +123,23 @@ describe("shadow mode on live traffic", () => {
     const answer = await infer("orphan", [1, 1, 1, 1]);
     expect(answer.status).toBe(200);
     await settled("orphan", 1);
-    expect(manager.resolve("orphan").shadowAgreement()).toMatchObject({ sampled: 1, shadowFailed: 1, agreed: 0 });
+    expect(shadowAgreementOf(manager.resolve("orphan"))).toMatchObject({ sampled: 1, shadowFailed: 1, agreed: 0 });
     // A request the model itself fails is not compared.
     const failed = await infer("eager", [1, 1, 1, 1], { fail: true });
     expect(failed.status).toBe(400);
     await settled("eager", 1);
-    expect(manager.resolve("eager").shadowAgreement()).toMatchObject({ sampled: 0, skipped: 1 });
+    expect(shadowAgreementOf(manager.resolve("eager"))).toMatchObject({ sampled: 0, skipped: 1 });
   });
 
   it(`has at most ${SHADOW_MAX_IN_FLIGHT} shadow requests in flight per model; samples beyond are skipped`, async () => {
-    const before = manager.resolve("eager").shadowAgreement()!;
+    const before = shadowAgreementOf(manager.resolve("eager"))!;
     const burst = 2 * SHADOW_MAX_IN_FLIGHT;
     const answers = await Promise.all(
       Array.from({ length: burst }, (_, i) => infer("eager", [i, 0, 0, 0], { delay_ms: 300 })),
     );
     expect(answers.map((a) => a.status)).toEqual(Array(burst).fill(200));
     await settled("eager", before.sampled + before.skipped + burst);
-    const after = manager.resolve("eager").shadowAgreement()!;
+    const after = shadowAgreementOf(manager.resolve("eager"))!;
     expect(after.sampled - before.sampled).toBe(SHADOW_MAX_IN_FLIGHT);
     expect(after.skipped - before.skipped).toBe(SHADOW_MAX_IN_FLIGHT);
     expect(after.agreed - before.agreed).toBe(SHADOW_MAX_IN_FLIGHT);

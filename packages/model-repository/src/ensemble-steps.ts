@@ -1,12 +1,13 @@
 /**
- * How an ensemble reaches its steps: a view of the step's version loaded now (or, for a step only
- * reachable through --endpoints, one shared remote connection, waited for until it answers), its
- * local steps loaded before it, and with unload_dependents the steps no loaded model still calls.
+ * How an ensemble reaches its steps: the step's version loaded now when it loads, and per request
+ * a hold on the version serving then (or, for a step only reachable through --endpoints, one shared
+ * remote model, waited for until it answers), its local steps loaded before it, and with unload_dependents the steps no loaded model still calls.
  */
-import type { Stage } from "@trellis/stage";
-import { answersOf, delegateStage } from "@trellis/stage/backend";
+import type { HeldStep } from "@trellis/ensemble-runner";
+import { type Model, tracingInterceptor } from "@trellis/runtime";
+import { Code, type Stage, StageError, StatisticsRecorder } from "@trellis/stage";
+import { delegateStage } from "@trellis/stage/backend";
 import type { ModelLifecycle } from "./lifecycle.js";
-import { ManagedStage } from "./managed-model.js";
 import type { ResolvedOptions } from "./manager-options.js";
 import { enqueue, ensembleSteps, isEnsemble, isLoaded, type ModelEntry } from "./registry.js";
 import { connectWhenReachable } from "./remote-steps.js";
@@ -18,7 +19,7 @@ export interface EnsembleStepsDeps {
   models: ReadonlyMap<string, ModelEntry>;
   opts: Pick<ResolvedOptions, "endpoints" | "loader" | "logger">;
   /** The manager's ready version of a model. */
-  resolve(name: string, version?: string): ManagedStage;
+  resolve(name: string, version?: string): Model;
   /** Loads and unloads the steps' versions. */
   lifecycle: Pick<ModelLifecycle, "loadEntry" | "unloadEntry">;
 }
@@ -31,6 +32,8 @@ export class EnsembleSteps {
   private readonly lifecycle: EnsembleStepsDeps["lifecycle"];
   /** Remote ensemble steps by "name@version", shared by every ensemble (and reload) that uses them. */
   private readonly remoteSteps = new Map<string, Promise<Stage>>();
+  /** Those connected, for the requests' holds. */
+  private readonly connectedRemotes = new Map<string, Stage>();
   /** Aborted at close: remote steps not answering yet are no longer waited for. */
   private readonly stopWaiting = new AbortController();
 
@@ -52,58 +55,56 @@ export class EnsembleSteps {
   }
 
   /**
-   * An ensemble's view of one of its steps: every call goes to whatever
-   * version is loaded now, so reloading a step does not strand the ensemble.
+   * A step's model when an ensemble loads (its config and metadata are checked against the
+   * ensemble's): the version loaded now, or for a step only reachable through --endpoints, the one
+   * shared remote model, waited for until it answers. Its requests take the step's model per
+   * request (holdStep), so a reload never strands the ensemble.
    */
   async stepStage(name: string, version: bigint): Promise<Stage> {
     const v = version > 0n ? String(version) : "";
-    const url = this.opts.endpoints[name];
-    if (url && !this.models.get(name)?.versions.size) {
-      // A remote step that this server does not load itself: one connection however often ensembles reload.
-      const key = `${name}@${v}`;
-      let remote = this.remoteSteps.get(key);
-      if (!remote) {
-        // Wrapped as every loaded model is, so its requests are stamped on their traces alike. One not
-        // answering yet (services start in any order) keeps the ensemble loading, not failed.
-        const connect = () => this.opts.loader.connectRemote(name, url, v);
-        remote = connectWhenReachable(connect, name, this.opts.logger, this.stopWaiting.signal).then(
-          (stage) => new ManagedStage(stage),
-        );
-        this.remoteSteps.set(key, remote);
-        remote.catch(() => this.remoteSteps.delete(key));
-      }
-      return remote;
+    if (this.isRemote(name)) return this.remoteStep(name, v);
+    return this.resolve(name, v);
+  }
+
+  /**
+   * One ensemble request's hold on a step's model: the version serving now, looked up once and
+   * kept loaded until the request ends (Triton's model handle). Throws when none is available.
+   */
+  holdStep(name: string, version: bigint): HeldStep {
+    const v = version > 0n ? String(version) : "";
+    if (this.isRemote(name)) {
+      // Another server's model: its lifetime is this manager's, not a request's to hold.
+      const stage = this.connectedRemotes.get(`${name}@${v}`);
+      if (!stage) throw new StageError(Code.Unavailable, "", `remote model '${name}' is not connected`);
+      return { stage, release: keep };
     }
-    const current = this.resolve(name, v);
-    // Each call goes to the version loaded at that moment; what is not overridden is passed on as it is.
-    return delegateStage(() => this.resolve(name, v), {
-      name,
-      get version() {
-        return current.version;
-      },
-      config: current.config,
-      isReady: async () => {
-        try {
-          return await this.resolve(name, v).isReady();
-        } catch {
-          return false;
-        }
-      },
-      // A decoupled step streams its responses (the ensemble is then decoupled too).
-      inferStream: current.inferStream
-        ? (request, options) => answersOf(this.resolve(name, v), request, options)
-        : undefined,
-      // What the ensemble admits at once follows from it (0 while the step is not loaded: it refuses anyway).
-      maxQueueSize: () => {
-        try {
-          return this.resolve(name, v).maxQueueSize();
-        } catch {
-          return 0;
-        }
-      },
-      // The step is the manager's to close, not the ensemble's.
-      close: async () => {},
-    });
+    const model = this.resolve(name, v);
+    return { stage: model, release: model.hold() };
+  }
+
+  /** A step this server does not load itself, reached through --endpoints. */
+  private isRemote(name: string): boolean {
+    return this.opts.endpoints[name] !== undefined && !this.models.get(name)?.versions.size;
+  }
+
+  /** The shared remote model of a step: one connection however often ensembles reload. */
+  private remoteStep(name: string, v: string): Promise<Stage> {
+    const key = `${name}@${v}`;
+    let remote = this.remoteSteps.get(key);
+    if (!remote) {
+      const url = this.opts.endpoints[name] as string;
+      // Served as every loaded model is, so its requests are stamped on their traces alike. One not
+      // answering yet (services start in any order) keeps the ensemble loading, not failed.
+      const connect = () => this.opts.loader.connectRemote(name, url, v);
+      remote = connectWhenReachable(connect, name, this.opts.logger, this.stopWaiting.signal).then((stage) => {
+        const traced = tracedRemote(stage);
+        this.connectedRemotes.set(key, traced);
+        return traced;
+      });
+      this.remoteSteps.set(key, remote);
+      remote.catch(() => this.remoteSteps.delete(key));
+    }
+    return remote;
   }
 
   /**
@@ -141,4 +142,20 @@ export class EnsembleSteps {
     for (const e of this.models.values()) if (isLoaded(e) && e.steps.includes(name)) return true;
     return false;
   }
+}
+
+const keep = () => {};
+
+/**
+ * A remote model as a step: its server checks, queues and computes, and sends its own trace
+ * back; here only the request's start and end are stamped on the caller's trace.
+ */
+function tracedRemote(stage: Stage): Stage {
+  const model = { ...stage, recorder: new StatisticsRecorder(stage.name, stage.version, false) };
+  const infer = tracingInterceptor.infer?.((r, o) => stage.infer(r, o), model);
+  const stream = stage.inferStream?.bind(stage);
+  return delegateStage(stage, {
+    ...(infer ? { infer } : {}),
+    ...(stream ? { inferStream: tracingInterceptor.inferStream?.(stream, model) } : {}),
+  });
 }

@@ -32,8 +32,11 @@ export {
   SHADOW_MAX_IN_FLIGHT,
   type ShadowAgreement,
   ShadowComparer,
+  type ShadowInterceptor,
   type ShadowResolver,
   type ShadowSettings,
+  shadowAgreementOf,
+  shadowInterceptor,
   shadowSettings,
 } from "./shadow.js";
 export { lendOwnPackages } from "./user-modules.js";

@@ -7,18 +7,28 @@ import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
+import type { HoldStep } from "@trellis/ensemble-runner";
 import { createModelCaller } from "@trellis/kserve";
 import type { ModelConfig } from "@trellis/protocol";
-import { CpuGate } from "@trellis/runtime";
+import {
+  CpuGate,
+  cacheInterceptor,
+  classificationInterceptor,
+  createModel,
+  Model,
+  type ModelCache,
+  type ModelInterceptor,
+  stageBackend,
+  tracingInterceptor,
+} from "@trellis/runtime";
 import type { Stage } from "@trellis/stage";
 import { modelFilePath } from "@trellis/stage/backend";
 import pLimit, { type LimitFunction } from "p-limit";
 import { configBoundsProblem } from "./config-bounds.js";
-import { ManagedStage, type ModelCache } from "./managed-model.js";
 import type { ResolvedOptions } from "./manager-options.js";
 import { ensembleSteps, isEnsemble, isLoaded, type ModelEntry, selectVersions, type VersionEntry } from "./registry.js";
 import type { RepositoryModel, RepositorySource } from "./scan.js";
-import { ShadowComparer, shadowSettings } from "./shadow.js";
+import { ShadowComparer, shadowInterceptor, shadowSettings } from "./shadow.js";
 
 /** What the lifecycle needs from the manager that owns it. */
 export interface LifecycleDeps {
@@ -28,11 +38,13 @@ export interface LifecycleDeps {
   /** The repositories scanned (an ensemble's steps are looked for there). */
   repositories: RepositorySource[];
   /** The manager's ready version of a model (what the shadow and a stage's calls to other models reach). */
-  resolve(name: string, version?: string): ManagedStage;
+  resolve(name: string, version?: string): Model;
   /** The manager's READY versions of a model, ascending. */
   readyVersions(name: string): string[];
-  /** How an ensemble reaches its steps (see EnsembleSteps.stepStage). */
+  /** How an ensemble reaches its steps at load (see EnsembleSteps.stepStage). */
   stepStage(name: string, version: bigint): Promise<Stage>;
+  /** How each of an ensemble's requests takes its steps' models (see EnsembleSteps.holdStep). */
+  holdStep: HoldStep;
 }
 
 /** Loads and unloads the versions of the manager's models. */
@@ -42,6 +54,7 @@ export class ModelLifecycle {
   private readonly resolve: LifecycleDeps["resolve"];
   private readonly readyVersions: LifecycleDeps["readyVersions"];
   private readonly stepStage: LifecycleDeps["stepStage"];
+  private readonly holdStep: HoldStep;
   /** The process's CPU, shared by every model this manager loads: ONNX runs with exclusive_cpu against image decodes. */
   private readonly cpuGate = new CpuGate();
   /** Counts loads, so each load's cache entries are its own (a reload never answers from the old one's). */
@@ -57,6 +70,7 @@ export class ModelLifecycle {
     this.resolve = deps.resolve;
     this.readyVersions = deps.readyVersions;
     this.stepStage = deps.stepStage;
+    this.holdStep = deps.holdStep;
     this.loadSlots = pLimit(deps.loadConcurrency);
   }
 
@@ -100,10 +114,6 @@ export class ModelLifecycle {
     const changed = e.loadedFrom !== source;
     // Read once, and only if some version is actually (re)loaded.
     let labels: Promise<Map<string, string[]>> | undefined;
-    // Versions no longer selected go first (e.g. a newer one appeared under "latest 1").
-    for (const v of [...e.versions.values()]) {
-      if (!wanted.includes(v.version)) await this.unloadVersion(e, v);
-    }
     const failures: string[] = [];
     await Promise.all(
       wanted.map(async (version) => {
@@ -112,18 +122,12 @@ export class ModelLifecycle {
         if (serving && !changed) return;
         const entry: VersionEntry = { version, state: "LOADING", reason: "" };
         if (!serving) e.versions.set(version, entry);
-        let stage: Stage | undefined;
+        let stage: Model | undefined;
         try {
-          const shadow = this.shadowFor(model);
-          stage = await this.loadReadyStage(model, version);
           labels ??= readLabels(model);
-          entry.stage = new ManagedStage(
-            stage,
-            await labels,
-            () => this.readyVersions(model.name),
-            await this.cacheFor(model, version),
-            shadow,
-          );
+          const interceptors = await this.interceptorsFor(model, version, await labels);
+          stage = await this.loadReadyStage(model, version, interceptors);
+          entry.stage = stage;
           entry.state = "READY";
           e.versions.set(version, entry);
           this.opts.logger.info(
@@ -156,17 +160,37 @@ export class ModelLifecycle {
         }
       }),
     );
+    // Versions no longer selected go once the selected ones are served (e.g. a newer one appeared
+    // under "latest 1"): requests keep being answered meanwhile, and those on an old one finish on it.
+    for (const v of [...e.versions.values()]) {
+      if (!wanted.includes(v.version)) await this.unloadVersion(e, v);
+    }
     // A failed reload is retried by the next load or poll; a failed first load too.
     e.loadedFrom = failures.length === 0 ? source : undefined;
     if (isLoaded(e)) e.steps = ensembleSteps(model.config).map((step) => step.model);
     return failures;
   }
 
-  /** Shadow mode, when the config names a `shadow_model`: the model it names is found at each sample. */
-  private shadowFor(model: RepositoryModel): ShadowComparer | undefined {
+  /**
+   * A version's cross-cutting features, in order: tracing (outermost: a request's start and end),
+   * the response cache (before the queue), classification, and shadow mode when the config names a
+   * `shadow_model` (the model it names is found at each sample).
+   */
+  private async interceptorsFor(
+    model: RepositoryModel,
+    version: string,
+    labels: Map<string, string[]>,
+  ): Promise<ModelInterceptor[]> {
+    const chain: ModelInterceptor[] = [tracingInterceptor];
+    const cache = await this.cacheFor(model, version);
+    if (cache) chain.push(cacheInterceptor(cache));
+    chain.push(classificationInterceptor(labels));
     const settings = shadowSettings(model.config);
-    if (!settings) return undefined;
-    return new ShadowComparer(model.name, settings, (name) => this.resolve(name).inner, this.opts.logger);
+    if (settings) {
+      const comparer = new ShadowComparer(model.name, settings, (name) => this.resolve(name), this.opts.logger);
+      chain.push(shadowInterceptor(comparer));
+    }
+    return chain;
   }
 
   /**
@@ -174,11 +198,19 @@ export class ModelLifecycle {
    * (an ensemble does not: it only wires steps already loaded). A failed try is retried
    * --model-load-retry-count times, each try starting afresh; the last failure is the one reported.
    */
-  private async loadReadyStage(model: RepositoryModel, version: string): Promise<Stage> {
+  private async loadReadyStage(
+    model: RepositoryModel,
+    version: string,
+    interceptors: readonly ModelInterceptor[],
+  ): Promise<Model> {
+    const versions = () => this.readyVersions(model.name);
     const once = async () => {
-      const stage = await this.opts.loader.loadStage(model, {
+      const loaded = await this.opts.loader.loadStage(model, {
         version,
+        interceptors,
+        versions,
         resolveStep: (step, stepVersion) => this.stepStage(step, stepVersion),
+        holdStep: this.holdStep,
         repositories: this.repositories,
         endpoints: this.opts.endpoints,
         strictModelConfig: this.opts.strictModelConfig,
@@ -190,6 +222,7 @@ export class ModelLifecycle {
         ...(this.opts.python ? { python: this.opts.python } : {}),
         logger: this.opts.logger,
       });
+      const stage = await asModel(loaded, interceptors, versions);
       try {
         if (!(await stage.isReady())) await waitReady(stage);
         return stage;
@@ -225,7 +258,7 @@ export class ModelLifecycle {
   }
 
   /** A replaced stage: it already takes no new requests; it closes once its in-flight ones finish. */
-  private async retire(model: string, version: string, stage: ManagedStage): Promise<void> {
+  private async retire(model: string, version: string, stage: Model): Promise<void> {
     await stage.drained();
     await stage
       .close()
@@ -351,4 +384,19 @@ async function readLabels(model: RepositoryModel): Promise<Map<string, string[]>
     }
   }
   return labels;
+}
+
+/**
+ * What a loader gave, as the Model the manager holds: our loader's is one already (its
+ * interceptors in place); another loader's Stage is served as a remote model is (it checks and
+ * computes its requests itself), with the interceptors around it.
+ */
+async function asModel(
+  stage: Stage,
+  interceptors: readonly ModelInterceptor[],
+  versions: () => string[],
+): Promise<Model> {
+  if (stage instanceof Model) return stage;
+  const backend = { ...stageBackend(stage, Number.POSITIVE_INFINITY), checksRequests: true };
+  return createModel({ config: stage.config, version: stage.version, backend, interceptors, versions });
 }

@@ -5,14 +5,15 @@
  * model runtime (checks, batching, instances, statistics).
  */
 import { join } from "node:path";
-import { createEnsemble, type EnsembleStage, type ResolveStep } from "@trellis/ensemble-runner";
+import { createEnsemble, type EnsembleStage, type HoldStep, type ResolveStep } from "@trellis/ensemble-runner";
 import type { GrpcTlsOptions } from "@trellis/kserve";
 import type { ModelConfig } from "@trellis/protocol";
 import {
-  createModelRuntime,
+  createModel,
   definitionBackend,
   definitionInstances,
   type ModelBackend,
+  type ModelInterceptor,
   stageBackend,
 } from "@trellis/runtime";
 import {
@@ -39,6 +40,15 @@ export interface LoadStageOptions {
   version: string;
   /** How an ensemble reaches its steps; default: load them from `repositories` (and `endpoints`). */
   resolveStep?: ResolveStep;
+  /**
+   * How each of an ensemble's requests takes its steps' models, once for its whole run (the
+   * repository manager's: a step reloaded meanwhile never splits a request between versions).
+   */
+  holdStep?: HoldStep;
+  /** The loaded model's cross-cutting features (tracing, cache, classification, shadow), in order. */
+  interceptors?: readonly ModelInterceptor[];
+  /** Every version of the model being served, for its metadata (Triton lists them all). */
+  versions?: () => string[];
   /** Repositories for the default resolveStep. */
   repositories?: (string | RepositorySource)[];
   /** Model name -> KServe v2 gRPC base URL: that model is a remote stage. */
@@ -108,7 +118,15 @@ export async function loadStage(model: RepositoryModel, options: LoadStageOption
   if (config.platform === "ensemble") {
     const ownsSteps = !options.resolveStep;
     const resolveStep = options.resolveStep ?? repositoryResolver(model, options);
-    const ensemble = await createEnsemble({ config, version, resolveStep, logger, ownsSteps });
+    const holdStep = options.resolveStep ? options.holdStep : undefined;
+    const ensemble = await createEnsemble({
+      config,
+      version,
+      resolveStep,
+      logger,
+      ownsSteps,
+      ...(holdStep ? { holdStep } : {}),
+    });
     const served = await serveModel(
       { config: ensemble.config, version, backend: ensembleBackend(ensemble) },
       model,
@@ -231,7 +249,7 @@ function serveModel(
   model: RepositoryModel,
   options: LoadStageOptions,
 ): Promise<Stage> {
-  return createModelRuntime({
+  return createModel({
     config: served.config,
     version: served.version,
     backend: served.backend,
@@ -239,6 +257,8 @@ function serveModel(
     ...(options.defaultMaxQueueSize ? { defaultMaxQueueSize: options.defaultMaxQueueSize } : {}),
     ...(options.rateLimiter ? { rateLimiter: options.rateLimiter } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
+    ...(options.interceptors ? { interceptors: options.interceptors } : {}),
+    ...(options.versions ? { versions: options.versions } : {}),
   });
 }
 
@@ -309,7 +329,9 @@ function repositoryResolver(ensemble: RepositoryModel, options: LoadStageOptions
         }
         const v = version >= 0n ? String(version) : model.versions.at(-1);
         if (!v) throw new StageError(Code.NotFound, name, `no version folders in ${model.modelDir}`);
-        return loadStage(model, { ...options, version: v, resolveStep: undefined, endpoints });
+        // A step is a model of its own: the ensemble's interceptors, versions and holds are not its.
+        const { interceptors: _i, versions: _v, holdStep: _h, ...stepOptions } = options;
+        return loadStage(model, { ...stepOptions, version: v, resolveStep: undefined, endpoints });
       })();
       loaded.set(key, stage);
     }

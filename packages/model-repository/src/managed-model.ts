@@ -1,6 +1,7 @@
 /**
- * ManagedStage: how the repository manager hands a loaded stage to the
- * frontends. It counts in-flight requests (for graceful unload and shutdown,
+ * ManagedStage (deprecated: the repository now serves each loaded version as one Model of
+ * @trellis/runtime, its features as interceptors): how the repository manager handed a loaded
+ * stage to the frontends. It counts in-flight requests (for graceful unload and shutdown,
  * and the pending-request metric of stages without a queue of their own),
  * applies the response cache, and implements Triton's classification
  * extension, so HTTP and gRPC behave the same without each stage knowing.
@@ -14,20 +15,22 @@ import {
   ModelStatisticsSchema,
   StatisticDurationSchema,
 } from "@trellis/protocol";
-import { type ResponseStore, responseCacheKey } from "@trellis/runtime";
 import {
-  Code,
-  datatypeFromConfig,
+  classificationInterceptor,
+  type InferNext,
+  type ModelCache,
+  responseCacheKey,
+  type StreamNext,
+} from "@trellis/runtime";
+import {
   type InferOptions,
   type InferRequest,
   type InferResponse,
   nowNs,
-  type RequestedOutput,
   type RequestTrace,
   type Stage,
-  StageError,
   type StageMetadata,
-  type Tensor,
+  StatisticsRecorder,
 } from "@trellis/stage";
 import { decoupledRefusal } from "@trellis/stage/backend";
 import type { ShadowAgreement, ShadowComparer } from "./shadow.js";
@@ -40,12 +43,15 @@ import type { ShadowAgreement, ShadowComparer } from "./shadow.js";
  */
 export const DEFAULT_MAX_QUEUE_SIZE = 128;
 
-/** The response cache a model uses, and the scope its keys are made in (model, version, which load). */
-export interface ModelCache {
-  store: ResponseStore;
-  scope: string;
-}
+export type { ModelCache } from "@trellis/runtime";
+export { classification } from "@trellis/runtime";
 
+/**
+ * A stage with the in-flight count, response cache, classification and shadow mode around it.
+ * @deprecated the repository serves each loaded version as a `Model` (`@trellis/runtime`'s
+ * createModel), these features as its interceptors: `tracingInterceptor`, `cacheInterceptor`,
+ * `classificationInterceptor`, `shadowInterceptor`. Kept working for code that made its own.
+ */
 export class ManagedStage implements Stage {
   private inflightCount = 0;
   private idleWaiters: (() => void)[] = [];
@@ -61,15 +67,31 @@ export class ManagedStage implements Stage {
 
   constructor(
     readonly inner: Stage,
-    private readonly labels: ReadonlyMap<string, string[]> = new Map(),
+    labels: ReadonlyMap<string, string[]> = new Map(),
     /** Every version of this model being served, for metadata (Triton lists them all). */
     private readonly versions?: () => string[],
     private readonly cache?: ModelCache,
     /** Shadow mode (config `shadow_model`): a sample of requests also sent to that model, answers compared. */
     private readonly shadow?: ShadowComparer,
   ) {
-    if (inner.inferStream) this.inferStream = (request, options) => this.stream(request, options);
+    // Classification is the runtime's one formatter, used through its interceptor.
+    const classifying = classificationInterceptor(labels);
+    const model = {
+      name: inner.name,
+      version: inner.version,
+      config: inner.config,
+      recorder: new StatisticsRecorder(inner.name, inner.version, false),
+    };
+    this.classifiedRun = classifying.infer?.((r, o) => this.runInner(r, o), model) as InferNext;
+    const innerStream = inner.inferStream?.bind(inner);
+    if (innerStream) {
+      this.classifiedStream = classifying.inferStream?.(innerStream, model) as StreamNext;
+      this.inferStream = (request, options) => this.stream(request, options);
+    }
   }
+
+  private readonly classifiedRun: InferNext;
+  private readonly classifiedStream?: StreamNext;
 
   get name(): string {
     return this.inner.name;
@@ -139,11 +161,9 @@ export class ManagedStage implements Stage {
   private async *stream(request: InferRequest, options?: InferOptions): AsyncGenerator<InferResponse> {
     const trace = options?.trace;
     if (trace) traceRequestStart(trace, request);
-    const classify = classificationRequests(this.name, request.outputs, this.config);
     this.started();
     try {
-      for await (const response of (this.inner.inferStream as NonNullable<Stage["inferStream"]>)(request, options)) {
-        const answer = this.classified(response, classify);
+      for await (const answer of (this.classifiedStream as StreamNext)(request, options)) {
         yield trace ? traceOutputs(trace, answer) : answer;
       }
     } finally {
@@ -195,37 +215,22 @@ export class ManagedStage implements Stage {
     }
   }
 
-  private async run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
-    const classify = classificationRequests(this.name, request.outputs, this.config);
+  private run(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+    return this.classifiedRun(request, options);
+  }
+
+  private runInner(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
     // Copied before the model runs: it may take the request's input buffers over.
     const shadowCopy = this.shadow?.sample(request);
     // After the cache lookup, as Triton's: a cached answer is served even while the queue is full.
     const answer = this.inner.infer(request, options);
     if (shadowCopy) this.shadow?.compare(shadowCopy, answer);
-    return this.classified(await answer, classify);
+    return answer;
   }
 
   /** The running agreement with the model named by config `shadow_model`, when it names one. */
   shadowAgreement(): ShadowAgreement | undefined {
     return this.shadow?.report();
-  }
-
-  /**
-   * The response with the outputs `classify` names as Triton's classification. The request went
-   * through unchanged, and the output the stage answers with is what is classified, as Triton's
-   * frontend does (src/classification.cc): a BYTES output is refused (see classification).
-   */
-  private classified(response: InferResponse, classify: Map<string, number>): InferResponse {
-    if (classify.size === 0) return response;
-    const batched = this.config.maxBatchSize > 0;
-    return {
-      ...response,
-      outputs: response.outputs.map((t) => {
-        const k = classify.get(t.name);
-        if (k === undefined) return t;
-        return classification(this.name, t, k, batched, this.labels.get(t.name));
-      }),
-    };
   }
 
   /** Resolves once no request is in flight. */
@@ -237,82 +242,6 @@ export class ManagedStage implements Stage {
   close(): Promise<void> {
     return this.inner.close();
   }
-}
-
-/**
- * Output name -> k for each requested output carrying the `classification` parameter; refused
- * before the model runs when the config gives the output a type Triton cannot classify.
- */
-function classificationRequests(
-  model: string,
-  outputs: RequestedOutput[] | undefined,
-  config: ModelConfig,
-): Map<string, number> {
-  const classify = new Map<string, number>();
-  for (const o of outputs ?? []) {
-    const k = o.parameters?.classification;
-    if (k === undefined) continue;
-    const count = Number(k);
-    if (!Number.isInteger(count) || count < 1) {
-      throw new StageError(
-        Code.InvalidArgument,
-        model,
-        `output ${o.name}: classification must be a positive integer, got ${String(k)}`,
-      );
-    }
-    const declared = config.output.find((c) => c.name === o.name);
-    // TYPE_INVALID (0): a config that does not say; the answer's type is checked then.
-    if (declared?.dataType) {
-      const datatype = datatypeFromConfig(declared.dataType);
-      if (UNCLASSIFIABLE.has(datatype)) throw unclassifiable(model, o.name, datatype);
-    }
-    classify.set(o.name, count);
-  }
-  return classify;
-}
-
-/** Types Triton's classification refuses (src/classification.cc TopkClassifications). */
-const UNCLASSIFIABLE = new Set(["BYTES", "BOOL", "FP16", "BF16"]);
-
-/** Triton's refusal of classification on an output of `datatype`, naming the output after Triton's words. */
-const unclassifiable = (model: string, output: string, datatype: string) =>
-  new StageError(
-    Code.InvalidArgument,
-    model,
-    `class result not available for output due to unsupported type '${datatype}' (output '${output}')`,
-  );
-
-const encoder = new TextEncoder();
-
-/**
- * Triton's classification output: per batch item the top-k classes as
- * "score:index[:label]" strings (score printed like C++ std::to_string),
- * shape [batch, k] (or [k] for a model without batching).
- */
-export function classification(
-  model: string,
-  t: Tensor,
-  k: number,
-  batched: boolean,
-  labels: string[] | undefined,
-): Tensor {
-  if (UNCLASSIFIABLE.has(t.datatype)) throw unclassifiable(model, t.name, t.datatype);
-  const values = t.data as ArrayLike<number | bigint>;
-  const items = batched ? (t.shape[0] ?? 1) : 1;
-  const classes = items === 0 ? 0 : values.length / items;
-  const topk = Math.min(k, classes);
-  const out: Uint8Array[] = [];
-  for (let b = 0; b < items; b++) {
-    const base = b * classes;
-    const order = Array.from({ length: classes }, (_, i) => i);
-    order.sort((i, j) => Number(values[base + j]) - Number(values[base + i]) || i - j);
-    for (const index of order.slice(0, topk)) {
-      const score = Number(values[base + index]).toFixed(6);
-      const label = labels?.[index];
-      out.push(encoder.encode(label !== undefined ? `${score}:${index}:${label}` : `${score}:${index}`));
-    }
-  }
-  return { name: t.name, datatype: "BYTES", shape: batched ? [items, topk] : [topk], data: out };
 }
 
 /** A traced request's start: its timestamp and (trace level TENSORS) its inputs as queued. */

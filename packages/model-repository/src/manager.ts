@@ -11,11 +11,11 @@ import type {
   ModelRepositoryControl,
   ModelUnloadOptions,
 } from "@trellis/kserve";
+import type { Model } from "@trellis/runtime";
 import { Code, StageError } from "@trellis/stage";
 import { EnsembleSteps } from "./ensemble-steps.js";
 import { ModelLifecycle } from "./lifecycle.js";
 import { checkedName, checkOverride, loadFromFiles, notPolled, withConfig } from "./load-overrides.js";
-import type { ManagedStage } from "./managed-model.js";
 import {
   type ControlMode,
   type RepositoryManagerOptions,
@@ -51,6 +51,7 @@ export class RepositoryManager implements ModelRegistry {
       resolve: (name, version) => this.resolve(name, version),
       readyVersions: (name) => this.readyVersions(name),
       stepStage: (name, version) => this.steps.stepStage(name, version),
+      holdStep: (name, version) => this.steps.holdStep(name, version),
     });
     this.steps = new EnsembleSteps({
       models: this.models,
@@ -105,7 +106,7 @@ export class RepositoryManager implements ModelRegistry {
 
   // ---- ModelRegistry ----
 
-  resolve(name: string, version?: string): ManagedStage {
+  resolve(name: string, version?: string): Model {
     const entry = this.models.get(name);
     if (!entry || entry.versions.size === 0) {
       throw new StageError(Code.NotFound, "", `Request for unknown model: '${name}' is not found`);
@@ -142,8 +143,8 @@ export class RepositoryManager implements ModelRegistry {
       .sort(byVersion);
   }
 
-  list(): ManagedStage[] {
-    const out: ManagedStage[] = [];
+  list(): Model[] {
+    const out: Model[] = [];
     for (const e of this.models.values()) {
       for (const v of e.versions.values()) if (v.state === "READY" && v.stage) out.push(v.stage);
     }

@@ -3,7 +3,7 @@
  * read off them (the versions a version policy selects, loaded or not, an ensemble's steps).
  */
 import type { ModelConfig } from "@trellis/protocol";
-import type { ManagedStage } from "./managed-model.js";
+import type { Model } from "@trellis/runtime";
 import type { RepositoryModel } from "./scan.js";
 
 export type State = "READY" | "UNAVAILABLE" | "LOADING" | "UNLOADING";
@@ -12,7 +12,8 @@ export interface VersionEntry {
   version: string;
   state: State;
   reason: string;
-  stage?: ManagedStage;
+  /** The loaded version: the one object the server holds for it. */
+  stage?: Model;
 }
 
 export interface ModelEntry {

@@ -9,10 +9,12 @@
  * once; a sample beyond that is skipped (and counted), so a slow shadow cannot pile up work.
  */
 import type { ModelConfig } from "@trellis/protocol";
+import type { Model, ModelInterceptor } from "@trellis/runtime";
 import {
   Code,
   type InferRequest,
   type InferResponse,
+  type RequestedOutput,
   type Stage,
   StageError,
   type StageLogger,
@@ -162,10 +164,13 @@ export class ShadowComparer {
       this.counts.skipped++;
       return undefined;
     }
-    return {
+    const copy: InferRequest = {
       ...request,
       inputs: request.inputs.map((t) => ({ ...t, data: copyData(t.data) }) as Tensor),
     };
+    // Compared before classification (the model's answer is, too): the shadow is not asked for it.
+    if (request.outputs) copy.outputs = request.outputs.map(withoutClassification);
+    return copy;
   }
 
   /** Sends the sampled copy to the shadow and compares its answer with the model's, in the background. */
@@ -222,4 +227,38 @@ export class ShadowComparer {
 function copyData(data: Tensor["data"]): Tensor["data"] {
   if (ArrayBuffer.isView(data)) return (data as unknown as { slice(): Tensor["data"] }).slice();
   return Array.from(data as ArrayLike<Uint8Array>, (b) => Uint8Array.from(b)) as unknown as Tensor["data"];
+}
+
+/** A requested output without the classification parameter. */
+function withoutClassification(output: RequestedOutput): RequestedOutput {
+  if (output.parameters?.classification === undefined) return output;
+  const { classification: _, ...parameters } = output.parameters;
+  return { ...output, parameters };
+}
+
+/** Shadow mode as a model's interceptor ("shadow"), with the running agreement it keeps. */
+export interface ShadowInterceptor extends ModelInterceptor {
+  agreement(): ShadowAgreement;
+}
+
+/**
+ * Shadow mode in a model's chain: a sampled request is copied before the model runs it (it may
+ * take the input buffers over), and its answer compared with the shadow's in the background.
+ */
+export function shadowInterceptor(comparer: ShadowComparer): ShadowInterceptor {
+  return {
+    name: "shadow",
+    infer: (next) => (request, options) => {
+      const copy = comparer.sample(request);
+      const answer = next(request, options);
+      if (copy) comparer.compare(copy, answer);
+      return answer;
+    },
+    agreement: () => comparer.report(),
+  };
+}
+
+/** The running agreement of `model` with the model its config names as `shadow_model`; undefined without one. */
+export function shadowAgreementOf(model: Partial<Pick<Model, "interceptor">>): ShadowAgreement | undefined {
+  return (model.interceptor?.("shadow") as ShadowInterceptor | undefined)?.agreement();
 }

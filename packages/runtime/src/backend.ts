@@ -117,7 +117,12 @@ export function definitionBackend(definition: StageDefinition, instances: number
   if (computeStream) {
     backend.executeStream = async function* (request, options) {
       for await (const outputs of computeStream.call(definition, request, options)) {
-        yield { id: request.id, modelName: name, modelVersion: version, outputs: pickOutputs(name, request, outputs) };
+        yield {
+          id: request.id,
+          modelName: name,
+          modelVersion: version,
+          outputs: pickOutputs(name, request, outputs, true),
+        };
       }
     };
   }

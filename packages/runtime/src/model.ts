@@ -86,6 +86,7 @@ export class Model {
   private holds = 0;
   private idleWaiters: (() => void)[] = [];
 
+  /** @internal made by createModel, which sets its parts up. */
   constructor(private readonly parts: ModelParts) {
     const { config, backend, sequencer, bounded, version } = parts;
     this.name = config.name;
@@ -113,31 +114,27 @@ export class Model {
     }
   }
 
-  isReady(): boolean | Promise<boolean> {
-    return !this.closed && (this.backend.isReady?.() ?? true);
-  }
+  // The Stage members are own properties, as a plain Stage object's are: `{ ...model, infer }`
+  // (a wrapper spreading the model) keeps them all.
+  readonly isReady = (): boolean | Promise<boolean> => !this.closed && (this.backend.isReady?.() ?? true);
 
-  async metadata(): Promise<StageMetadata> {
+  readonly metadata = async (): Promise<StageMetadata> => {
     const md = await (this.backend.metadata?.() ?? metadataFromConfig(this.config, [this.version]));
     const versions = this.parts.versions?.();
     return versions && versions.length > 0 ? { ...md, versions } : md;
-  }
+  };
 
-  statistics(): ModelStatistics {
-    return this.parts.recorder.snapshot();
-  }
+  readonly statistics = (): ModelStatistics => this.parts.recorder.snapshot();
 
   /** The most requests it holds pending before refusing more (0: unbounded). */
-  maxQueueSize(): number {
-    return this.admission.maxQueueSize();
-  }
+  readonly maxQueueSize = (): number => this.admission.maxQueueSize();
 
   /** The interceptor of that name in its chain (e.g. "shadow", for its report), if it has one. */
   interceptor(name: string): ModelInterceptor | undefined {
     return this.interceptors.find((i) => i.name === name);
   }
 
-  async infer(request: InferRequest, options?: InferOptions): Promise<InferResponse> {
+  readonly infer = async (request: InferRequest, options?: InferOptions): Promise<InferResponse> => {
     // Every frontend's one-answer call (HTTP, gRPC ModelInfer, SageMaker, Vertex AI) is refused alike.
     if (this.decoupled) throw decoupledRefusal(this.name);
     const release = this.hold();
@@ -146,7 +143,7 @@ export class Model {
     } finally {
       release();
     }
-  }
+  };
 
   /**
    * A hold on this version for one request (Triton's model handle): until it is released, an
@@ -175,14 +172,14 @@ export class Model {
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
-  async close(): Promise<void> {
+  readonly close = async (): Promise<void> => {
     if (this.closed) return;
     this.closed = true;
     this.parts.sequencer?.close();
     await this.parts.batcher.close();
     unregister(this.parts.slots);
     await this.backend.close();
-  }
+  };
 
   private wakeIdle(): void {
     const waiters = this.idleWaiters;

@@ -151,12 +151,18 @@ export function checkDefinition(definition: StageDefinition): void {
   }
 }
 
-/** The outputs a request asked for, from what was computed (all when it names none). */
-export function pickOutputs(name: string, request: InferRequest, outputs: Tensor[]): Tensor[] {
+/**
+ * The outputs a request asked for, from what was computed (all when it names none). `checked`:
+ * the request was checked against the config already, so a missing output is the model's fault
+ * (INTERNAL), not an unknown one (INVALID_ARGUMENT).
+ */
+export function pickOutputs(name: string, request: InferRequest, outputs: Tensor[], checked = false): Tensor[] {
   if (!request.outputs?.length) return outputs;
   return request.outputs.map(({ name: wanted }) => {
     const found = outputs.find((t) => t.name === wanted);
     if (!found) {
+      // Checked against the config first, the output was one the model declares: its answer lacks it.
+      if (checked) throw new StageError(Code.Internal, name, `execution produced no output ${wanted}`);
       const produced = outputs.map((t) => t.name).join(", ");
       throw new StageError(Code.InvalidArgument, name, `unknown output ${wanted} (outputs: ${produced})`);
     }

@@ -4,13 +4,18 @@
  * metrics and the statistics API can never disagree.
  */
 import { cpus, freemem, totalmem } from "node:os";
-import type { ManagedStage, ShadowAgreement } from "@trellis/model-repository";
+import { type ShadowAgreement, shadowAgreementOf } from "@trellis/model-repository";
 import type { ModelStatistics } from "@trellis/protocol";
+import type { Model } from "@trellis/runtime";
+import type { Stage } from "@trellis/stage";
 import { customMetrics, observeFirstResponses, observeIsolation, observeRequests } from "@trellis/stage/backend";
 import { Counter, collectDefaultMetrics, Gauge, Registry, Summary } from "prom-client";
 
+/** A served model as the metrics read it: a Model (or anything giving the same figures). */
+export type MetricsModel = Stage & Partial<Pick<Model, "interceptor">> & { readonly inflight: number };
+
 export interface MetricsSource {
-  list(): ManagedStage[];
+  list(): MetricsModel[];
 }
 
 type StatsRow = { labels: { model: string; version: string }; stats: ModelStatistics; pending: number };
@@ -62,7 +67,7 @@ export function createMetrics(
         source.list().map(async (stage): Promise<StatsRow[]> => {
           const labels = { model: stage.name, version: stage.version };
           try {
-            return [{ labels, stats: await stage.statistics(), pending: stage.pendingRequests() }];
+            return [{ labels, stats: await stage.statistics(), pending: stage.pendingRequests?.() ?? stage.inflight }];
           } catch (err) {
             // A model whose statistics cannot be read now (a remote one that is down) is left out
             // of this scrape; it must not take every other model's metrics down with it.
@@ -209,7 +214,7 @@ function shadowAgreementMetrics(register: Registry, source: MetricsSource): void
   const labelNames = ["model", "version", "shadow"];
   const shadowed = () =>
     source.list().flatMap((stage) => {
-      const agreement = stage.shadowAgreement();
+      const agreement = shadowAgreementOf(stage);
       return agreement
         ? [{ labels: { model: stage.name, version: stage.version, shadow: agreement.shadow }, agreement }]
         : [];
@@ -328,7 +333,7 @@ export const DEFAULT_FIRST_RESPONSE_BUCKETS = [100, 500, 2000, 5000];
 const FIRST_RESPONSE = "nv_inference_first_response_histogram_ms";
 
 /** The buckets a model's config gives the histogram (model_metrics' metric_control), else Triton's defaults. */
-function firstResponseBuckets(stage: ManagedStage | undefined): number[] {
+function firstResponseBuckets(stage: MetricsModel | undefined): number[] {
   for (const control of stage?.config.modelMetrics?.metricControl ?? []) {
     const options = control.metricOptions;
     if (control.metricIdentifier?.family === FIRST_RESPONSE && options.case === "histogramOptions") {

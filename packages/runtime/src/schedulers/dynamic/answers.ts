@@ -3,9 +3,9 @@
  * outputs it asked for and, within a batch of several, only its own rows.
  */
 import type { ConnectError } from "@connectrpc/connect";
-import type { InferRequest, InferResponse, Parameters, RequestOutcome, Tensor } from "@trellis/stage";
+import type { InferResponse, Parameters, RequestOutcome } from "@trellis/stage";
 import { Code, formatShape, StageError } from "@trellis/stage";
-import { toConnectError } from "@trellis/stage/backend";
+import { pickOutputs, toConnectError } from "@trellis/stage/backend";
 import type { Pending } from "./queue.js";
 
 /**
@@ -33,7 +33,8 @@ export function answerOf(
         );
       }
     }
-    const outputs = pickOutputs(name, p.request, outcome);
+    // The request was checked against the config: an output it asks for and lacks is the model's fault.
+    const outputs = pickOutputs(name, p.request, outcome, true);
     // A backend may give the response's parameters on its outputs (a Python model's InferenceResponse(parameters=…)).
     const { parameters } = outcome as { parameters?: Parameters };
     return {
@@ -46,14 +47,4 @@ export function answerOf(
   } catch (err) {
     return toConnectError(err, name);
   }
-}
-
-function pickOutputs(name: string, request: InferRequest, outputs: Tensor[]): Tensor[] {
-  const wanted = request.outputs ?? [];
-  if (wanted.length === 0) return outputs;
-  return wanted.map((o) => {
-    const t = outputs.find((x) => x.name === o.name);
-    if (!t) throw new StageError(Code.Internal, name, `execution produced no output ${o.name}`);
-    return t;
-  });
 }
