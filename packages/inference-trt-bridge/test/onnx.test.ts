@@ -7,7 +7,13 @@ import { ConnectError } from "@connectrpc/connect";
 import { createOnnxModel, type OnnxModel } from "@trellis/inference-onnx";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
 import { Code, defineStage, type Stage, tensor } from "@trellis/stage";
-import { MOBILENET_PATH, modelsDir, readReferenceTensor, referenceTop5OnThisCpu, STABLE_TOP1 } from "@trellis/testing";
+import {
+  MOBILENET_PATH,
+  modelsDir,
+  readReferenceTensor,
+  referenceTop5OnThisCpu,
+  STABLE_TOP1,
+} from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createStage } from "../src/index.js";
 import { type Child, spawnServer } from "./helpers.js";
