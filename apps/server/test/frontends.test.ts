@@ -343,8 +343,8 @@ describe("HTTP/REST", () => {
       inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3] }],
     });
     expect(badShape.status).toBe(400);
-    // Triton's words (http_server.cc ReadDataFromJson), which name no internal field.
-    expect(badShape.json.error).toBe("Unable to parse 'data': Shape does not match true shape of 'data' field");
+    // Triton's words for too few elements (http_server.cc ReadDataFromJson), which name no internal field.
+    expect(badShape.json.error).toBe("Failed to parse 'data' field: shape does not match true shape");
     const badType = await postJson(`${server.http}/v2/models/echo/infer`, {
       inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, "x", 3, 4] }],
     });

@@ -188,8 +188,14 @@ function header(t: JsonTensor): { name: string; datatype: string; shape: number[
   return { name: t.name, datatype: t.datatype, shape: shape.map(Number) };
 }
 
-/** Triton's refusal of `data` with more or fewer elements than the shape holds (http_server.cc ReadDataFromJson). */
-const SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field";
+/**
+ * Triton's refusals of `data` whose element count is not the shape's (http_server.cc
+ * ReadDataFromJson on main): more elements stop the read at the first one too many; fewer are
+ * found once all are read. A BYTES input's count is checked by the model's request checks, in
+ * core's words (its JSON byte size is computed from the data, so Triton's read never overruns).
+ */
+const TOO_MANY_ELEMENTS = "Unable to parse 'data': Shape does not match true shape of 'data' field";
+const TOO_FEW_ELEMENTS = "Failed to parse 'data' field: shape does not match true shape";
 
 /** An input from JSON `data`, its body read by JSON.parse or, `exact`, by parseExactJson. */
 export function tensorFromJson(t: JsonTensor, exact = false): Tensor {
@@ -203,7 +209,11 @@ export function tensorFromJson(t: JsonTensor, exact = false): Tensor {
   }
   if (t.data === undefined) throw bad(`input '${h.name}': no 'data' and no binary_data_size parameter`);
   const flat = flatten(t.data);
-  if (h.shape.every((d) => d >= 0) && flat.length !== h.shape.reduce((n, d) => n * d, 1)) throw bad(SHAPE_MISMATCH);
+  if (h.datatype !== "BYTES" && h.shape.every((d) => d >= 0)) {
+    const count = h.shape.reduce((n, d) => n * d, 1);
+    if (flat.length > count) throw bad(TOO_MANY_ELEMENTS);
+    if (flat.length < count) throw bad(TOO_FEW_ELEMENTS);
+  }
   const contents = create(InferTensorContentsSchema);
   (contents[field] as unknown[]) = flat.map((v, i) => element(h.name, h.datatype as DataType, v, i, exact));
   return tensorFromContents("input", h, contents);
