@@ -87,7 +87,8 @@ const OPTIMIZATION = {
 const LATEST_1 = { latest: { num_versions: 1 } };
 const SEED_BATCHING = {
   preferred_batch_size: [16, 32, 64, 128, 256],
-  max_queue_delay_microseconds: 100000,
+  // The repository's models/ hold no request for a fuller batch (see their config.pbtxt).
+  max_queue_delay_microseconds: 0,
   preserve_ordering: false,
   priority_levels: 0,
   default_priority_level: 0,

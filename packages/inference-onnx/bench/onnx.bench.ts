@@ -104,7 +104,7 @@ mkdirSync(join(repo, "m", "1"), { recursive: true });
 copyFileSync(modelPath, join(repo, "m", "1", "model.onnx"));
 const request = (k: number) => ({ inputs: [tensor("input", "FP32", [1, 3, 224, 224], images[k % 8]!)] });
 
-// Batching "eager" (the stage's default, max_queue_delay 0): an idle instance takes what is
+// Batching "eager" (max_queue_delay 0, where Triton's rule, the default, agrees): an idle instance takes what is
 // queued, so 8 closed-loop clients settle into alternating batches of 1 and 7. "delay":
 // Triton's rule with preferred_batch_size 8 and a 2 ms delay, so they form batches of 8.
 type Batching = "none" | "eager" | "delay";

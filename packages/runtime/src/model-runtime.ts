@@ -59,7 +59,7 @@ export interface ModelRuntimeOptions {
   rateLimiter?: RateLimiter;
   /** `<repository>/<model>`: where sequence_batching's initial_state files are read. */
   modelDir?: string;
-  /** The dynamic batcher's strategy (see BatchingStrategy); default: the config's parameter dynamic_batching_strategy, else "eager". */
+  /** The dynamic batcher's strategy (see BatchingStrategy); default: the config's parameter dynamic_batching_strategy, else "delay" (Triton's). */
   strategy?: BatchingStrategy;
   /** The server's queue bound for a config that sets no max_queue_size (--default-max-queue-size); 0: none. */
   defaultMaxQueueSize?: number;
@@ -239,9 +239,14 @@ export function createModelRuntime(options: ModelRuntimeOptions): Promise<ModelR
   return createModel(options);
 }
 
-/** The dynamic batcher's strategy its config names (parameter dynamic_batching_strategy), default "eager". */
+/**
+ * The dynamic batcher's strategy its config names (parameter dynamic_batching_strategy), default
+ * "delay": Triton's dynamic batcher (core src/dynamic_batch_scheduler.cc), which holds a batch short
+ * of a preferred size up to max_queue_delay_microseconds, the requests held counting toward
+ * max_queue_size. "eager" is Trellis's own: an idle instance takes what is queued at once.
+ */
 export function configBatchingStrategy(config: ModelConfig): BatchingStrategy {
-  const v = config.parameters.dynamic_batching_strategy?.stringValue.trim() || "eager";
+  const v = config.parameters.dynamic_batching_strategy?.stringValue.trim() || "delay";
   if (v !== "delay" && v !== "eager") {
     throw new StageError(
       Code.InvalidArgument,

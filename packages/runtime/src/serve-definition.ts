@@ -16,7 +16,7 @@ import type { BatchingStrategy } from "./schedulers/dynamic/batcher.js";
 export interface ServeDefinitionOptions {
   /** `<repository>/<model>`: where sequence_batching's initial_state files are read. */
   modelDir?: string;
-  /** The dynamic batcher's strategy; default: the config's parameter dynamic_batching_strategy, else "eager". */
+  /** The dynamic batcher's strategy; default: the config's parameter dynamic_batching_strategy, else "delay" (Triton's). */
   strategy?: BatchingStrategy;
   /** A queue bound for a config that sets no max_queue_size; 0 or absent: none. */
   defaultMaxQueueSize?: number;

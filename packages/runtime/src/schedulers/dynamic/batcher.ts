@@ -103,7 +103,7 @@ class Batcher implements DynamicBatcher {
     this.maxBatchSize = maxBatchSize;
     this.batching = db !== undefined && maxBatchSize > 0;
     this.preferred = new Set((db?.preferredBatchSize ?? []).filter((n) => n > 0 && n <= maxBatchSize));
-    this.delayNs = (options.strategy ?? "eager") === "eager" ? 0 : Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
+    this.delayNs = (options.strategy ?? "delay") === "eager" ? 0 : Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
     const instances = Math.max(1, options.instances ?? 1);
     const { levels, defaultIndex } = buildLevels(db);
     this.levels = levels;

@@ -28,11 +28,11 @@ export interface DynamicBatcherOptions {
   execute?: BatchExecutor;
   executeRequests?: RequestsExecutor;
   /**
-   * "eager" (default): an idle instance takes whatever is queued at once, so
-   * batches form while every instance is busy: no added latency at low load,
-   * full batches under saturation. "delay" (Triton's rule): a batch short of
-   * a preferred size waits up to max_queue_delay for more requests, even
-   * while instances sit idle (a lone request always waits the full delay).
+   * "delay" (default, Triton's rule): a batch short of a preferred size (or of
+   * max_batch_size) waits up to max_queue_delay for more requests, even while
+   * instances sit idle (a lone request waits the full delay); with no delay it
+   * runs at once. "eager": an idle instance takes whatever is queued at once,
+   * whatever the delay, so batches form only while every instance is busy.
    */
   strategy?: BatchingStrategy;
   /**
