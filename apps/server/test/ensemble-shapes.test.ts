@@ -64,6 +64,41 @@ describe("a non-batching ensemble over a batching step", () => {
     expect((await grpcClientOf(server).modelReady({ name: "same_dims" })).ready).toBe(true);
   });
 
+  it("passes zero-size and variable shapes as Triton's ensemble scheduler does (ReshapeTensorDims), over HTTP and gRPC", async () => {
+    // same_dims: ensemble [-1] (no batching) over a step [-1] that batches. A tensor whose shape is
+    // the step's dims gets a batch of 1 in front on the way in, and loses it on the way back.
+    const http = async (model: string, shape: number[], data: number[]) =>
+      postJson(`${server.http}/v2/models/${model}/infer`, {
+        inputs: [{ name: "X", datatype: "FP32", shape, data }],
+      });
+    for (const [shape, data] of [
+      [[0], []],
+      [[1], [7]],
+      [[3], [1, 2, 3]],
+    ] as [number[], number[]][]) {
+      const res = await http("same_dims", shape, data);
+      expect(res.status, JSON.stringify(res.json)).toBe(200);
+      expect(res.json.outputs[0].shape).toEqual(shape);
+      expect(res.json.outputs[0].data).toEqual(data);
+    }
+    const grpc = await grpcClientOf(server).modelInfer({
+      modelName: "same_dims",
+      inputs: [{ name: "X", datatype: "FP32", shape: [0n] }],
+      rawInputContents: [new Uint8Array(0)],
+    });
+    expect(grpc.outputs[0]?.shape).toEqual([0n]);
+    // flat_over_batching: ensemble [-1,-1] over the step [-1]. [2,2] is not the step's dims, so it
+    // goes as a batch of 2; [1] is refused by the ensemble's own dims, as Triton's core checks it.
+    const square = await http("flat_over_batching", [2, 2], [1, 2, 3, 4]);
+    expect(square.status).toBe(200);
+    expect(square.json.outputs[0]).toMatchObject({ shape: [2, 2], data: [1, 2, 3, 4] });
+    const flat = await http("flat_over_batching", [1], [1]);
+    expect(flat.status).toBe(400);
+    expect(flat.json.error).toContain(
+      "unexpected shape for input 'X' for model 'flat_over_batching'. Expected [-1,-1], got [1]",
+    );
+  });
+
   it("is refused when neither the dims nor the full shapes agree", async () => {
     expect((await grpcClientOf(server).modelReady({ name: "mismatched" })).ready).toBe(false);
     const index = await postJson(`${server.http}/v2/repository/index`, {});

@@ -15,7 +15,15 @@ import {
 } from "@trellis/stage";
 import { abortError, missingOutput, stepError } from "./errors.js";
 import type { Limiter } from "./limiter.js";
-import { type StepRuntime, type StepTotals, stepOptions, stepRecorder, stepRequest, stepSucceeded } from "./steps.js";
+import {
+  requestBatch,
+  type StepRuntime,
+  type StepTotals,
+  stepOptions,
+  stepRecorder,
+  stepRequest,
+  stepSucceeded,
+} from "./steps.js";
 
 /** One request as its steps see it: shared by every pass over the DAG it makes. */
 export interface RequestContext {
@@ -34,6 +42,8 @@ export interface RequestContext {
   totals: StepTotals;
   /** The decoupled step while this request holds its slot (released when the request ends). */
   held?: StepRuntime;
+  /** Each tensor's batch size: of the request that made it (0: made by a model that does not batch). */
+  batchOf: WeakMap<Tensor, number>;
 }
 
 /**
@@ -115,11 +125,13 @@ class DagPass {
     try {
       if (ctx.signal.aborted) return release();
       let response: InferResponse;
+      let sent: InferRequest;
       const stage = ctx.stages[step.index] as Stage;
       const options = stepOptions(step, stage.version, ctx.signal, ctx.options);
       const stats = stepRecorder(rt, stage.version);
       try {
-        response = await stage.infer(stepRequest(step, this.tensors, ctx.request, ctx.perStep), options);
+        sent = stepRequest(step, stage, this.tensors, ctx.request, ctx.perStep, ctx.batchOf);
+        response = await stage.infer(sent, options);
       } catch (err) {
         options.trace?.failed?.();
         stats.requestFailed(nowNs() - queued);
@@ -138,6 +150,7 @@ class DagPass {
           return this.stop(stepError(ctx.ensemble, step, missingOutput(o.name)));
         }
         this.tensors.set(o.tensor, t);
+        ctx.batchOf.set(t, requestBatch(stage, sent));
       }
       this.remaining -= 1;
       if (this.remaining === 0) this.finish();

@@ -6,7 +6,7 @@ import { type InferResponse, nowNs, type Stage, type Tensor } from "@trellis/sta
 import { type RequestContext, runSteps } from "./dag.js";
 import { abortError, EnsembleStepError, missingOutput, stepError } from "./errors.js";
 import type { EnsemblePlan } from "./plan.js";
-import { type StepRuntime, stepOptions, stepRecorder, stepRequest, stepSucceeded } from "./steps.js";
+import { requestBatch, type StepRuntime, stepOptions, stepRecorder, stepRequest, stepSucceeded } from "./steps.js";
 
 /** The steps that read (directly or not) step `from`'s outputs: they run once per response it sends. */
 export function downstreamOf(plan: EnsemblePlan, from: number): Set<number> {
@@ -44,10 +44,9 @@ export async function* fanOut(
   const started = nowNs();
   const stage = ctx.stages[step.index] as Stage;
   const stats = stepRecorder(rt, stage.version);
-  const responses = stage.inferStream!(
-    stepRequest(step, tensors, ctx.request, ctx.perStep),
-    stepOptions(step, stage.version, ctx.signal, ctx.options),
-  );
+  const sent = stepRequest(step, stage, tensors, ctx.request, ctx.perStep, ctx.batchOf);
+  const responses = stage.inferStream!(sent, stepOptions(step, stage.version, ctx.signal, ctx.options));
+  const batch = requestBatch(stage, sent);
   let first = true;
   try {
     for await (const response of responses) {
@@ -56,6 +55,7 @@ export async function* fanOut(
         const t = response.outputs.find((x) => x.name === o.name);
         if (!t) throw missingOutput(o.name);
         each.set(o.tensor, t);
+        ctx.batchOf.set(t, batch);
       }
       await runSteps(ctx, each, downstream);
       if (first) firstResponse();

@@ -20,6 +20,7 @@ import {
 } from "@trellis/stage";
 import { checkInferRequest, type RequestSpec } from "@trellis/stage/backend";
 import { EntryBound, ensembleRequestSpec, requestedOutputs } from "./admission.js";
+import { reshapedFor } from "./batch-shapes.js";
 import { type RequestContext, runSteps } from "./dag.js";
 import { downstreamOf, fanOut } from "./decoupled.js";
 import { abortError } from "./errors.js";
@@ -119,13 +120,18 @@ export class EnsembleRunner {
       outer?.addEventListener("abort", onOuterAbort, { once: true });
       ctx = this.requestContext(request, options, perStep, batch, controller, held.stages);
       const tensors = new Map<string, Tensor>();
-      for (const t of request.inputs) tensors.set(t.name, t);
+      // The ensemble's inputs have its request's batch size (0: the ensemble does not batch).
+      const inputBatch = this.config.maxBatchSize > 0 ? batch : 0;
+      for (const t of request.inputs) {
+        tensors.set(t.name, t);
+        ctx.batchOf.set(t, inputBatch);
+      }
       const inputNs = nowNs() - begin;
       const answer = (from: Map<string, Tensor>): InferResponse => ({
         id: request.id,
         modelName: name,
         modelVersion: this.version,
-        outputs: wanted.map((o) => renamed(from.get(o)!, o)),
+        outputs: wanted.map((o) => this.output(from.get(o)!, o, ctx as RequestContext)),
       });
       await runSteps(ctx, tensors, this.beforeDecoupled);
       if (this.decoupledStep < 0) {
@@ -154,6 +160,13 @@ export class EnsembleRunner {
     }
   }
 
+  /** An ensemble output: the tensor under its ensemble name, shaped for whether the ensemble batches. */
+  private output(t: Tensor, name: string, ctx: RequestContext): Tensor {
+    const declared = this.config.output.find((o) => o.name === name);
+    const dims = declared && (declared.reshape ? declared.reshape.shape : declared.dims).map(Number);
+    return reshapedFor(renamed(t, name), dims, this.config.maxBatchSize > 0, ctx.batchOf.get(t) ?? 0);
+  }
+
   private requestContext(
     request: InferRequest,
     options: InferOptions | undefined,
@@ -172,6 +185,7 @@ export class EnsembleRunner {
       batch,
       signal: controller.signal,
       fail: (err: StageError) => controller.abort(err),
+      batchOf: new WeakMap(),
       totals: { queueNs: 0, computeNs: 0 },
     };
   }

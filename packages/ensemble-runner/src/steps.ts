@@ -8,9 +8,11 @@ import {
   type InferRequest,
   nowNs,
   type RequestedOutput,
+  type Stage,
   StatisticsRecorder,
   type Tensor,
 } from "@trellis/stage";
+import { reshapedFor } from "./batch-shapes.js";
 import { Limiter } from "./limiter.js";
 import type { EnsemblePlan, StepPlan } from "./plan.js";
 
@@ -71,20 +73,34 @@ export const renamed = (t: Tensor, name: string): Tensor =>
   // Zero-copy: the step sees the producer's very data (and shape), under its own name.
   t.name === name ? t : { name, datatype: t.datatype, shape: t.shape, data: t.data };
 
-/** The request `step` is sent: its inputs from the request's tensors so far, under the step's names. */
+/**
+ * The request `step` is sent (to `stage`, its model for this request): its inputs from the
+ * request's tensors so far, under the step's names, each shaped for whether the model batches
+ * (batchOf: the batch size of the request that made each tensor; see batch-shapes.ts).
+ */
 export function stepRequest(
   step: StepPlan,
+  stage: Stage,
   tensors: Map<string, Tensor>,
   request: InferRequest,
   perStep: RequestedOutput[][],
+  batchOf: WeakMap<Tensor, number>,
 ): InferRequest {
   const inputs: Tensor[] = [];
+  const batching = stage.config.maxBatchSize > 0;
   for (const { name: input, tensor } of step.inputs) {
     const t = tensors.get(tensor);
     // Absent only when it is an optional ensemble input the client left out.
-    if (t) inputs.push(renamed(t, input));
+    if (!t) continue;
+    const dims = stage.config.input.find((c) => c.name === input)?.dims.map(Number);
+    inputs.push(reshapedFor(renamed(t, input), dims, batching, batchOf.get(t) ?? 0));
   }
   return { id: request.id, inputs, outputs: perStep[step.index], parameters: request.parameters };
+}
+
+/** The batch size a step's request has, for the tensors it answers with (0: its model does not batch). */
+export function requestBatch(stage: Stage, request: InferRequest): number {
+  return stage.config.maxBatchSize > 0 ? (request.inputs[0]?.shape[0] ?? 0) : 0;
 }
 
 /**
