@@ -4,6 +4,7 @@
  * shape (core's infer_request.cc string input checks), over gRPC with an ONNX identity model built
  * here, each refused while a good request is in flight.
  */
+import { request } from "node:http";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { ModelInferRequest } from "@trellis/protocol";
 import { identityModel, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
@@ -51,6 +52,23 @@ const infer = (raw: Uint8Array, count: number, id = "") =>
     rawInputContents: [raw],
   });
 
+/** A POST sent with its path exactly as given. */
+function rawPost(path: string): Promise<{ status: number; body: string }> {
+  const { hostname, port } = new URL(server.http);
+  return new Promise((resolve, reject) => {
+    const req = request({ host: hostname, port, path, method: "POST" }, (res) => {
+      let body = "";
+      res.setEncoding("utf8");
+      res.on("data", (c: string) => {
+        body += c;
+      });
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
 const refusal = (p: Promise<unknown>) =>
   p.then(
     () => undefined,
@@ -77,6 +95,19 @@ describe("model names a load or unload refuses, in Triton's words", () => {
     }
     expect((await client.modelReady({ name: "words" })).ready).toBe(true);
   });
+
+  // Over HTTP the name is a path segment, percent-encoded, dots too, and sent as it is (fetch would
+  // fold a "%2E%2E" segment into the path first); an empty one has no URL.
+  it.each(cases.filter(([name]) => name.trim() !== ""))(
+    "%j over HTTP: 400, load and unload alike",
+    async (name, text) => {
+      for (const action of ["load", "unload"]) {
+        const res = await rawPost(`/v2/repository/models/${encodeURIComponent(name).replaceAll(".", "%2E")}/${action}`);
+        expect(res.status).toBe(400);
+        expect((JSON.parse(res.body) as { error: string }).error).toBe(text);
+      }
+    },
+  );
 });
 
 describe("a string input whose elements do not match its shape, in Triton's words", () => {
