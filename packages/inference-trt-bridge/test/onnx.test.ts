@@ -7,13 +7,7 @@ import { ConnectError } from "@connectrpc/connect";
 import { createOnnxModel, type OnnxModel } from "@trellis/inference-onnx";
 import { loadModelConfig, parseModelConfig } from "@trellis/protocol";
 import { Code, defineStage, type Stage, tensor } from "@trellis/stage";
-import {
-  MOBILENET_PATH,
-  modelsDir,
-  readReferenceTensor,
-  referenceTop5OnThisCpu,
-  STABLE_TOP1,
-} from "@trellis/testing";
+import { MOBILENET_PATH, modelsDir, readReferenceTensor, referenceTop5OnThisCpu, STABLE_TOP1 } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createStage } from "../src/index.js";
 import { type Child, spawnServer } from "./helpers.js";
@@ -23,7 +17,7 @@ const IMAGES = ["chelsea.jpg", "coffee.jpg", "camera.jpg", "rocket.jpg"];
 /** The seed's inference config, renamed to the Triton model and pointed at MobileNetV2. */
 async function standInConfigText(): Promise<string> {
   const seed = await readFile(join(modelsDir, "resnet50_inference", "config.pbtxt"), "utf8");
-  return `${seed.replace('name: "resnet50_inference"', 'name: "resnet50_trt"').replace("max_queue_delay_microseconds: 100000", "max_queue_delay_microseconds: 1000")}\ndefault_model_filename: "${basename(MOBILENET_PATH)}"\n`;
+  return `${seed.replace('name: "resnet50_inference"', 'name: "resnet50_trt"').replace(/max_queue_delay_microseconds: \d+/, "max_queue_delay_microseconds: 1000")}\ndefault_model_filename: "${basename(MOBILENET_PATH)}"\n`;
 }
 
 let server: Child;

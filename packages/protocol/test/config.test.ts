@@ -31,7 +31,8 @@ describe("loadModelConfig on the seed's repository", () => {
     expect(c.schedulingChoice.case).toBe("dynamicBatching");
     const db = c.schedulingChoice.case === "dynamicBatching" ? c.schedulingChoice.value : undefined;
     expect(db?.preferredBatchSize).toEqual([16, 32, 64, 128, 256]);
-    expect(db?.maxQueueDelayMicroseconds).toBe(100000n);
+    // The repository's models/ hold no lone request for a fuller batch (see their config.pbtxt).
+    expect(db?.maxQueueDelayMicroseconds).toBe(0n);
     expect(c.instanceGroup[0]?.kind).toBe(ModelInstanceGroup_Kind.CPU);
     expect(c.parameters.module?.stringValue).toBe("@trellis/preprocess");
   });
