@@ -15,7 +15,7 @@ import { listenStage } from "@trellis/frontends";
 import { createOnnxModel, type OnnxStageOptions } from "@trellis/inference-onnx";
 import { connectStage, grpcTransport } from "@trellis/kserve";
 import { parseModelConfig } from "@trellis/protocol";
-import { createModelRuntime } from "@trellis/runtime";
+import { createModel } from "@trellis/runtime";
 import { type Stage, tensor } from "@trellis/stage";
 import { closedLoop, percentile } from "@trellis/testing";
 import * as ort from "onnxruntime-node";
@@ -23,7 +23,7 @@ import * as ort from "onnxruntime-node";
 /** The model served by the model runtime, as the repository loader serves it. */
 async function createOnnxStage(options: OnnxStageOptions) {
   const model = await createOnnxModel(options);
-  return createModelRuntime({ config: model.config, backend: model.backend, strategy: model.strategy });
+  return createModel({ config: model.config, backend: model.backend, strategy: model.strategy });
 }
 
 const root = join(import.meta.dirname, "..", "..", "..", "..");
