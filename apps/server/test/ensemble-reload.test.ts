@@ -82,6 +82,22 @@ const verdict = (o: Outcome) =>
           ? "half-and-half"
           : `other (${o.y})`;
 
+/** The repository index's rows of `model`, one per version. */
+async function indexRows(s: ServerProcess, model: string): Promise<{ name: string; state?: string }[]> {
+  const rows = (await postJson(`${s.http}/v2/repository/index`, {})).json as { name: string; state?: string }[];
+  return rows.filter((r) => r.name === model);
+}
+
+/** No answer computed half by one version of addv and half by the other (or by neither). */
+function expectNoMixedVersions(seen: string[]): void {
+  expect
+    .soft(
+      seen.filter((v) => /half|other/.test(v)),
+      "no answer mixes versions",
+    )
+    .toEqual([]);
+}
+
 let server: ServerProcess | undefined;
 let repo: string | undefined;
 afterEach(async () => {
@@ -207,12 +223,7 @@ describe("an ensemble's step changes while ensemble requests are in flight", () 
 
     // Soft from here on: one run reports every way the server falls short.
     const seen = verdicts(outcomes);
-    expect
-      .soft(
-        seen.filter((v) => /half|other/.test(v)),
-        "no answer mixes versions",
-      )
-      .toEqual([]);
+    expectNoMixedVersions(seen);
     for (const o of outcomes.filter((o) => o.y === undefined)) expectClearRefusal(o);
     expect.soft(held, "held / calls on v1 / calls on v2, just before the release").toEqual([N, 2, 2 * M]);
     expect
@@ -230,10 +241,7 @@ describe("an ensemble's step changes while ensemble requests are in flight", () 
       .soft(await counts(s, "addv", "2"), "addv v2's statistics")
       .toEqual({ version: "2", success: 2 * M, fail: 0 });
     // Version 1 goes once its last request is answered (the state waited on, not a time).
-    const addvRows = async () =>
-      ((await postJson(`${s.http}/v2/repository/index`, {})).json as { name: string }[]).filter(
-        (r) => r.name === "addv",
-      );
+    const addvRows = () => indexRows(s, "addv");
     await until(async () => JSON.stringify(await addvRows()).includes('"UNAVAILABLE"'));
     expect(await addvRows()).toEqual([
       { name: "addv", version: "1", state: "UNAVAILABLE", reason: "unloaded" },
@@ -245,10 +253,7 @@ describe("an ensemble's step changes while ensemble requests are in flight", () 
   it("unloaded: held requests finish wholly on v1, new ones are refused naming the step", async () => {
     const { s, early } = await holdEarly();
     const unloading = postJson(`${s.http}/v2/repository/models/addv/unload`, {});
-    const state = async () =>
-      ((await postJson(`${s.http}/v2/repository/index`, {})).json as { name: string; state: string }[]).find(
-        (r) => r.name === "addv",
-      )?.state;
+    const state = async () => (await indexRows(s, "addv"))[0]?.state;
     expect(await until(async () => (await state()) === "UNLOADING"), "addv UNLOADING").toBe(true);
 
     const refusedAsks = [ask(s, "new-0", 500, "http"), ask(s, "new-1", 600, "http"), ask(s, "new-2", 700, "grpc")];
@@ -267,12 +272,7 @@ describe("an ensemble's step changes while ensemble requests are in flight", () 
       .toEqual(["refused", "refused", "refused"]);
     for (const o of refused) expectClearRefusal(o, /^pipe: step 0 addv: [A-Z_]+: .*'addv'/);
     const seen = verdicts(answers);
-    expect
-      .soft(
-        seen.filter((v) => /half|other/.test(v)),
-        "no answer mixes versions",
-      )
-      .toEqual([]);
+    expectNoMixedVersions(seen);
     for (const o of answers.filter((o) => o.y === undefined)) expectClearRefusal(o);
     expect
       .soft(seen, "the held requests, answered wholly on v1")

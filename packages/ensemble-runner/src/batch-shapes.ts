@@ -6,7 +6,21 @@
  * when its shape is the model's dims; going to a model that does not batch, a tensor of a batch
  * of 1 loses that dimension when its shape is not the model's dims. Otherwise it goes as it is.
  */
+import type { ModelConfig } from "@trellis/protocol";
 import type { Tensor } from "@trellis/stage";
+
+/** Each config's input dims by name, read once per config (not once per request and step). */
+const inputDimsByConfig = new WeakMap<ModelConfig, Map<string, number[]>>();
+
+/** The dims `config` declares for input `name`; undefined when it declares no such input. */
+export function inputDims(config: ModelConfig, name: string): number[] | undefined {
+  let dims = inputDimsByConfig.get(config);
+  if (!dims) {
+    dims = new Map(config.input.map((c) => [c.name, c.dims.map(Number)]));
+    inputDimsByConfig.set(config, dims);
+  }
+  return dims.get(name);
+}
 
 /** Triton's CompareDimsWithWildcard: the same rank, each dim equal or -1 on either side. */
 function dimsAgree(config: readonly number[], dims: readonly number[]): boolean {

@@ -12,7 +12,7 @@ import {
   StatisticsRecorder,
   type Tensor,
 } from "@trellis/stage";
-import { reshapedFor } from "./batch-shapes.js";
+import { inputDims, reshapedFor } from "./batch-shapes.js";
 import { Limiter } from "./limiter.js";
 import type { EnsemblePlan, StepPlan } from "./plan.js";
 
@@ -92,8 +92,7 @@ export function stepRequest(
     const t = tensors.get(tensor);
     // Absent only when it is an optional ensemble input the client left out.
     if (!t) continue;
-    const dims = stage.config.input.find((c) => c.name === input)?.dims.map(Number);
-    inputs.push(reshapedFor(renamed(t, input), dims, batching, batchOf.get(t) ?? 0));
+    inputs.push(reshapedFor(renamed(t, input), inputDims(stage.config, input), batching, batchOf.get(t) ?? 0));
   }
   return { id: request.id, inputs, outputs: perStep[step.index], parameters: request.parameters };
 }

@@ -18,13 +18,13 @@ import {
   Model,
   type ModelCache,
   type ModelInterceptor,
-  stageBackend,
   tracingInterceptor,
 } from "@trellis/runtime";
 import type { Stage } from "@trellis/stage";
 import { modelFilePath } from "@trellis/stage/backend";
 import pLimit, { type LimitFunction } from "p-limit";
 import { configBoundsProblem } from "./config-bounds.js";
+import { remoteBackend } from "./loader.js";
 import type { ResolvedOptions } from "./manager-options.js";
 import { ensembleSteps, isEnsemble, isLoaded, type ModelEntry, selectVersions, type VersionEntry } from "./registry.js";
 import type { RepositoryModel, RepositorySource } from "./scan.js";
@@ -397,6 +397,11 @@ async function asModel(
   versions: () => string[],
 ): Promise<Model> {
   if (stage instanceof Model) return stage;
-  const backend = { ...stageBackend(stage, Number.POSITIVE_INFINITY), checksRequests: true };
-  return createModel({ config: stage.config, version: stage.version, backend, interceptors, versions });
+  return createModel({
+    config: stage.config,
+    version: stage.version,
+    backend: remoteBackend(stage),
+    interceptors,
+    versions,
+  });
 }

@@ -282,7 +282,7 @@ function ensembleBackend(ensemble: EnsembleStage): ModelBackend {
 }
 
 /** A remote model as a backend: its server checks, batches and computes; each request one call. */
-function remoteBackend(stage: Stage): ModelBackend {
+export function remoteBackend(stage: Stage): ModelBackend {
   return { ...stageBackend(stage, Number.POSITIVE_INFINITY), checksRequests: true };
 }
 
