@@ -14,16 +14,20 @@
  * For each: interleaved rounds (A B, B A, …) of ATTACK_AB_SECONDS (6) after 1 s of warm-up each;
  * reported: good req/s per phase (median round), B/A per round with its median (target ≥ 0.8),
  * good requests failed, and the server's re-runs, quarantined runs and Python restarts.
- * The two extra clients run in threads of their own (attack-worker.ts), so reading a large answer
- * does not stall the good clients' event loop (it did: 0.35× measured that way was mostly the
- * bench's own client reading 32 MiB answers).
+ * The two extra clients (attack or control) run in a process of their own at the lowest CPU
+ * priority (attack-worker.ts): on one 2-core machine that stands in for clients elsewhere, so the
+ * ratio is what their requests cost the server, not what their own reading of 32 MiB answers or
+ * looping on instant refusals costs the good clients' process (which, with the server, already
+ * fills both cores). Also reported per phase: the extra clients' requests/s and the server's
+ * CPU (its process and the Python stubs it started).
  * Run (after pnpm build): pnpm --filter @trellis/server bench:attacks [attack…]
  * (ATTACK_AB_ROUNDS 3, ATTACK_AB_GOOD 16; PYTHON=<python3 with numpy>, default /usr/bin/python3)
  */
-import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
+
+import { spawn } from "node:child_process";
+import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Worker } from "node:worker_threads";
 import {
   closedLoop,
   gatherConfig,
@@ -113,48 +117,85 @@ interface Phase {
   /** The two extra clients send good requests (the control) or the attack's. */
   attacking: boolean;
   rates: number[];
+  extraRates: number[];
 }
 
-/** One extra client, in a thread of its own, until stop() is called: how many of its requests were good. */
-function extraClient(attack: Attack, attacking: boolean, client: number) {
-  const worker = new Worker(new URL("./attack-worker.js", import.meta.url), {
-    workerData: { http: server.http, attack: attack.name, attacking, client },
-  });
-  const done = new Promise<number>((resolve, reject) => {
-    worker.once("message", (failedGood: number) => resolve(failedGood));
-    worker.once("error", reject);
+/** CPU seconds used so far by `pid` and its descendants (utime + stime, reaped children included). */
+async function cpuSeconds(pid: number): Promise<number> {
+  const tick = 100; // USER_HZ on Linux
+  let total = 0;
+  const visit = async (p: number, withChildren: boolean) => {
+    const stat = await readFile(`/proc/${p}/stat`, "utf8").catch(() => "");
+    if (!stat) return;
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    // fields[11..14]: utime stime cutime cstime (stat fields 14–17)
+    total +=
+      (Number(fields[11]) + Number(fields[12]) + (withChildren ? Number(fields[13]) + Number(fields[14]) : 0)) / tick;
+    const children = await readFile(`/proc/${p}/task/${p}/children`, "utf8").catch(() => "");
+    for (const child of children.split(" ").filter(Boolean)) await visit(Number(child), withChildren);
+  };
+  await visit(pid, true);
+  return total;
+}
+
+/** The two extra clients, in a process of their own at the lowest priority, until stop() is called. */
+function extraClients(attack: Attack, attacking: boolean) {
+  const child = spawn(
+    "nice",
+    [
+      "-n",
+      "19",
+      process.execPath,
+      new URL("./attack-worker.js", import.meta.url).pathname,
+      server.http,
+      attack.name,
+      attacking ? "attack" : "control",
+    ],
+    { stdio: ["ignore", "inherit", "inherit", "ipc"] },
+  );
+  const done = new Promise<{ sent: number; failedGood: number }>((resolve, reject) => {
+    child.once("message", (m) => resolve(m as { sent: number; failedGood: number }));
+    child.once("exit", (code) => reject(new Error(`the extra clients' process exited (${code}) before reporting`)));
   });
   return {
     stop: async () => {
-      worker.postMessage("stop");
-      goodFailed += await done;
-      await worker.terminate();
+      child.send("stop");
+      const { sent, failedGood } = await done;
+      goodFailed += failedGood;
+      return sent;
     },
   };
 }
 
 async function runAttack(attack: Attack): Promise<string> {
   const phases: Phase[] = [
-    { label: "A: + 2 good clients", attacking: false, rates: [] },
-    { label: "B: + 2 attacking clients", attacking: true, rates: [] },
+    { label: "A: + 2 good clients", attacking: false, rates: [], extraRates: [] },
+    { label: "B: + 2 attacking clients", attacking: true, rates: [], extraRates: [] },
   ];
   const failedBefore = goodFailed;
   const counters = ["trellis_inference_rerun_count", "trellis_inference_quarantined_count"];
   const before = await Promise.all(counters.map(metricsSum));
   await closedLoop((k) => post(attack.good, goodBody(attack.good, k), true), GOOD, 2); // warm-up, unmeasured
   await interleavedRounds(phases, ROUNDS, async (phase, round) => {
-    const extras = [0, 1].map((client) => extraClient(attack, phase.attacking, client));
+    const extras = extraClients(attack, phase.attacking);
+    const cpu0 = await cpuSeconds(server.proc.pid!);
+    const t0 = performance.now();
     const r = await closedLoop((k) => post(attack.good, goodBody(attack.good, k), true), GOOD, SECONDS, {
       warmupSeconds: 1,
     });
-    await Promise.all(extras.map((e) => e.stop()));
+    const sent = await extras.stop();
+    const cpu = (await cpuSeconds(server.proc.pid!)) - cpu0;
+    const wall = (performance.now() - t0) / 1000;
     phase.rates.push(r.calls / r.seconds);
-    console.log(`  ${attack.name} round ${round + 1} ${phase.label}: ${(r.calls / r.seconds).toFixed(0)} good req/s`);
+    phase.extraRates.push(sent / wall);
+    console.log(
+      `  ${attack.name} round ${round + 1} ${phase.label}: ${(r.calls / r.seconds).toFixed(0)} good req/s, extra clients ${(sent / wall).toFixed(0)} req/s, server CPU ${((cpu / wall) * 100).toFixed(0)} %`,
+    );
   });
   const after = await Promise.all(counters.map(metricsSum));
   const [a, b] = phases as [Phase, Phase];
   const ratios = b.rates.map((rate, i) => rate / a.rates[i]!);
-  return `| ${attack.name} | ${median(a.rates).toFixed(0)}/s | ${median(b.rates).toFixed(0)}/s | ${ratios.map((r) => r.toFixed(2)).join(", ")} | **${median(ratios).toFixed(2)}** | ${goodFailed - failedBefore} | ${after[0]! - before[0]!} / ${after[1]! - before[1]!} |`;
+  return `| ${attack.name} | ${median(a.rates).toFixed(0)}/s | ${median(b.rates).toFixed(0)}/s | ${ratios.map((r) => r.toFixed(2)).join(", ")} | **${median(ratios).toFixed(2)}** | ${median(a.extraRates).toFixed(0)}/s / ${median(b.extraRates).toFixed(0)}/s | ${goodFailed - failedBefore} | ${after[0]! - before[0]!} / ${after[1]! - before[1]!} |`;
 }
 
 /** A lone large answer's latency (median of 5), the machine otherwise idle: what one attacking request costs. */
@@ -180,9 +221,9 @@ try {
     `\nattacks A/B: ${GOOD} good closed-loop clients over HTTP/JSON, ${ROUNDS} interleaved rounds of ${SECONDS} s`,
   );
   console.log(
-    "| attack | A: + 2 good | B: + 2 attacking | B/A per round | B/A median | good failed | re-runs / quarantined |",
+    "| attack | A: + 2 good | B: + 2 attacking | B/A per round | B/A median | extra clients' req/s A / B | good failed | re-runs / quarantined |",
   );
-  console.log("|---|---|---|---|---|---|---|");
+  console.log("|---|---|---|---|---|---|---|---|");
   for (const row of rows) console.log(row);
 } finally {
   await server.stop();

@@ -48,6 +48,28 @@ def read_frame():
     return header, body
 
 
+class Progress:
+    """Which request the model last read: 8 bytes (execution id, request index + 1) in a file the
+    server opened and passed as fd 3, mapped here. When the process crashes or hangs, the server
+    reads it to run that request last while it finds the culprit (a model reads its requests one
+    at a time, so the last one read is the one being computed), sparing a second restart."""
+
+    def __init__(self, fd=3):
+        self._map = None
+        try:
+            import mmap
+            self._map = mmap.mmap(fd, 8)
+        except (OSError, ValueError):
+            pass  # no such fd (an older server): the culprit search runs without the hint
+
+    def reading(self, execute_id, index):
+        if self._map is not None:
+            struct.pack_into("<II", self._map, 0, execute_id & 0xFFFFFFFF, index + 1)
+
+
+PROGRESS = Progress()
+
+
 # Frames may be written from the model's own threads (BLS, a decoupled model's response sender).
 _WRITE_LOCK = threading.Lock()
 # async def execute / initialize / finalize run on this one loop, kept for the process's life.
@@ -403,6 +425,7 @@ def make_requests(np, pb_utils, inbox, header, body):
         event = threading.Event()
         inbox.cancel_events[(header["id"], index)] = event
         request._cancelled = event
+        request._on_read = (header["id"], index)
         if header.get("decoupled"):
             request._sender = ResponseSender(np, pb_utils, header["id"], index, request)
             inbox.senders[(header["id"], index)] = request._sender
@@ -474,6 +497,7 @@ def main():
         import triton_python_backend_utils as pb_utils
         threading.Thread(target=inbox.run, name="trellis-inbox", daemon=True).start()
         pb_utils._bls = Bls(np, pb_utils, inbox)
+        pb_utils._progress = PROGRESS
         model = load_model(header, pb_utils)
     except BaseException:
         write_frame({"type": "load_failed", "message": last_lines()})

@@ -196,8 +196,11 @@ class InferenceRequest:
         self._parameters = parameters
         self._cancelled = None  # set by the stub for the requests execute receives
         self._sender = None
+        self._on_read = None  # (execution id, index): set by the stub for the requests execute receives
 
     def inputs(self):
+        if self._on_read is not None and _progress is not None:
+            _progress.reading(*self._on_read)
         return self._inputs
 
     def request_id(self):
@@ -249,6 +252,8 @@ class InferenceRequest:
 
 # Set by the stub: it sends BLS requests and model control to the server.
 _bls = None
+# Set by the stub: notes which request the model reads (see stub.Progress).
+_progress = None
 
 
 def is_model_ready(model_name, model_version=""):

@@ -4,6 +4,9 @@
  * the model; the next execution starts a fresh process (the instance restarted).
  */
 import { type ChildProcess, spawn } from "node:child_process";
+import { closeSync, ftruncateSync, mkdtempSync, openSync, readSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { InferOptions, InferRequest, ModelCaller, Tensor } from "@trellis/stage";
 import { Code, StageError } from "@trellis/stage";
@@ -57,6 +60,8 @@ export class StubProcess {
   private readonly streams = new Map<string, ResponseStream>();
   /** Decoupled executions take the process one at a time (the batcher does it for the others). */
   private turns: Promise<void> = Promise.resolve();
+  /** Which request the model last read (stub.py's Progress): a file's descriptor, opened at the first start. */
+  private progressFd: number | undefined;
 
   constructor(private readonly options: StubOptions) {}
 
@@ -72,7 +77,10 @@ export class StubProcess {
   private async launch(): Promise<void> {
     const { options } = this;
     this.starts += 1;
-    const child = spawn(options.pythonExecutable, ["-u", STUB_PATH], { stdio: ["pipe", "pipe", "pipe"] });
+    this.progressFd ??= openProgressFile();
+    const child = spawn(options.pythonExecutable, ["-u", STUB_PATH], {
+      stdio: ["pipe", "pipe", "pipe", this.progressFd ?? "ignore"],
+    });
     this.child = child;
     const reader = new FrameReader(options.maxFrameBytes);
     const spawned = new Promise<void>((resolve, reject) => {
@@ -108,6 +116,7 @@ export class StubProcess {
           options.modelName,
           `model "${options.modelName}": its Python process exited (${signal ?? `code ${code}`}); the instance restarts for the next request`,
           "exited",
+          this.requestBeingRead(),
         ),
       );
     });
@@ -222,6 +231,7 @@ export class StubProcess {
             this.options.modelName,
             `model "${this.options.modelName}": its Python process gave no answer within ${timeoutMs} ms and was stopped; the instance restarts for the next request`,
             "timed out",
+            this.requestBeingRead(),
           ),
         );
         this.detach(child);
@@ -360,8 +370,28 @@ export class StubProcess {
     child?.stdin?.write(reply);
   }
 
+  /**
+   * The index of the request of the current execution that the model read last (the one it was
+   * computing when its process ended), if it read any.
+   */
+  private requestBeingRead(): number | undefined {
+    if (this.progressFd === undefined) return undefined;
+    const cell = Buffer.alloc(8);
+    try {
+      readSync(this.progressFd, cell, 0, 8, 0);
+    } catch {
+      return undefined;
+    }
+    const [execution, indexPlusOne] = [cell.readUInt32LE(0), cell.readUInt32LE(4)];
+    return execution === (this.executions & 0xffffffff) && indexPlusOne > 0 ? indexPlusOne - 1 : undefined;
+  }
+
   /** Calls finalize() and ends the process (killed if it does not end in time). */
   async close(): Promise<void> {
+    if (this.progressFd !== undefined) {
+      closeSync(this.progressFd);
+      this.progressFd = undefined;
+    }
     const child = this.child;
     if (!child) return;
     try {
@@ -370,6 +400,24 @@ export class StubProcess {
       // A process that cannot finalize is stopped below all the same.
     }
     child.kill("SIGKILL");
+  }
+}
+
+/**
+ * An 8-byte file for stub.py's Progress, open for reading and writing, its name already removed
+ * (nothing is left behind, whatever happens to the server); undefined where it cannot be made.
+ */
+function openProgressFile(): number | undefined {
+  let dir: string | undefined;
+  try {
+    dir = mkdtempSync(join(tmpdir(), "trellis-python-"));
+    const fd = openSync(join(dir, "progress"), "w+", 0o600);
+    ftruncateSync(fd, 8);
+    return fd;
+  } catch {
+    return undefined;
+  } finally {
+    if (dir) rmSync(dir, { recursive: true, force: true });
   }
 }
 

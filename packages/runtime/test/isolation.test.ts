@@ -295,6 +295,79 @@ describe("a batch whose run ended its instance (a crash, a timeout)", () => {
   }
 });
 
+describe("a batch whose run ended its instance, the backend naming the request it was on", () => {
+  /** Triton's execute(requests) in a process that reads its requests one at a time: it names the one it ended on. */
+  const suspectNaming = () =>
+    held({
+      perRequest: async (requests) => {
+        for (const [i, r] of requests.entries()) {
+          if (crashes(r.inputs[0]!.data as Float32Array)) {
+            throw new InstanceEndedError(Code.Unavailable, "m", "its process exited (code 1)", "exited", i);
+          }
+        }
+        return { responses: requests.map((r) => twice(r.inputs[0]!)) };
+      },
+    });
+
+  it("runs that request last, and any other with its input just before it: one restart in all", async () => {
+    const h = suspectNaming();
+    const requests = [req(1, 2), req(1, CRASH_SEED, "bad"), req(1, 3), req(1, CRASH_SEED, "bad again"), req(1, 4)];
+    const settled = await asOneBatch(h, requests);
+    // The batch of 5 ended the instance; the three good ones ran alone; the two bad ones (one input) never ran again.
+    expect(endedRuns(h.calls, 1).map((c) => c.rows.length)).toEqual([5, 1, 1, 1]);
+    for (const i of [1, 3]) {
+      expect((settled[i] as StageError).rawMessage).toMatch(
+        /every other request of it succeeded alone, so this one was not run again/,
+      );
+    }
+    for (const i of [0, 2, 4]) {
+      expect(Array.from((settled[i] as InferResponseLike).outputs[0]!.data as Float32Array)).toEqual(
+        doubled(requests[i]!.inputs[0]!),
+      );
+    }
+  });
+
+  it("refuses a request whose input its culprit shared, found by running it alone", async () => {
+    // The backend names no request: the culprit is found by running it alone (a second end), and
+    // the same input later in the batch is refused without a third.
+    const h = held({
+      perRequest: async (requests) => {
+        for (const r of requests) crashOrTwice(r.inputs[0]!);
+        return { responses: requests.map((r) => twice(r.inputs[0]!)) };
+      },
+    });
+    const requests = [req(1, CRASH_SEED, "bad"), req(1, 2), req(1, CRASH_SEED, "bad again"), req(1, 3)];
+    const settled = await asOneBatch(h, requests);
+    // The batch of 4; the first bad one alone (it ends the instance again); the two good ones together.
+    expect(endedRuns(h.calls, 1).map((c) => c.rows.length)).toEqual([4, 1, 2]);
+    expect((settled[2] as StageError).rawMessage).toMatch(/the same input ended the model's instance/);
+    for (const i of [1, 3]) expect((settled[i] as InferResponseLike).outputs[0]!.shape).toEqual([1, 2]);
+  });
+});
+
+describe("an input whose run ended its instance after a long time (a timeout)", () => {
+  it("is refused 60 times as long as that run took, when that is longer than 30 s", async () => {
+    vi.useFakeTimers({ toFake: ["Date", "performance"] });
+    try {
+      const h = held({
+        merged: (x) => {
+          if (crashes(x.data as Float32Array)) {
+            vi.advanceTimersByTime(2000); // the run takes 2 s before its deadline ends it
+            throw new InstanceEndedError(Code.Unavailable, "m", "no answer within 2000 ms", "timed out");
+          }
+          return twice(x);
+        },
+      });
+      h.release();
+      await rejectionOf(h.batcher.infer(req(1, CRASH_SEED)), InstanceEndedError);
+      const refused = await rejectionOf(h.batcher.infer(req(1, CRASH_SEED)), StageError);
+      expect(refused.rawMessage).toMatch(/refused without running for 120 s/);
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+});
+
 describe("an input that keeps ending the instance", () => {
   it("is let through once its refusal ends, and refused twice as long each time it ends the instance again", async () => {
     vi.useFakeTimers({ toFake: ["Date"] });

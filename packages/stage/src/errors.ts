@@ -66,6 +66,13 @@ export class InstanceEndedError extends StageError {
     stage: string,
     message: string,
     readonly ending: InstanceEnding,
+    /**
+     * The index, among the execution's requests, of the request the instance was working on when
+     * it ended, where the backend can tell (a Python model reads its requests one at a time).
+     * Failure isolation runs that request last: when every other one succeeds alone, it is found
+     * without ending the instance a second time.
+     */
+    readonly suspect?: number,
   ) {
     super(code, stage, message);
   }

@@ -12,9 +12,12 @@
  * moment a batch ends, its clients still reading their answers: a lane that ran whenever no good
  * request waited would run after every batch; one timed from a merged run's start would run beside
  * every long one.) An input whose lone run ended its instance (a crash, a timeout: costly restarts,
- * InstanceEndedError) is not run again for SUSPECT_MS: it is refused at once, naming why; each
- * time the same input ends the instance again when let through, it is refused twice as long (up
- * to MAX_REFUSAL_MS), so a client resending it costs one restart per window, ever rarer.
+ * InstanceEndedError) is not run again for a while: it is refused at once, naming why, for
+ * SUSPECT_MS or COST_MULTIPLE times what its run cost the instance (a 2 s timeout: 2 minutes),
+ * whichever is longer, so resending it can take at most about 1/COST_MULTIPLE of the instance's
+ * time; each time the same input ends the instance again when let through, it is refused twice as
+ * long (up to MAX_REFUSAL_MS, or its first window if longer), so a client resending it costs one
+ * restart per window, ever rarer.
  */
 import { createHash } from "node:crypto";
 import type { InferRequest, StatisticsRecorder } from "@trellis/stage";
@@ -23,7 +26,9 @@ import type { InstanceEndedError } from "@trellis/stage/backend";
 
 /** How long a request's content stays suspect after it failed an execution alone. */
 const SUSPECT_MS = 30_000;
-/** The longest an input that keeps ending the instance is refused at a time. */
+/** An input that ended its instance is refused at least this many times as long as its run took. */
+const COST_MULTIPLE = 60;
+/** The longest an input that keeps ending the instance is refused at a time (unless its first window is longer). */
 const MAX_REFUSAL_MS = 16 * SUSPECT_MS;
 /** How long an input that ended the instance is remembered after its refusal ends (its strikes kept). */
 const STRIKES_KEPT_MS = 2 * MAX_REFUSAL_MS;
@@ -107,14 +112,18 @@ export class FailureIsolation {
     remember(this.suspects, this.keyOf(request), Date.now() + SUSPECT_MS);
   }
 
-  /** A request's execution on its own ended its instance: the same input is refused for a while. */
-  endedAlone(request: InferRequest, error: InstanceEndedError): void {
+  /**
+   * A request's execution on its own ended its instance, its run having taken `costMs`: the same
+   * input is refused for a while (longer the more its run cost).
+   */
+  endedAlone(request: InferRequest, error: InstanceEndedError, costMs = 0): void {
     const now = Date.now();
     const key = this.keyOf(request);
     const previous = this.fatal.get(key);
     const kept = previous !== undefined && previous.until + STRIKES_KEPT_MS > now;
     const strikes = (kept ? previous.strikes : 0) + 1;
-    const refusalMs = Math.min(MAX_REFUSAL_MS, SUSPECT_MS * 2 ** (strikes - 1));
+    const firstMs = Math.max(SUSPECT_MS, COST_MULTIPLE * costMs);
+    const refusalMs = Math.min(Math.max(MAX_REFUSAL_MS, firstMs), firstMs * 2 ** (strikes - 1));
     const why = messageWithoutStage(error);
     remember(this.fatal, key, { until: now + refusalMs, at: now, code: error.code, why, strikes });
     this.refusingUntil = Math.max(this.refusingUntil, now + refusalMs);
@@ -183,6 +192,11 @@ export class FailureIsolation {
   laneWaitNs(): number {
     const idleMs = this.mergedRunning > 0 ? LANE_IDLE_MS : this.lastMergedMs + LANE_IDLE_MS - performance.now();
     return Math.max(0, Math.ceil(idleMs * 1e6));
+  }
+
+  /** Whether two requests carry the same inputs (names, datatypes, shapes, bytes). */
+  sameInput(a: InferRequest, b: InferRequest): boolean {
+    return a === b || this.keyOf(a) === this.keyOf(b);
   }
 
   /** A digest of the request's inputs (names, datatypes, shapes, bytes), computed once per request. */
