@@ -164,6 +164,7 @@ async function serverOptions(
     grpcPort: flags.grpcPort,
     metricsPort: flags.metricsPort,
     httpMaxInputBytes: flags.httpMaxInputSize,
+    httpMaxCompressedAnswerBytes: flags.httpMaxCompressedAnswerSize,
     grpcMaxInputBytes: flags.grpcMaxInputSize,
     maxInflightDecompressedBytes: flags.maxInflightDecompressedBytes,
     maxInflightBytesTensorBytes: flags.maxInflightBytesTensorBytes,

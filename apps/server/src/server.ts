@@ -68,6 +68,8 @@ export interface ServerOptions {
   metricsPort?: number;
   /** Largest HTTP/REST request body accepted (Triton's --http-max-input-size); default 64 MiB. */
   httpMaxInputBytes?: number;
+  /** Largest infer answer compressed on Accept-Encoding (--http-max-compressed-answer-size); default 4 MiB. */
+  httpMaxCompressedAnswerBytes?: number;
   /**
    * Largest gRPC request message accepted on the gRPC port, compressed ones once inflated; default 64 MiB
    * (DEFAULT_GRPC_MAX_INPUT_BYTES: Triton's gRPC cap, 2^31 - 1, let a 1 MB gzip message inflate to gigabytes).
@@ -351,6 +353,7 @@ function restContextOf(shared: Shared): RestContext {
     extensions,
     logger: options.logger,
     maxInputBytes: options.httpMaxInputBytes,
+    maxCompressedAnswerBytes: options.httpMaxCompressedAnswerBytes,
     decompressionBudget,
     logSettings: options.logSettings,
     tracing: options.tracing,

@@ -46,6 +46,9 @@ async function until(check: () => boolean): Promise<void> {
 
 const f32 = (values: number[]) => new Uint8Array(new Float32Array(values).buffer);
 
+/** Elements of echo_wide's tensor: 4 bytes past 4 MiB of FP32. */
+const WIDE = 1024 * 1024 + 1;
+
 beforeAll(async () => {
   repo = await makeRepository({
     echo: { config: echoConfig("echo") },
@@ -53,6 +56,8 @@ beforeAll(async () => {
     echo10: { config: echoConfig("echo10", { params: { scale: "10" } }) },
     echo_int: { config: echoConfig("echo_int", { datatype: "TYPE_INT64", dims: [2] }) },
     echo_str: { config: echoConfig("echo_str", { datatype: "TYPE_STRING", dims: [1] }) },
+    // One float past 4 MiB: an answer over the default --http-max-compressed-answer-size.
+    echo_wide: { config: echoConfig("echo_wide", { dims: [WIDE], maxBatch: 1 }) },
     labelled: {
       config: echoConfig("labelled").replace(
         'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]',
@@ -90,6 +95,7 @@ describe("startup", () => {
         "echo:1",
         "echo_int:1",
         "echo_str:1",
+        "echo_wide:1",
         "labelled:1",
         "multi:2",
         "multi:3",
@@ -301,6 +307,24 @@ describe("HTTP/REST", () => {
     const corrupt = await rawPost(url, json, { "content-encoding": "gzip" });
     expect(corrupt.status).toBe(400);
     expect(JSON.parse(corrupt.body.toString()).error).toMatch(/^request body is not valid gzip data: /);
+  });
+
+  it("sends an answer over --http-max-compressed-answer-size uncompressed, whatever Accept-Encoding says", async () => {
+    const values = new Float32Array(WIDE).map((_, i) => i % 251);
+    const { body, headerLength } = binaryRequest(
+      { inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, WIDE] }], parameters: { binary_data_output: true } },
+      [new Uint8Array(values.buffer)],
+    );
+    const res = await rawPost(`${server.http}/v2/models/echo_wide/infer`, body, {
+      "accept-encoding": "gzip, deflate",
+      "inference-header-content-length": headerLength,
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers["content-encoding"]).toBeUndefined();
+    const jsonLength = Number(res.headers["inference-header-content-length"]);
+    expect(Number(res.headers["content-length"])).toBe(jsonLength + 4 * WIDE);
+    const answer = res.body.subarray(jsonLength);
+    expect(Buffer.from(answer).equals(Buffer.from(values.buffer))).toBe(true);
   });
 
   it("implements the classification extension with the output's labels", async () => {

@@ -33,6 +33,7 @@ export { headerForwardPattern } from "./header-forwarding.js";
 export { DEFAULT_HTTP_MAX_INPUT_BYTES, httpStatus } from "./http/body.js";
 export type { RestContext } from "./http/context.js";
 export { restHandler } from "./http/handler.js";
+export { DEFAULT_HTTP_MAX_COMPRESSED_ANSWER_BYTES } from "./http/infer.js";
 export type { LogSettings, LogSettingsControl } from "./log-settings.js";
 export {
   API_CATEGORIES,

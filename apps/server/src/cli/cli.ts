@@ -10,6 +10,7 @@ import {
   API_CATEGORIES,
   type ApiRestrictions,
   DEFAULT_GRPC_MAX_INPUT_BYTES,
+  DEFAULT_HTTP_MAX_COMPRESSED_ANSWER_BYTES,
   DEFAULT_HTTP_MAX_INPUT_BYTES,
   DEFAULT_MAX_INFLIGHT_BYTES_TENSOR_BYTES,
   DEFAULT_MAX_UNREAD_ANSWER_BYTES,
@@ -155,6 +156,12 @@ export const program = new Command("trellis-server")
     "largest HTTP/REST request body accepted; larger ones get 400",
     bytes,
     DEFAULT_HTTP_MAX_INPUT_BYTES,
+  )
+  .option(
+    "--http-max-compressed-answer-size <bytes>",
+    "largest infer answer compressed for a client that accepts gzip or deflate; larger ones go uncompressed (0: never compress)",
+    bytes,
+    DEFAULT_HTTP_MAX_COMPRESSED_ANSWER_BYTES,
   )
   .option(
     "--http-headers-timeout <ms>",
@@ -632,6 +639,7 @@ export interface Flags extends TraceFlags {
   strictReadiness: boolean;
   exitOnError: boolean;
   httpMaxInputSize: number;
+  httpMaxCompressedAnswerSize: number;
   grpcMaxInputSize: number;
   modelControlMode: ControlMode;
   loadModel: string[];

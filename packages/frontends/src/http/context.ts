@@ -18,6 +18,13 @@ export interface RestContext {
   logger: { debug(obj: object, msg?: string): void; warn?(obj: object, msg?: string): void };
   /** Largest request body accepted (default DEFAULT_HTTP_MAX_INPUT_BYTES). */
   maxInputBytes?: number;
+  /**
+   * Largest infer answer compressed when the client accepts gzip or deflate (default
+   * DEFAULT_HTTP_MAX_COMPRESSED_ANSWER_BYTES); a larger one goes uncompressed, as HTTP allows:
+   * compressing costs about 40 ns of CPU per incompressible byte, so a client asking for large
+   * answers would otherwise spend the server's cores at will. 0: never compress.
+   */
+  maxCompressedAnswerBytes?: number;
   /** The server-wide bound on decompressed bodies held at once (--max-inflight-decompressed-bytes); past it, 429. */
   decompressionBudget?: DecompressionBudget;
   /** The server-wide bound on BYTES tensors in flight (--max-inflight-bytes-tensor-bytes); past it, 429. */

@@ -93,8 +93,13 @@ function responseEncoding(accept: string | undefined): "gzip" | "deflate" | unde
 
 const gzipAsync = promisify(gzip);
 const deflateAsync = promisify(deflate);
-// Tensors are mostly incompressible floats: the fastest level keeps the cost near a copy.
+// Tensors are mostly incompressible floats: the fastest level keeps the cost down.
 const RESPONSE_COMPRESSION: ZlibOptions = { level: constants.Z_BEST_SPEED };
+/**
+ * The largest infer answer compressed by default: 32 MiB of random floats take 1.5 s of CPU at
+ * gzip's fastest level, 4 MiB about 0.2 s; JSON answers of that size are rare.
+ */
+export const DEFAULT_HTTP_MAX_COMPRESSED_ANSWER_BYTES = 4 * 1024 * 1024;
 
 /** When a request's body arrived, and its trace once the infer path begins one (it is sampled). */
 interface Receipt {
@@ -164,7 +169,12 @@ export async function inferRoute(x: Exchange): Promise<void> {
   // Decoded before the model is looked up again, so a malformed request is refused as such.
   const decoded = decodeInfer({ rest, req, body, model: modelOf(x), config, received });
   const answer = await inferOnce(httpCall(x, received), () => decoded);
-  await sendInferAnswer(req, res, answer);
+  await sendInferAnswer(
+    req,
+    res,
+    answer,
+    rest.ctx.maxCompressedAnswerBytes ?? DEFAULT_HTTP_MAX_COMPRESSED_ANSWER_BYTES,
+  );
 }
 
 /** An infer request body: the JSON header and the binary section after it. */
@@ -434,16 +444,26 @@ function encodeInfer(response: InferResponse, placing: OutputPlacing, rest: Rest
   return { head, chunks, binaryMime: rest.ctx.binaryMime };
 }
 
-/** Sends an infer answer: JSON alone, or JSON and binary outputs; compressed when the client accepts it. */
-async function sendInferAnswer(req: IncomingMessage, res: ServerResponse, answer: InferAnswer): Promise<void> {
+/**
+ * Sends an infer answer: JSON alone, or JSON and binary outputs; compressed when the client
+ * accepts it and the answer is at most `maxCompressedBytes`.
+ */
+async function sendInferAnswer(
+  req: IncomingMessage,
+  res: ServerResponse,
+  answer: InferAnswer,
+  maxCompressedBytes: number,
+): Promise<void> {
   const { head, chunks, binaryMime } = answer;
+  let total = head.byteLength;
+  for (const c of chunks) total += c.byteLength;
   const headers: Record<string, string | number> =
     chunks.length === 0
       ? { "content-type": "application/json" }
       : binaryMime
         ? { "content-type": `${binaryMime}${head.byteLength}` }
         : { "content-type": "application/octet-stream", [HEADER_LENGTH]: head.byteLength };
-  const coding = responseEncoding(req.headers["accept-encoding"]);
+  const coding = total <= maxCompressedBytes ? responseEncoding(req.headers["accept-encoding"]) : undefined;
   if (coding) {
     // Inference-Header-Content-Length stays the uncompressed header's length: clients
     // (tritonclient.http's InferResult) decompress the body first, then split it.
@@ -458,8 +478,6 @@ async function sendInferAnswer(req: IncomingMessage, res: ServerResponse, answer
     res.end(body);
     return;
   }
-  let total = head.byteLength;
-  for (const c of chunks) total += c.byteLength;
   res.writeHead(200, { ...headers, "content-length": total });
   res.write(head);
   for (const c of chunks) res.write(c);
