@@ -104,6 +104,40 @@ class TritonPythonModel:
         return responses
 `;
 
+// BLS into the decoupled model's endless sender: exec(decoupled=True) streams, so the first three
+// responses are there to take while the callee is still sending.
+const FIRSTS_CONFIG = `name: "firsts"
+backend: "python"
+max_batch_size: 0
+input [ { name: "TAKE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "FIRST" data_type: TYPE_INT32 dims: [ -1 ] } ]
+`;
+const FIRSTS_MODEL = `import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            take = int(pb_utils.get_input_tensor_by_name(request, "TAKE").as_numpy()[0])
+            call = pb_utils.InferenceRequest(
+                model_name="repeat",
+                inputs=[pb_utils.Tensor("IN", np.array([-2], dtype=np.int32))],
+                requested_output_names=["OUT"],
+            )
+            firsts = []
+            for response in await call.async_exec(decoupled=True):
+                if response.has_error():
+                    raise pb_utils.TritonModelException(response.error().message())
+                firsts.append(int(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0]))
+                if len(firsts) == take:
+                    break
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("FIRST", np.array(firsts, dtype=np.int32))]))
+        return responses
+`;
+
 // No config.pbtxt: auto_complete_config names the backend's inputs and outputs.
 const AUTO_MODEL = `import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -140,6 +174,7 @@ beforeAll(async () => {
   repo = await makeRepository({
     repeat: { config: REPEAT_CONFIG, files: { "1/model.py": REPEAT_MODEL } },
     sums: { config: SUMS_CONFIG, files: { "1/model.py": SUMS_MODEL } },
+    firsts: { config: FIRSTS_CONFIG, files: { "1/model.py": FIRSTS_MODEL } },
     echo: { config: echoConfig("echo") },
     // The decoupled Python model as an ensemble's first step: each of its responses flows on.
     tenfold_int: {
@@ -227,6 +262,18 @@ describe("a repository of a decoupled model, BLS into it, custom metrics and aut
     expect(text).toContain('sums_bls_calls{callee="repeat"} 1\n');
     // Two streamed requests, the ensemble's step and the BLS call: each counted once, at its FINAL.
     expect(text).toMatch(/nv_inference_request_success\{model="repeat",version="1"\} 4\n/);
+  }, 60_000);
+});
+
+describe("BLS into a decoupled model", () => {
+  it("iterates the callee's responses as they come: the first three of an endless sender, then others answer", async () => {
+    const firsts = await postJson(`${plain.http}/v2/models/firsts/infer`, {
+      inputs: [{ name: "TAKE", datatype: "INT32", shape: [1], data: [3] }],
+    });
+    expect(firsts.status, JSON.stringify(firsts.json)).toBe(200);
+    expect(firsts.json.outputs[0].data).toEqual([0, 1, 2]);
+    // The abandoned stream ends at its bound; the callee then serves a fresh request in full.
+    expect(await streamAnswers(plain, [repeatRequest("next", [4, 5])])).toEqual(["next 4", "next 5"]);
   }, 60_000);
 });
 

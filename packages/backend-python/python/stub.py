@@ -229,7 +229,11 @@ class Inbox:
             kind = header.get("type")
             if kind == "bls_result":
                 with self._lock:
-                    callback = self._waiting.pop(header.get("id"), None)
+                    # A decoupled call's responses come one frame each (more: true) before its last.
+                    if header.get("more"):
+                        callback = self._waiting.get(header.get("id"))
+                    else:
+                        callback = self._waiting.pop(header.get("id"), None)
                 if callback is not None:
                     callback(header, body)
             elif kind == "cancel":
@@ -257,6 +261,32 @@ class Inbox:
 def _settle(future, value):
     if not future.done():
         future.set_result(value)
+
+
+class ResponseStream:
+    """exec(decoupled=True)'s answer: iterates the callee's responses as the server passes them
+    on, one frame each, ending with its last (an error one if the call failed)."""
+
+    def __init__(self, bls):
+        self._bls = bls
+        self._frames = queue.Queue()
+        self._ended = False
+
+    def arrived(self, header, body):
+        self._frames.put((header, body))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self._ended:
+            header, body = self._frames.get()
+            if header.get("more"):
+                return self._bls._response(header.get("response") or {}, body)
+            self._ended = True
+            if header.get("error") is not None:
+                return self._bls._response(header, body)
+        raise StopIteration
 
 
 class Bls:
@@ -289,6 +319,10 @@ class Bls:
         }, parts, callback)
 
     def call(self, request, decoupled):
+        if decoupled:
+            stream = ResponseStream(self)
+            self._send_request(request, True, stream.arrived)
+            return stream
         done = threading.Event()
         box = []
 
@@ -296,24 +330,22 @@ class Bls:
             box.append((header, body))
             done.set()
 
-        self._send_request(request, decoupled, arrived)
+        self._send_request(request, False, arrived)
         done.wait()
-        return self._answer(*box[0], decoupled)
+        return self._response(*box[0])
 
     async def call_async(self, request, decoupled):
+        if decoupled:
+            # As Triton: the awaited call gives an iterator of the responses as they come.
+            stream = ResponseStream(self)
+            self._send_request(request, True, stream.arrived)
+            return stream
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._send_request(request, decoupled,
+        self._send_request(request, False,
                            lambda header, body: loop.call_soon_threadsafe(_settle, future, (header, body)))
         header, body = await future
-        return self._answer(header, body, decoupled)
-
-    def _answer(self, header, body, decoupled):
-        if not decoupled:
-            return self._response(header, body)
-        if header.get("error") is not None:
-            return iter([self._response(header, body)])
-        return iter([self._response(r, body) for r in header.get("responses", [])])
+        return self._response(header, body)
 
     def _response(self, r, body):
         pb = self.pb

@@ -2,14 +2,15 @@
  * What a model asks of the server while it runs (Triton's BLS): `InferenceRequest.exec()` /
  * `async_exec()` (several at once: each call carries its own id), `exec(decoupled=True)` (every
  * response of a decoupled model, bounded), and model control (`pb_utils.is_model_ready`; loading
- * and unloading stay with the repository API). Each answer is one `bls_result` frame with the id.
+ * and unloading stay with the repository API). Each answer is a `bls_result` frame with the call's
+ * id; a decoupled call's responses come one frame each, as the callee sends them.
  */
 import type { InferResponse, ModelCaller, Parameters } from "@trellis/stage";
 import { Code } from "@trellis/stage";
 import { tritonCodeOf } from "./codes.js";
 import { decodeTensor, encodeFrame, encodeTensors, type Frame, type TensorMeta } from "./frames.js";
 
-/** Most responses one `exec(decoupled=True)` collects for the model; past it the call fails, named. */
+/** Most responses one `exec(decoupled=True)` passes to the model; past it the call ends with an error response, named. */
 export const MAX_BLS_STREAM_RESPONSES = 1024;
 
 /** A request's parameters as Triton's `request.parameters()` gives them: JSON text of key → value. */
@@ -55,12 +56,19 @@ function wireResponse(response: InferResponse, parts: Uint8Array[], offset: numb
   return { outputs, ...(parameters && Object.keys(parameters).length ? { parameters } : {}) };
 }
 
-/** Runs one BLS request on the server's models; the reply frame, an error reply if it failed. */
+/**
+ * Runs one BLS request on the server's models and sends its answer frames: one `bls_result`
+ * (or an error reply) for `exec()`; for `exec(decoupled=True)` one frame per response as it comes
+ * (`more: true`), then a last one (`done: true`, or an error reply), so the model iterates the
+ * responses as the callee sends them. A stream is bounded in responses and bytes. `send` says
+ * whether the stub that asked still listens.
+ */
 export async function answerModelCall(
   models: ModelCaller | undefined,
   frame: Frame,
   maxReplyBytes: number,
-): Promise<Buffer> {
+  send: (reply: Buffer) => boolean,
+): Promise<void> {
   const { header, body } = frame;
   try {
     if (!models) throw new BlsError(Code.Unimplemented, "BLS needs the server's models");
@@ -70,30 +78,35 @@ export async function answerModelCall(
     const request = { inputs, outputs, ...(Object.keys(parameters).length ? { parameters } : {}) };
     const version = typeof header.version === "string" && header.version ? { version: header.version } : {};
     const model = String(header.model);
-    const parts: Uint8Array[] = [];
     if (header.decoupled !== true) {
+      const parts: Uint8Array[] = [];
       const answer = await models.infer(model, request, version);
-      return encodeFrame({ type: "bls_result", id: header.id, ...wireResponse(answer, parts, 0) }, parts);
+      send(encodeFrame({ type: "bls_result", id: header.id, ...wireResponse(answer, parts, 0) }, parts));
+      return;
     }
-    const responses: ReturnType<typeof wireResponse>[] = [];
-    let offset = 0;
+    let count = 0;
+    let bytes = 0;
     for await (const answer of models.inferStream(model, request, version)) {
-      if (responses.length === MAX_BLS_STREAM_RESPONSES)
+      if (count === MAX_BLS_STREAM_RESPONSES)
         throw new BlsError(
           Code.ResourceExhausted,
           `exec(decoupled=True): model "${model}" sent more than ${MAX_BLS_STREAM_RESPONSES} responses`,
         );
-      responses.push(wireResponse(answer, parts, offset));
-      offset = parts.reduce((n, p) => n + p.byteLength, 0);
-      if (offset > maxReplyBytes)
+      const parts: Uint8Array[] = [];
+      const response = wireResponse(answer, parts, 0);
+      bytes += parts.reduce((n, p) => n + p.byteLength, 0);
+      if (bytes > maxReplyBytes)
         throw new BlsError(
           Code.ResourceExhausted,
           `exec(decoupled=True): model "${model}"'s responses passed ${maxReplyBytes} bytes`,
         );
+      count++;
+      // The model that asked is gone: stop pulling (leaving the loop ends the callee's stream).
+      if (!send(encodeFrame({ type: "bls_result", id: header.id, more: true, response }, parts))) return;
     }
-    return encodeFrame({ type: "bls_result", id: header.id, responses }, parts);
+    send(encodeFrame({ type: "bls_result", id: header.id, done: true }));
   } catch (e) {
-    return errorReply(header.id, e);
+    send(errorReply(header.id, e));
   }
 }
 

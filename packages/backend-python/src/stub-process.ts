@@ -363,11 +363,14 @@ export class StubProcess {
   private async answerModelCall(frame: Frame): Promise<void> {
     const child = this.child;
     const models = this.options.models;
-    const reply =
-      frame.header.type === "control"
-        ? await answerControl(models, frame.header)
-        : await answerModelCall(models, frame, this.options.maxFrameBytes);
-    child?.stdin?.write(reply);
+    // False once the stub that asked is gone (ended or restarted): a stream then stops pulling.
+    const send = (reply: Buffer): boolean => {
+      if (!child?.stdin || child.stdin.destroyed || this.child !== child) return false;
+      child.stdin.write(reply);
+      return true;
+    };
+    if (frame.header.type === "control") send(await answerControl(models, frame.header));
+    else await answerModelCall(models, frame, this.options.maxFrameBytes, send);
   }
 
   /**
