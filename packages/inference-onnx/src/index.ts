@@ -3,8 +3,8 @@ export {
   autoCompleteConfig,
   checkConfigAgainstModel,
   type ModelIO,
-  readOnnxMetadataProps,
 } from "./model.js";
+export { readOnnxMetadataProps } from "./onnx-file.js";
 export {
   exclusiveCpu,
   type InstancePlan,

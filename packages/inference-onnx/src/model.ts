@@ -3,7 +3,6 @@
  * tensor names, datatypes and dims, the batch dimension, and Triton's
  * auto-complete for configs that leave input/output out.
  */
-import { open } from "node:fs/promises";
 import { clone, create } from "@bufbuild/protobuf";
 import {
   type ModelConfig,
@@ -52,6 +51,11 @@ export function ortTypeOf(datatype: DataType): string {
 export interface ModelIO {
   inputs: ModelTensorInfo[];
   outputs: ModelTensorInfo[];
+  /**
+   * Initializers listed as graph inputs: a config input may name one (a request then leaves it
+   * out for the initializer's value, or gives it to override it). Not among `inputs`.
+   */
+  overridable?: ModelTensorInfo[];
 }
 
 type Side = "input" | "output";
@@ -77,11 +81,15 @@ export function checkConfigAgainstModel(config: ModelConfig, model: ModelIO): vo
   const batching = config.maxBatchSize > 0;
   const fail = (msg: string) => new StageError(Code.InvalidArgument, stage, `model does not match its config: ${msg}`);
   const check = (side: Side, list: ModelConfig["input"] | ModelConfig["output"], modelList: ModelTensorInfo[]) => {
+    const overridable = side === "input" ? (model.overridable ?? []) : [];
     for (const c of list) {
-      const m = modelList.find((x) => x.name === c.name);
+      const m = modelList.find((x) => x.name === c.name) ?? overridable.find((x) => x.name === c.name);
       if (!m) {
+        const initializers = overridable.length
+          ? ` (and initializers ${overridable.map((x) => x.name).join(", ")})`
+          : "";
         throw fail(
-          `config ${side} ${c.name} is not a model ${side}; the model's ${side}s are ${modelList.map((x) => x.name).join(", ")}`,
+          `config ${side} ${c.name} is not a model ${side}; the model's ${side}s are ${modelList.map((x) => x.name).join(", ")}${initializers}`,
         );
       }
       const expected = datatypeFromConfig(c.dataType);
@@ -202,73 +210,4 @@ export function autoCompleteConfig(
     );
   }
   return out;
-}
-
-/**
- * The ONNX ModelProto's metadata_props (field 14: key = 1, value = 2),
- * read straight off the file's top-level protobuf fields so the (possibly
- * 100 MB) graph is skipped, not decoded.
- */
-export async function readOnnxMetadataProps(path: string): Promise<Record<string, string>> {
-  const file = await open(path, "r");
-  try {
-    const size = (await file.stat()).size;
-    const props: Record<string, string> = {};
-    let pos = 0;
-    const read = async (length: number, at: number) => {
-      const buf = Buffer.alloc(length);
-      const { bytesRead } = await file.read(buf, 0, length, at);
-      return buf.subarray(0, bytesRead);
-    };
-    const varint = (buf: Uint8Array, start: number): [number, number] => {
-      let value = 0;
-      let mul = 1;
-      let i = start;
-      for (;;) {
-        const b = buf[i];
-        if (b === undefined) throw new Error("truncated varint");
-        value += (b & 0x7f) * mul;
-        i++;
-        if (b < 0x80) return [value, i];
-        mul *= 128;
-      }
-    };
-    while (pos < size) {
-      const head = await read(20, pos);
-      const [tag, afterTag] = varint(head, 0);
-      const field = Math.floor(tag / 8);
-      const wire = tag & 7;
-      if (wire === 0) {
-        pos += varint(head, afterTag)[1];
-      } else if (wire === 2) {
-        const [len, afterLen] = varint(head, afterTag);
-        const start = pos + afterLen;
-        if (field === 14) {
-          const [key, value] = parseEntry(await read(len, start));
-          props[key] = value;
-        }
-        pos = start + len;
-      } else if (wire === 1) pos += afterTag + 8;
-      else if (wire === 5) pos += afterTag + 4;
-      else throw new Error(`unexpected wire type ${wire} at byte ${pos}`);
-    }
-    return props;
-
-    function parseEntry(buf: Uint8Array): [string, string] {
-      let key = "";
-      let value = "";
-      let i = 0;
-      while (i < buf.length) {
-        const [tag, a] = varint(buf, i);
-        const [len, b] = varint(buf, a);
-        const text = new TextDecoder().decode(buf.subarray(b, b + len));
-        if (tag === 0x0a) key = text;
-        else if (tag === 0x12) value = text;
-        i = b + len;
-      }
-      return [key, value];
-    }
-  } finally {
-    await file.close();
-  }
 }

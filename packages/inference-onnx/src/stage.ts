@@ -48,13 +48,8 @@ import {
   resourceExhausted,
   viewAs,
 } from "@trellis/stage/backend";
-import {
-  autoCompleteConfig,
-  checkConfigAgainstModel,
-  datatypeFromOrt,
-  ortTypeOf,
-  readOnnxMetadataProps,
-} from "./model.js";
+import { autoCompleteConfig, checkConfigAgainstModel, datatypeFromOrt, ortTypeOf } from "./model.js";
+import { readOnnxMetadataProps, readOverridableInitializers } from "./onnx-file.js";
 import { exclusiveCpu, exclusiveCpuMaxWaitMs, planInstances, sessionOptions } from "./options.js";
 import type { WireTensor } from "./protocol.js";
 import { SessionWorker } from "./session-worker.js";
@@ -335,8 +330,18 @@ async function startSessions(name: string, given: ModelConfig, modelPath: string
 }
 
 /** The config served: as given, or completed from the model; checked against the model's tensors. */
-function servedConfig(name: string, given: ModelConfig, worker: SessionWorker, options: OnnxStageOptions): ModelConfig {
-  const io = { inputs: worker.inputs, outputs: worker.outputs };
+async function servedConfig(
+  name: string,
+  given: ModelConfig,
+  worker: SessionWorker,
+  modelPath: string,
+  options: OnnxStageOptions,
+): Promise<{ config: ModelConfig; initializerInputs: Set<string> }> {
+  // A config input the session does not list may be an initializer a request can override: the
+  // file is read for those only then.
+  const unlisted = given.input.some((c) => !worker.inputs.some((m) => m.name === c.name));
+  const overridable = unlisted ? await readOverridableInitializers(modelPath) : [];
+  const io = { inputs: worker.inputs, outputs: worker.outputs, overridable };
   const config = options.strictModelConfig ? given : autoCompleteConfig(given, io, options);
   if (!config.name) config.name = name;
   if (config.input.length === 0 || config.output.length === 0) {
@@ -347,7 +352,23 @@ function servedConfig(name: string, given: ModelConfig, worker: SessionWorker, o
     );
   }
   checkConfigAgainstModel(config, io);
-  return config;
+  const initializerInputs = new Set(
+    overridable.filter((t) => config.input.some((c) => c.name === t.name)).map((t) => t.name),
+  );
+  return { config, initializerInputs };
+}
+
+/**
+ * A request that gives an input the model holds as an initializer: onnxruntime takes such a feed,
+ * but onnxruntime-node passes only the session's listed inputs and would drop it unseen, so the
+ * request is refused rather than answered with the initializer's value.
+ */
+function cannotOverride(model: string, input: string): StageError {
+  return new StageError(
+    Code.InvalidArgument,
+    model,
+    `input '${input}' of model '${model}' is an initializer of the ONNX model, which onnxruntime-node cannot override: leave it out to use the model's own value`,
+  );
 }
 
 /** Warmup runs on every instance before the model reports ready, outside the statistics (as Triton's). */
@@ -389,8 +410,9 @@ async function loadOnnx(options: OnnxStageOptions): Promise<OnnxDefinition> {
   const { workers, exclusive } = await startSessions(name, given, modelPath);
 
   let config: ModelConfig;
+  let initializerInputs: Set<string>;
   try {
-    config = servedConfig(name, given, workers[0]!, options);
+    ({ config, initializerInputs } = await servedConfig(name, given, workers[0]!, modelPath, options));
   } catch (err) {
     await Promise.all(workers.map((w) => w.close()));
     throw err;
@@ -433,6 +455,8 @@ async function loadOnnx(options: OnnxStageOptions): Promise<OnnxDefinition> {
       const giveBack = takeStringBudget(name, strings);
       let r: Awaited<ReturnType<SessionWorker["run"]>>;
       try {
+        const overriding = batch.inputs.find((t) => initializerInputs.has(t.name));
+        if (overriding) throw cannotOverride(name, overriding.name);
         const feeds = batch.inputs.map((t) => {
           const feed = toWire(t, execution?.ownsInputs ?? false, worker);
           return { ...feed, dims: reshape.toModel(feed.name, feed.dims) };
