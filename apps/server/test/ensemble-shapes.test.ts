@@ -92,6 +92,12 @@ describe("a non-batching ensemble over a batching step", () => {
     const square = await http("flat_over_batching", [2, 2], [1, 2, 3, 4]);
     expect(square.status).toBe(200);
     expect(square.json.outputs[0]).toMatchObject({ shape: [2, 2], data: [1, 2, 3, 4] });
+    // [0,0] goes as a batch of 0, which Trellis refuses by name: Triton's core lets it through, and
+    // its onnxruntime backend then returns on a total batch size of 0 without answering the request
+    // (onnxruntime.cc, ProcessRequests: "If there are no valid payloads then no need to run the inference").
+    const empty = await http("flat_over_batching", [0, 0], []);
+    expect(empty.status).toBe(400);
+    expect(empty.json.error).toContain("batch size must be at least 1 for 'step_any', got 0");
     const flat = await http("flat_over_batching", [1], [1]);
     expect(flat.status).toBe(400);
     expect(flat.json.error).toContain(
