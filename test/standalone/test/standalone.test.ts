@@ -44,7 +44,8 @@ let clone: string;
 let env: NodeJS.ProcessEnv;
 let server: ChildProcess | undefined;
 let serverLog = "";
-const ports = { http: 0, grpc: 0, metrics: 0 };
+/** The server's ports, as its log reports them. */
+const ports = { http: 0, grpc: 0 };
 
 /** Runs `command` (a README line: words split on spaces) in the clone; its output, or the failure with it. */
 function runInClone(command: string, extra: string[] = []): string {
@@ -57,14 +58,32 @@ function runInClone(command: string, extra: string[] = []): string {
   }
 }
 
+/** The port the server's log says it listens on for `protocol` (its JSON "listening" line), once it has said so. */
+function listeningPort(protocol: string): number | undefined {
+  for (const line of serverLog.split("\n")) {
+    if (!line.includes('"msg":"listening"') || !line.includes(`"protocol":"${protocol}"`)) continue;
+    const port = Number(/"port":(\d+)/.exec(line)?.[1]);
+    if (port > 0) return port;
+  }
+  return undefined;
+}
+
 /**
- * Waits for the server to report ready, or to exit. The bound is only a hang guard, under the
- * test's own 900 s: a first `pnpm start` builds every package, which on a CI machine running the
- * other suites beside it has taken over 300 s.
+ * Waits for the server to report ready, or to exit. Its ports are its own choice (port 0), read
+ * from its log: ports picked here before a first start's minutes of building could be taken by
+ * another suite's server meanwhile, which would then answer for it. The bound is only a hang
+ * guard, under the test's own 900 s: a first `pnpm start` builds every package, which on a CI
+ * machine running the other suites beside it has taken over 300 s.
  */
 async function waitReady(deadline: number): Promise<void> {
   while (Date.now() < deadline) {
     if (server?.exitCode !== null) throw new Error(`pnpm start exited (${server?.exitCode}):\n${serverLog}`);
+    ports.http = listeningPort("http") ?? 0;
+    ports.grpc = listeningPort("grpc") ?? 0;
+    if (!ports.http || !ports.grpc) {
+      await new Promise((r) => setTimeout(r, 500));
+      continue;
+    }
     const ok = await fetch(`http://127.0.0.1:${ports.http}/v2/health/ready`)
       .then((r) => r.status === 200)
       .catch(() => false);
@@ -96,9 +115,6 @@ beforeAll(async () => {
     NO_PROXY: "",
     no_proxy: "",
   };
-  ports.http = await freePort();
-  ports.grpc = await freePort();
-  ports.metrics = await freePort();
 }, 60_000);
 
 afterAll(async () => {
@@ -124,14 +140,7 @@ describe("a clone with nothing beside it", () => {
     const [install, start] = firstCommands() as [string, string];
     runInClone(install);
     const [program, ...args] = start.split(/\s+/);
-    const portFlags = [
-      "--http-port",
-      `${ports.http}`,
-      "--grpc-port",
-      `${ports.grpc}`,
-      "--metrics-port",
-      `${ports.metrics}`,
-    ];
+    const portFlags = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"];
     server = spawn(program as string, [...args, ...portFlags], { cwd: clone, env, stdio: ["ignore", "pipe", "pipe"] });
     server.stdout?.on("data", (c: Buffer) => {
       serverLog += c.toString();
