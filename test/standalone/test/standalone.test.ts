@@ -117,11 +117,21 @@ beforeAll(async () => {
   };
 }, 60_000);
 
+/** Whether anything still answers on the server's HTTP port. */
+const answers = () =>
+  fetch(`http://127.0.0.1:${ports.http}/v2/health/live`).then(
+    () => true,
+    () => false,
+  );
+
 afterAll(async () => {
-  if (server && server.exitCode === null) {
+  if (server?.pid !== undefined && server.exitCode === null) {
+    // pnpm does not pass SIGTERM on to the script it runs: the whole group (pnpm, start.mjs and the
+    // server in it) gets it, and the server drains and exits.
     const exited = new Promise((r) => server?.once("exit", r));
-    server.kill("SIGTERM");
+    process.kill(-server.pid, "SIGTERM");
     await exited;
+    for (let i = 0; ports.http && i < 60 && (await answers()); i++) await new Promise((r) => setTimeout(r, 500));
   }
   await rm(parent, { recursive: true, force: true });
 }, 60_000);
@@ -141,7 +151,12 @@ describe("a clone with nothing beside it", () => {
     runInClone(install);
     const [program, ...args] = start.split(/\s+/);
     const portFlags = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"];
-    server = spawn(program as string, [...args, ...portFlags], { cwd: clone, env, stdio: ["ignore", "pipe", "pipe"] });
+    server = spawn(program as string, [...args, ...portFlags], {
+      cwd: clone,
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+      detached: true, // its own process group, so the end of the test stops all of it
+    });
     server.stdout?.on("data", (c: Buffer) => {
       serverLog += c.toString();
     });
@@ -159,4 +174,18 @@ describe("a clone with nothing beside it", () => {
     expect(existsSync(join(clone, "models", "resnet50_inference", "1", "model.onnx"))).toBe(true);
     expect(dirname(clone)).toBe(parent);
   }, 900_000);
+
+  it("stops, server and all, on SIGTERM to the process group", async () => {
+    expect(await answers()).toBe(true);
+    const pid = server?.pid as number;
+    const exited = new Promise((r) => server?.once("exit", r));
+    process.kill(-pid, "SIGTERM");
+    await exited;
+    let up = true;
+    for (let i = 0; i < 60 && up; i++) {
+      up = await answers();
+      if (up) await new Promise((r) => setTimeout(r, 500));
+    }
+    expect(up).toBe(false);
+  }, 60_000);
 });
