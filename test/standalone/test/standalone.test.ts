@@ -125,7 +125,7 @@ const answers = () =>
   );
 
 afterAll(async () => {
-  if (server?.pid !== undefined && server.exitCode === null) {
+  if (server?.pid !== undefined && server.exitCode === null && server.signalCode === null) {
     // pnpm does not pass SIGTERM on to the script it runs: the whole group (pnpm, start.mjs and the
     // server in it) gets it, and the server drains and exits.
     const exited = new Promise((r) => server?.once("exit", r));
