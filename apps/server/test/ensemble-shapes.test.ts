@@ -5,6 +5,7 @@
  * that batches (max_batch_size 8) dims [-1]; shapes that agree neither way are still refused.
  * The steps are ONNX identity models built here.
  */
+import { Code, ConnectError } from "@connectrpc/connect";
 import { identityModel, removeDir, type ServerProcess, startServerProcess } from "@trellis/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { grpcClientOf, makeRepository, postJson } from "./helpers.js";
@@ -98,6 +99,16 @@ describe("a non-batching ensemble over a batching step", () => {
     const empty = await http("flat_over_batching", [0, 0], []);
     expect(empty.status).toBe(400);
     expect(empty.json.error).toContain("batch size must be at least 1 for 'step_any', got 0");
+    const emptyGrpc = await grpcClientOf(server)
+      .modelInfer({
+        modelName: "flat_over_batching",
+        inputs: [{ name: "X", datatype: "FP32", shape: [0n, 0n] }],
+        rawInputContents: [new Uint8Array(0)],
+      })
+      .catch((e: unknown) => ConnectError.from(e));
+    expect(emptyGrpc).toBeInstanceOf(ConnectError);
+    expect((emptyGrpc as ConnectError).code).toBe(Code.InvalidArgument);
+    expect((emptyGrpc as ConnectError).rawMessage).toContain("batch size must be at least 1 for 'step_any', got 0");
     const flat = await http("flat_over_batching", [1], [1]);
     expect(flat.status).toBe(400);
     expect(flat.json.error).toContain(
