@@ -41,6 +41,22 @@ describe("FrameReader", () => {
     expect(reader.bytesCopied).toBeLessThanOrEqual(stream.byteLength);
   });
 
+  it("fills a large body as its chunks arrive, and reads the frames around it whole, however the stream is cut", () => {
+    const parts = [frameOf(1000, 1), frameOf(2 << 20, 2), frameOf(10, 3), frameOf((1 << 20) + 5, 4), frameOf(0, 5)];
+    const stream = Buffer.concat(parts);
+    for (const chunkBytes of [997, 64 << 10, (1 << 20) + 3, stream.byteLength]) {
+      const reader = new FrameReader(1 << 30);
+      const frames = feed(reader, stream, chunkBytes);
+      expect(frames.map((f) => f.header.seed)).toEqual([1, 2, 3, 4, 5]);
+      for (const [i, f] of frames.entries()) {
+        const want = parts[i] as Buffer;
+        expect(Buffer.compare(f.body, want.subarray(want.byteLength - f.body.byteLength)), `frame ${i}`).toBe(0);
+      }
+      expect(frames.map((f) => f.body.byteLength)).toEqual([1000, 2 << 20, 10, (1 << 20) + 5, 0]);
+      expect(reader.bytesCopied).toBeLessThanOrEqual(stream.byteLength);
+    }
+  });
+
   it("gives views, copying nothing, for frames that lie within one chunk", () => {
     const stream = Buffer.concat([frameOf(1000, 1), frameOf(2000, 2), frameOf(3000, 3)]);
     const reader = new FrameReader(1 << 30);
