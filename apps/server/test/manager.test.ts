@@ -11,7 +11,7 @@ import { ManagedStage, modelLoader, RepositoryManager } from "@trellis/model-rep
 import { GRPCInferenceService, parseModelConfig } from "@trellis/protocol";
 import { Code, type Stage, tensor } from "@trellis/stage";
 import { removeDir } from "@trellis/testing";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { createMetrics } from "../src/observability/metrics.js";
 import { type ServerOptions, startServer } from "../src/server.js";
 import { createStage as createEchoStage } from "./fixtures/echo-stage.js";
@@ -77,7 +77,7 @@ describe("remote ensemble steps", () => {
 });
 
 describe("HTTP inference", () => {
-  it("runs on the model loaded when the body has arrived, not the one unloaded during the upload", async () => {
+  it("holds the model it found when the request came: an unload during the upload waits, and that version answers", async () => {
     const manager = new RepositoryManager({
       repositories: [repo],
       loader: modelLoader(),
@@ -89,6 +89,7 @@ describe("HTTP inference", () => {
     const server = await startServer(manager, { httpPort: 0, grpcPort: 0, metricsPort: 0, logger: quiet });
     try {
       const body = JSON.stringify({ inputs: [{ name: "INPUT", datatype: "FP32", shape: [1, 4], data: [1, 2, 3, 4] }] });
+      const order: string[] = [];
       const answer = new Promise<{ status: number; text: string }>((resolve, reject) => {
         const req = http.request(
           {
@@ -103,25 +104,33 @@ describe("HTTP inference", () => {
             res.on("data", (d) => {
               text += String(d);
             });
-            res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+            res.on("end", () => {
+              order.push("answered");
+              resolve({ status: res.statusCode ?? 0, text });
+            });
           },
         );
         req.on("error", reject);
         req.write(body.slice(0, 10));
-        // The server has the request (and its model) before the rest of the body comes.
-        setTimeout(async () => {
-          try {
-            await manager.unload("echo10");
-            await manager.load("echo10");
+        // The server has the request (and holds its model) before the rest of the body comes.
+        setTimeout(() => {
+          const unloading = manager.unload("echo10").then(() => order.push("unloaded"));
+          // The unload waits for the held request while its body is incomplete (new requests are
+          // refused meanwhile, as Triton's are during an unload).
+          setTimeout(() => {
+            order.push(order.includes("unloaded") ? "unloaded early" : "unload waiting");
             req.end(body.slice(10));
-          } catch (err) {
-            reject(err);
-          }
+            unloading.catch(reject);
+          }, 300);
         }, 200);
       });
       const { status, text } = await answer;
       expect(status, text).toBe(200);
       expect(JSON.parse(text).outputs[0].data).toEqual([10, 20, 30, 40]);
+      // Unloaded once the request that held it was answered; now refused by name.
+      await vi.waitFor(() => expect(order).toContain("unloaded"));
+      expect(order.slice(0, 1)).toEqual(["unload waiting"]);
+      expect(() => manager.resolve("echo10")).toThrow(/echo10/);
     } finally {
       await server.shutdown(5000);
     }

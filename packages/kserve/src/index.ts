@@ -18,6 +18,8 @@ export {
 export { checkLoadFilesInJson, tooManyLoadBytes, tooManyLoadFiles } from "./load-limits.js";
 export { createModelCaller } from "./model-caller.js";
 export {
+  acquireModel,
+  type HeldModel,
   type ModelIndexEntry,
   type ModelLoadLimits,
   type ModelLoadOptions,

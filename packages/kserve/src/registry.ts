@@ -49,14 +49,33 @@ export interface ModelRepositoryControl {
   unload(name: string, options?: ModelUnloadOptions): Promise<void>;
 }
 
+/** A model looked up for one request and held until `release` (see ModelRegistry.acquire). */
+export interface HeldModel {
+  stage: Stage;
+  /** Ends the hold; calling it again does nothing. */
+  release(): void;
+}
+
 export interface ModelRegistry {
   /** The stage serving name/version ("" = by policy, usually latest); throws NOT_FOUND or UNAVAILABLE. */
   resolve(name: string, version?: string): Stage;
+  /**
+   * As `resolve`, and held for one request until released (Triton's model handle): an unload or
+   * reload of that version waits for the hold. A registry without it is looked up with `resolve`,
+   * nothing held (see acquireModel).
+   */
+  acquire?(name: string, version?: string): HeldModel;
   /** Every stage currently loaded (for statistics over all models). */
   list(): Stage[];
   /** Server readiness; defaults to "every loaded stage is ready". */
   isReady?(): boolean | Promise<boolean>;
   repository?: ModelRepositoryControl;
+}
+
+/** The model for one request: held where the registry can hold it, else looked up. */
+export function acquireModel(registry: ModelRegistry, name: string, version?: string): HeldModel {
+  if (registry.acquire) return registry.acquire(name, version);
+  return { stage: registry.resolve(name, version), release: () => undefined };
 }
 
 /** A registry over a fixed set of stages, e.g. one stage served as a microservice. */

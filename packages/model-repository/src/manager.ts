@@ -5,6 +5,7 @@
  * ModelRegistry to both frontends.
  */
 import type {
+  HeldModel,
   ModelIndexEntry,
   ModelLoadOptions,
   ModelRegistry,
@@ -105,6 +106,12 @@ export class RepositoryManager implements ModelRegistry {
   }
 
   // ---- ModelRegistry ----
+
+  /** The version resolve gives, held for one request (Model.hold): an unload or reload waits for it. */
+  acquire(name: string, version?: string): HeldModel {
+    const model = this.resolve(name, version);
+    return { stage: model, release: model.hold() };
+  }
 
   resolve(name: string, version?: string): Model {
     const entry = this.models.get(name);

@@ -7,7 +7,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { promisify } from "node:util";
 import { constants, deflate, gzip, type ZlibOptions } from "node:zlib";
-import { clientError, inferOptionsFromParameters, shownValue } from "@trellis/kserve";
+import { acquireModel, clientError, type HeldModel, inferOptionsFromParameters, shownValue } from "@trellis/kserve";
 import {
   type SharedMemoryRef,
   type SystemSharedMemory,
@@ -151,24 +151,30 @@ const modelOf = (x: Exchange) => x.match[1] ?? "";
 /**
  * POST /v2/models/m[/versions/v]/infer. Triton answers an infer on an unknown or unavailable
  * model with its error's code: 404 for one not found (http_server.cc HandleInfer since server
- * PR #6713), 503 for a version not ready; it is checked before the upload, like Triton, and
- * looked up again after it (the infer path resolves it), since the model may have been unloaded
- * or reloaded while the body arrived.
+ * PR #6713), 503 for a version not ready. As Triton's handler does, the model is looked up once,
+ * before the upload, and held until its answer is made: an unload or reload of that version
+ * waits for the request, which is answered by the version it found.
  */
 export async function inferRoute(x: Exchange): Promise<void> {
   const { rest, req, res } = x;
   const received = receipt();
-  let config: ModelConfig;
+  let held: HeldModel;
   try {
-    config = rest.registry.resolve(modelOf(x), x.match[2] ?? "").config;
+    held = acquireModel(rest.registry, modelOf(x), x.match[2] ?? "");
   } catch (err) {
     return sendError(res, err, rest.withheld);
   }
-  const body = await rest.body(req);
-  received.endNs = nowNs();
-  // Decoded before the model is looked up again, so a malformed request is refused as such.
-  const decoded = decodeInfer({ rest, req, body, model: modelOf(x), config, received });
-  const answer = await inferOnce(httpCall(x, received), () => decoded);
+  let answer: InferAnswer;
+  try {
+    const body = await rest.body(req);
+    received.endNs = nowNs();
+    const decoded = decodeInfer({ rest, req, body, model: modelOf(x), config: held.stage.config, received });
+    const call = httpCall(x, received);
+    call.stage = held.stage;
+    answer = await inferOnce(call, () => decoded);
+  } finally {
+    held.release();
+  }
   await sendInferAnswer(
     req,
     res,
