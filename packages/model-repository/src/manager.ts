@@ -107,10 +107,13 @@ export class RepositoryManager implements ModelRegistry {
 
   // ---- ModelRegistry ----
 
-  /** The version resolve gives, held for one request (Model.hold): an unload or reload waits for it. */
+  /**
+   * The version resolve gives, reserved for one request not yet running (Model.reserve): an
+   * unload or reload waits for it; its `infer` then counts it in flight.
+   */
   acquire(name: string, version?: string): HeldModel {
     const model = this.resolve(name, version);
-    return { stage: model, release: model.hold() };
+    return { stage: model, release: model.reserve() };
   }
 
   resolve(name: string, version?: string): Model {

@@ -84,6 +84,8 @@ export class Model {
   private admitted = 0;
   /** Requests holding this version (in flight, or an ensemble's request holding its step). */
   private holds = 0;
+  /** Holds of requests not at the model yet (reserve): counted for draining, not in `inflight`. */
+  private reservations = 0;
   private idleWaiters: (() => void)[] = [];
 
   /** @internal made by createModel, which sets its parts up. */
@@ -150,20 +152,35 @@ export class Model {
    * unload or reload of the version waits for it (drained). Refused once the model is closed.
    */
   hold(): () => void {
+    return this.take(false);
+  }
+
+  /**
+   * A hold for a request that has not reached the model yet (its body still arriving at the
+   * frontend): an unload or reload waits for it as for any hold, but it is not counted in
+   * `inflight` (the request's `infer` counts it once it runs).
+   */
+  reserve(): () => void {
+    return this.take(true);
+  }
+
+  private take(reservation: boolean): () => void {
     if (this.closed) throw this.closedError();
     this.holds++;
+    if (reservation) this.reservations++;
     let held = true;
     return () => {
       if (!held) return;
       held = false;
       this.holds--;
+      if (reservation) this.reservations--;
       if (this.holds === 0) this.wakeIdle();
     };
   }
 
   /** Requests holding this version now: in flight here, or an ensemble's request holding it as its step. */
   get inflight(): number {
-    return this.holds;
+    return this.holds - this.reservations;
   }
 
   /** Resolves once no request holds this version. */

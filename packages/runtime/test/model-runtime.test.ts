@@ -3,7 +3,7 @@ import { Code, defineStage, type InferRequest, StageError, tensor } from "@trell
 import { observeRequests } from "@trellis/stage/backend";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { createModelRuntime, instanceCount, stageBackend } from "../src/model-runtime.js";
+import { createModel, createModelRuntime, instanceCount, stageBackend } from "../src/model-runtime.js";
 import { RateLimiter } from "../src/rate-limiter.js";
 
 const config = (extra = "") =>
@@ -112,5 +112,27 @@ describe("createModelRuntime", () => {
     // Four instances in all, but one unit of R: one execution at a time.
     expect(peak).toBe(1);
     await Promise.all([a.close(), b.close()]);
+  });
+
+  it("counts a reservation (a request whose body is still arriving) for draining, not in flight", async () => {
+    const { stage } = doubler();
+    const model = await createModel({ config: stage.config, backend: stageBackend(stage, 1) });
+    const release = model.reserve();
+    expect(model.inflight).toBe(0);
+    const during = model.infer(request(1, 2));
+    expect(model.inflight).toBe(1);
+    await during;
+    expect(model.inflight).toBe(0);
+    let drained = false;
+    const draining = model.drained().then(() => {
+      drained = true;
+    });
+    await new Promise((r) => setTimeout(r, 20));
+    expect(drained).toBe(false);
+    release();
+    release(); // a second release does nothing
+    await draining;
+    expect(drained).toBe(true);
+    await model.close();
   });
 });
