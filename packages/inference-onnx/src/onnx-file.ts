@@ -51,23 +51,36 @@ async function readAt(file: FileHandle, length: number, at: number): Promise<Buf
   return buf.subarray(0, bytesRead);
 }
 
-/** The length-delimited fields of the message in [start, end) of the file whose number is in `wanted`. */
-async function fieldsOf(file: FileHandle, start: number, end: number, wanted: Set<number>): Promise<Field[]> {
-  const found: Field[] = [];
+/** One field of a message in the file: a varint's value, or where a length-delimited one's bytes lie. */
+type FileField = { field: number; wire: 0; value: number } | { field: number; wire: 2; start: number; length: number };
+
+/** The varint and length-delimited fields of the message in [start, end) of the file, in order (fixed-size ones skipped). */
+async function* walkFields(file: FileHandle, start: number, end: number): AsyncGenerator<FileField> {
   let pos = start;
   while (pos < end) {
     const head = await readAt(file, 20, pos);
     const [tag, afterTag] = varint(head, 0);
     const field = Math.floor(tag / 8);
     const wire = tag & 7;
-    if (wire === 0) pos += varint(head, afterTag)[1];
-    else if (wire === 2) {
+    if (wire === 0) {
+      const [value, after] = varint(head, afterTag);
+      yield { field, wire, value };
+      pos += after;
+    } else if (wire === 2) {
       const [length, afterLength] = varint(head, afterTag);
-      if (wanted.has(field)) found.push({ field, start: pos + afterLength, length });
+      yield { field, wire, start: pos + afterLength, length };
       pos += afterLength + length;
     } else if (wire === 1) pos += afterTag + 8;
     else if (wire === 5) pos += afterTag + 4;
     else throw new Error(`unexpected wire type ${wire} at byte ${pos}`);
+  }
+}
+
+/** The length-delimited fields of the message in [start, end) of the file whose number is in `wanted`. */
+async function fieldsOf(file: FileHandle, start: number, end: number, wanted: Set<number>): Promise<Field[]> {
+  const found: Field[] = [];
+  for await (const f of walkFields(file, start, end)) {
+    if (f.wire === 2 && wanted.has(f.field)) found.push({ field: f.field, start: f.start, length: f.length });
   }
   return found;
 }
@@ -161,32 +174,20 @@ async function tensorHead(
   let name = "";
   const dims: number[] = [];
   let dataType = 0;
-  let pos = start;
-  while (pos < end) {
-    const head = await readAt(file, 20, pos);
-    const [tag, afterTag] = varint(head, 0);
-    const field = Math.floor(tag / 8);
-    const wire = tag & 7;
-    if (wire === 0) {
-      const [value, after] = varint(head, afterTag);
-      if (field === 1) dims.push(value);
-      if (field === 2) dataType = value;
-      pos += after;
-    } else if (wire === 2) {
-      const [length, afterLength] = varint(head, afterTag);
-      if (field === 8) name = text(await readAt(file, length, pos + afterLength));
-      if (field === 1) {
-        const packed = await readAt(file, length, pos + afterLength);
-        for (let i = 0; i < packed.length; ) {
-          const [value, after] = varint(packed, i);
-          dims.push(value);
-          i = after;
-        }
+  for await (const f of walkFields(file, start, end)) {
+    if (f.wire === 0) {
+      if (f.field === 1) dims.push(f.value);
+      if (f.field === 2) dataType = f.value;
+    } else if (f.field === 8) {
+      name = text(await readAt(file, f.length, f.start));
+    } else if (f.field === 1) {
+      const packed = await readAt(file, f.length, f.start);
+      for (let i = 0; i < packed.length; ) {
+        const [value, after] = varint(packed, i);
+        dims.push(value);
+        i = after;
       }
-      pos += afterLength + length;
-    } else if (wire === 1) pos += afterTag + 8;
-    else if (wire === 5) pos += afterTag + 4;
-    else throw new Error(`unexpected wire type ${wire} at byte ${pos}`);
+    }
   }
   return { name, dims, dataType };
 }

@@ -455,7 +455,7 @@ async function loadOnnx(options: OnnxStageOptions): Promise<OnnxDefinition> {
       const giveBack = takeStringBudget(name, strings);
       let r: Awaited<ReturnType<SessionWorker["run"]>>;
       try {
-        const overriding = batch.inputs.find((t) => initializerInputs.has(t.name));
+        const overriding = initializerInputs.size > 0 && batch.inputs.find((t) => initializerInputs.has(t.name));
         if (overriding) throw cannotOverride(name, overriding.name);
         const feeds = batch.inputs.map((t) => {
           const feed = toWire(t, execution?.ownsInputs ?? false, worker);
