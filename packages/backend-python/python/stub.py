@@ -318,11 +318,14 @@ class Bls:
             "parameters": request.parameters(), "decoupled": bool(decoupled),
         }, parts, callback)
 
+    def _stream(self, request):
+        stream = ResponseStream(self)
+        self._send_request(request, True, stream.arrived)
+        return stream
+
     def call(self, request, decoupled):
         if decoupled:
-            stream = ResponseStream(self)
-            self._send_request(request, True, stream.arrived)
-            return stream
+            return self._stream(request)
         done = threading.Event()
         box = []
 
@@ -337,9 +340,7 @@ class Bls:
     async def call_async(self, request, decoupled):
         if decoupled:
             # As Triton: the awaited call gives an iterator of the responses as they come.
-            stream = ResponseStream(self)
-            self._send_request(request, True, stream.arrived)
-            return stream
+            return self._stream(request)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._send_request(request, False,
