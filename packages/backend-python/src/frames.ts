@@ -6,8 +6,11 @@
 import type { DataType, Tensor } from "@trellis/stage";
 import { framedElements, frameElements, viewAs } from "@trellis/stage/backend";
 
-/** Bytes copied to read stub answers, all readers and tensors together: tests check it stays linear. */
-export const frameCopyStats = { bytesCopied: 0 };
+/**
+ * Bytes copied to read stub answers, all readers and tensors together (tests check it stays
+ * linear), and of them the bodies read from stubs' answer files (stub-process.ts).
+ */
+export const frameCopyStats = { bytesCopied: 0, fromAnswerFiles: 0 };
 
 export interface TensorMeta {
   name: string;

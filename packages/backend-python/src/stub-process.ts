@@ -4,7 +4,8 @@
  * the model; the next execution starts a fresh process (the instance restarted).
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { closeSync, ftruncateSync, mkdtempSync, openSync, readSync, rmSync } from "node:fs";
+import { closeSync, constants, ftruncateSync, mkdtempSync, openSync, readSync, rmSync } from "node:fs";
+import { type FileHandle, open } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -14,7 +15,15 @@ import { InstanceEndedError } from "@trellis/stage/backend";
 import { answerControl, answerModelCall, parametersFromJson, parametersJson } from "./bls.js";
 import { codeOfTriton } from "./codes.js";
 import { ResponseStream, type StreamItem } from "./decoupled.js";
-import { decodeTensor, encodeFrame, encodeTensors, type Frame, FrameReader, type TensorMeta } from "./frames.js";
+import {
+  decodeTensor,
+  encodeFrame,
+  encodeTensors,
+  type Frame,
+  FrameReader,
+  frameCopyStats,
+  type TensorMeta,
+} from "./frames.js";
 import { answerMetric, applyMetricUpdate } from "./metrics.js";
 
 export const STUB_PATH = fileURLToPath(new URL("../python/stub.py", import.meta.url));
@@ -34,6 +43,8 @@ export interface StubOptions {
   maxStreamResponses: number;
   models?: ModelCaller;
   onLog?: (line: string) => void;
+  /** Large results through the stub's answer file where it can be opened (default), else all through the pipe. */
+  answerFile?: boolean;
 }
 
 export type StubAnswer = Tensor[] | Error;
@@ -46,6 +57,12 @@ interface WireResponse {
 }
 
 type Waiter = { resolve(frame: Frame): void; reject(error: Error): void };
+
+/**
+ * Results with bodies from this size on come through the stub's answer file (stub.py's
+ * AnswerFile), read in the thread pool; smaller ones through the pipe, where one chunk holds them.
+ */
+const ANSWER_FILE_FROM = 1 << 20;
 
 export class StubProcess {
   private child: ChildProcess | undefined;
@@ -62,6 +79,10 @@ export class StubProcess {
   private turns: Promise<void> = Promise.resolve();
   /** Which request the model last read (stub.py's Progress): a file's descriptor, opened at the first start. */
   private progressFd: number | undefined;
+  /** The current process's answer file (stub.py's AnswerFile), where it could be opened. */
+  private answerFile: FileHandle | undefined;
+  /** Frames wait here, in order, behind a body being read from the answer file. */
+  private reading: Promise<void> | undefined;
 
   constructor(private readonly options: StubOptions) {}
 
@@ -78,6 +99,9 @@ export class StubProcess {
     const { options } = this;
     this.starts += 1;
     this.progressFd ??= openProgressFile();
+    // The previous process's file: closed once any read of it is done (FileHandle waits for it).
+    void this.answerFile?.close().catch(() => {});
+    this.answerFile = undefined;
     const child = spawn(options.pythonExecutable, ["-u", STUB_PATH], {
       stdio: ["pipe", "pipe", "pipe", this.progressFd ?? "ignore"],
     });
@@ -92,7 +116,7 @@ export class StubProcess {
     });
     child.stdout?.on("data", (chunk: Buffer) => {
       try {
-        for (const frame of reader.push(chunk)) this.deliver(frame);
+        for (const frame of reader.push(chunk)) this.receive(child, frame);
       } catch (e) {
         // Over the bound (from the length prefix, nothing buffered): that execution fails, named.
         const message = `model "${options.modelName}": ${(e as Error).message} on a Python answer (--python-max-answer-bytes); the instance restarts for the next request`;
@@ -135,6 +159,50 @@ export class StubProcess {
         `model.py failed to load: ${String(answer.header.message)}`,
       );
     }
+    if (options.answerFile !== false) this.answerFile = await openAnswerFile(child, answer.header.answer_fd);
+  }
+
+  /** Delivers a frame in the order it came, its body first read from the answer file if it is there. */
+  private receive(child: ChildProcess, frame: Frame): void {
+    const inFile = frame.header.body_in_file;
+    if (inFile === undefined && this.reading === undefined) {
+      this.deliver(frame);
+      return;
+    }
+    const reading = (this.reading ?? Promise.resolve()).then(async () => {
+      let whole = frame;
+      try {
+        if (inFile !== undefined) whole = await this.readAnswerBody(frame, inFile);
+      } catch (e) {
+        if (this.child === child)
+          this.fail(new StageError(Code.Internal, this.options.modelName, (e as Error).message), false);
+        return;
+      }
+      // A process stopped meanwhile (its deadline passed) has failed its execution already.
+      if (this.child === child) this.deliver(whole);
+    });
+    this.reading = reading;
+    void reading.then(() => {
+      if (this.reading === reading) this.reading = undefined;
+    });
+  }
+
+  /** A result's body, from the answer file (one read in the thread pool, no work on the event loop). */
+  private async readAnswerBody(frame: Frame, length: unknown): Promise<Frame> {
+    const { modelName: name, maxFrameBytes } = this.options;
+    const file = this.answerFile;
+    if (typeof length !== "number" || !Number.isSafeInteger(length) || length < 0 || !file)
+      throw new Error(`model "${name}": its Python process named an answer file it was not given`);
+    if (length > maxFrameBytes) return { header: frame.header, body: frame.body, droppedBytes: length };
+    const body = Buffer.allocUnsafe(length);
+    for (let at = 0; at < length; ) {
+      const { bytesRead } = await file.read(body, at, length - at, at);
+      if (bytesRead === 0) throw new Error(`model "${name}": its Python process's answer file ended early`);
+      at += bytesRead;
+    }
+    frameCopyStats.bytesCopied += length;
+    frameCopyStats.fromAnswerFiles += length;
+    return { header: frame.header, body };
   }
 
   private deliver(frame: Frame): void {
@@ -272,12 +340,14 @@ export class StubProcess {
     });
     const executeId = ++this.executions;
     const child = this.child;
+    // Large results come through the answer file, up to the bound (a larger one comes through the pipe, dropped unread).
+    const answerFile = this.answerFile ? { answer_file: ANSWER_FILE_FROM, answer_max: this.options.maxFrameBytes } : {};
     const cancel = () => child?.stdin?.write(encodeFrame({ type: "cancel", execute: executeId, index: 0 }));
     const signal = requests.length === 1 ? options?.signal : undefined;
     signal?.addEventListener("abort", cancel, { once: true });
     let frame: Frame;
     try {
-      frame = await this.exchange({ type: "execute", id: executeId, requests: wire }, parts);
+      frame = await this.exchange({ type: "execute", id: executeId, requests: wire, ...answerFile }, parts);
     } finally {
       signal?.removeEventListener("abort", cancel);
     }
@@ -395,6 +465,8 @@ export class StubProcess {
       closeSync(this.progressFd);
       this.progressFd = undefined;
     }
+    void this.answerFile?.close().catch(() => {});
+    this.answerFile = undefined;
     const child = this.child;
     if (!child) return;
     try {
@@ -422,6 +494,25 @@ function openProgressFile(): number | undefined {
   } finally {
     if (dir) rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/**
+ * The stub's answer file, opened through /proc as its own descriptor (it outlives the process, so
+ * a read under way when the process ends completes). Non-blocking, and only a regular file is
+ * kept: the number comes from the stub, and a FIFO or device there must not stall the server.
+ * Undefined where there is none (no memfd, no /proc): answers then all come through the pipe.
+ */
+async function openAnswerFile(child: ChildProcess, fd: unknown): Promise<FileHandle | undefined> {
+  if (typeof fd !== "number" || !Number.isSafeInteger(fd) || fd < 0 || child.pid === undefined) return undefined;
+  let file: FileHandle | undefined;
+  try {
+    file = await open(`/proc/${child.pid}/fd/${fd}`, constants.O_RDONLY | constants.O_NONBLOCK);
+    if ((await file.stat()).isFile()) return file;
+  } catch {
+    // No such path on this system: the pipe carries everything.
+  }
+  await file?.close().catch(() => {});
+  return undefined;
 }
 
 /** Why the Python executable did not start, for the model's load or restart error. */

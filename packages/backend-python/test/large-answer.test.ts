@@ -1,70 +1,105 @@
 /**
- * A 64 MiB FP32 answer from a real python3 stub, through the pipe in its own chunking: it comes
- * back whole, and reading it copies at most twice its size (reassembly once, the aligned tensor
- * once), where the old reader's copies grew with the square of the answer.
+ * A 64 MiB FP32 answer from a real python3 stub comes back whole both ways a result can travel:
+ * through the stub's answer file (one read in the thread pool, copied once) and through the pipe
+ * (where the stub's answer file cannot be opened: copied at most twice, where the old reader's
+ * copies grew with the square of the answer). The pipe's reader alone is tested in
+ * frame-reader.test.ts.
  */
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { parseModelConfig } from "@trellis/protocol";
 import { tensor } from "@trellis/stage";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { frameCopyStats } from "../src/frames.js";
-import { createPythonBackend } from "../src/index.js";
+import { StubProcess } from "../src/stub-process.js";
 
-const CONFIG = `name: "identity"
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-`;
-
-const MODEL = `import triton_python_backend_utils as pb_utils
+// X[0] = -1 ends the process (a crash right after a large answer).
+const MODEL = `import os
+import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            if x[0] == -1:
+                os._exit(3)
+            out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", x)]))
+        return out
 `;
 
 let root: string;
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "trellis-large-answer-"));
-  await mkdir(join(root, "identity", "1"), { recursive: true });
-  await writeFile(join(root, "identity", "config.pbtxt"), CONFIG);
-  await writeFile(join(root, "identity", "1", "model.py"), MODEL);
+  await mkdir(join(root, "1"), { recursive: true });
+  await writeFile(join(root, "1", "model.py"), MODEL);
 });
 afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
+const stubOf = (answerFile: boolean) =>
+  new StubProcess({
+    modelName: "identity",
+    pythonExecutable: "/usr/bin/python3",
+    modelFile: join(root, "1", "model.py"),
+    initialize: { model_name: "identity" },
+    executeTimeoutMs: 60_000,
+    loadTimeoutMs: 60_000,
+    maxFrameBytes: 1 << 30,
+    maxStreamResponses: 16,
+    answerFile,
+  });
+
+/** Sends X (FP32, `elements` long, a mark every 1021st) and gives Y with the bytes copied to read it. */
+async function identity(stub: StubProcess, elements: number, first = 0) {
+  const x = new Float32Array(elements);
+  for (let i = 0; i < elements; i += 1021) x[i] = i;
+  x[0] = first;
+  const before = { ...frameCopyStats };
+  const [answer] = await stub.execute([{ inputs: [tensor("X", "FP32", [elements], x)], outputs: [{ name: "Y" }] }]);
+  if (answer instanceof Error) throw answer;
+  const y = answer[0]?.data as Float32Array;
+  expect(y.length).toBe(elements);
+  if (elements > 1021 * 5000) expect(y[1021 * 5000]).toBe(1021 * 5000);
+  expect(y[elements - 1]).toBe(x[elements - 1]);
+  return {
+    copied: frameCopyStats.bytesCopied - before.bytesCopied,
+    fromFile: frameCopyStats.fromAnswerFiles - before.fromAnswerFiles,
+  };
+}
+
 describe("a large Python answer", () => {
-  it("comes back whole, copied at most twice its size", { timeout: 120_000 }, async () => {
-    const config = parseModelConfig(CONFIG);
-    const backend = await createPythonBackend({
-      config,
-      modelDir: join(root, "identity"),
-      version: "1",
-      pythonExecutable: "/usr/bin/python3",
-    });
+  const elements = (64 << 20) / 4;
+
+  it("comes back whole through the answer file, copied once, and again after a restart", {
+    timeout: 120_000,
+  }, async () => {
+    const stub = stubOf(true);
     try {
-      const elements = (64 << 20) / 4;
-      const x = new Float32Array(elements);
-      for (let i = 0; i < elements; i += 1021) x[i] = i;
-      const before = frameCopyStats.bytesCopied;
-      const { responses } = await backend.executeRequests(
-        [{ inputs: [tensor("X", "FP32", [elements], x)], outputs: [{ name: "Y" }] }],
-        { instance: 0, batchSize: 1 } as never,
-      );
-      const copied = frameCopyStats.bytesCopied - before;
-      const y = (responses[0] as { data: Float32Array }[])[0]?.data as Float32Array;
-      expect(y.length).toBe(elements);
-      expect(y[1021 * 5000]).toBe(1021 * 5000);
-      expect(y[elements - 1]).toBe(x[elements - 1]);
-      expect(copied).toBeLessThanOrEqual(2 * x.byteLength + (1 << 16));
+      expect(await identity(stub, elements)).toEqual({ copied: elements * 4, fromFile: elements * 4 });
+      // A small answer stays in the pipe.
+      expect((await identity(stub, 50_000)).fromFile).toBe(0);
+      // The process ends: that execution fails alone, and the next process's own file carries the next answer.
+      await expect(identity(stub, 4, -1)).rejects.toThrow(/its Python process exited \(code 3\)/);
+      expect(await identity(stub, elements)).toEqual({ copied: elements * 4, fromFile: elements * 4 });
+      expect(stub.starts).toBe(2);
     } finally {
-      await backend.close();
+      await stub.close();
+    }
+  });
+
+  it("comes back whole through the pipe where there is no answer file, copied at most twice", {
+    timeout: 120_000,
+  }, async () => {
+    const stub = stubOf(false);
+    try {
+      const { copied, fromFile } = await identity(stub, elements);
+      expect(fromFile).toBe(0);
+      expect(copied).toBeGreaterThanOrEqual(elements * 4);
+      expect(copied).toBeLessThanOrEqual(2 * elements * 4 + (1 << 16));
+    } finally {
+      await stub.close();
     }
   });
 });
