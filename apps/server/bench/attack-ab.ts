@@ -7,6 +7,8 @@
  * X[1] MiB, ATTACK_AB_ANSWER_MIB (32) in the attack). Attacks:
  *   python-large-answer  good → gather, attack → twice answering 32 MiB each (item 2); a lone
  *                        answer's latency is printed first
+ *   constant-large-answer  the same answers from `constant`, a TypeScript model answering one
+ *                        32 MiB array made at load: the cost of sending such answers at all
  *   python-crash         good → twice, attack → twice with an input that exits model.py (item 3)
  *   python-hang          good → twice, attack → twice with an input that hangs model.py (item 3)
  *   onnx-bad-constant    good → gather, attack → gather with the same bad index (item 4)
@@ -74,6 +76,23 @@ class TritonPythonModel:
         return responses
 `;
 
+const CONSTANT_CONFIG = `name: "constant"
+backend: "typescript"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1, 4 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1, -1 ] } ]
+`;
+
+/** Y: one ANSWER_MIB zero array, made once: every answer is the same memory. */
+const CONSTANT_MODEL = `import { defineStage } from "@trellis/stage";
+const y = new Float32Array(${ANSWER_MIB} * 256 * 1024);
+export function createStage({ config, version }) {
+  return defineStage({ config, version, compute() {
+    return [{ name: "Y", datatype: "FP32", shape: [1, y.length], data: y }];
+  } });
+}
+`;
+
 const chosen = process.argv.slice(2);
 const attacks = chosen.length > 0 ? ATTACKS.filter((a) => chosen.includes(a.name)) : ATTACKS;
 
@@ -84,6 +103,9 @@ await writeFile(join(repo, "gather", "1", "model.onnx"), gatherModel());
 await mkdir(join(repo, "twice", "1"), { recursive: true });
 await writeFile(join(repo, "twice", "config.pbtxt"), TWICE_CONFIG);
 await writeFile(join(repo, "twice", "1", "model.py"), TWICE_MODEL);
+await mkdir(join(repo, "constant", "1"), { recursive: true });
+await writeFile(join(repo, "constant", "config.pbtxt"), CONSTANT_CONFIG);
+await writeFile(join(repo, "constant", "1", "model.mjs"), CONSTANT_MODEL);
 const server = await startServerProcess([
   "--model-repository",
   repo,

@@ -7,7 +7,7 @@ import { GATHER_WIDTH } from "@trellis/testing";
 /** The large-answer attack's answer size (MiB). */
 export const ANSWER_MIB = Number(process.env.ATTACK_AB_ANSWER_MIB ?? 32);
 
-export type Target = "gather" | "twice";
+export type Target = "gather" | "twice" | "constant";
 
 export interface Attack {
   name: string;
@@ -39,6 +39,13 @@ export const goodBody = (target: Target, n: number) =>
 
 export const ATTACKS: Attack[] = [
   { name: "python-large-answer", good: "gather", attack: () => ({ model: "twice", body: twiceBody(77, ANSWER_MIB) }) },
+  // The transport's share of the large-answer attack: a TypeScript model answering one 32 MiB
+  // array it made once (no backend, no copy, no allocation), so what is left is the answer's way out.
+  {
+    name: "constant-large-answer",
+    good: "gather",
+    attack: () => ({ model: "constant", body: twiceBody(77, ANSWER_MIB) }),
+  },
   { name: "python-crash", good: "twice", attack: () => ({ model: "twice", body: twiceBody(66, 0) }) },
   { name: "python-hang", good: "twice", attack: () => ({ model: "twice", body: twiceBody(13, 0) }) },
   {
