@@ -92,10 +92,18 @@ class AnswerFile:
         low = header.get("answer_file")
         return self.fd is not None and low is not None and low <= length <= header.get("answer_max", 0)
 
+    # Kept from one answer to the next up to this size; a larger file is emptied when the next
+    # execution comes (the server has read it by then), so a rare huge answer is not held for long.
+    RETAIN_BYTES = 64 << 20
+
+    def trim(self):
+        if self.map is not None and len(self.map) > self.RETAIN_BYTES:
+            self._resize(0)
+
     def write(self, np, parts, length):
         size = len(self.map) if self.map is not None else 0
-        # Grown to the largest answer, shrunk when one is far smaller: memory held stays near the
-        # last large answer, under the answer bound.
+        # Grown to the answer, shrunk when one is far smaller: memory held stays near the last
+        # large answer's size.
         if length > size or length < size // 4:
             self._resize(length)
         target = np.frombuffer(self.map, dtype=np.uint8)
@@ -112,7 +120,8 @@ class AnswerFile:
             self.map.close()
             self.map = None
         os.ftruncate(self.fd, length)
-        self.map = mmap.mmap(self.fd, length)
+        if length > 0:
+            self.map = mmap.mmap(self.fd, length)
 
 
 ANSWER_FILE = AnswerFile()
@@ -514,6 +523,7 @@ def make_requests(np, pb_utils, inbox, header, body):
 
 
 def run_execute(np, pb_utils, inbox, model, header, body):
+    ANSWER_FILE.trim()
     requests = make_requests(np, pb_utils, inbox, header, body)
     try:
         responses = model.execute(requests)

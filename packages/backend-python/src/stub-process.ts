@@ -170,16 +170,14 @@ export class StubProcess {
       return;
     }
     const reading = (this.reading ?? Promise.resolve()).then(async () => {
-      let whole = frame;
       try {
-        if (inFile !== undefined) whole = await this.readAnswerBody(frame, inFile);
+        const whole = inFile === undefined ? frame : await this.readAnswerBody(frame, inFile);
+        // A process stopped meanwhile (its deadline passed) has failed its execution already.
+        if (this.child === child) this.deliver(whole);
       } catch (e) {
         if (this.child === child)
           this.fail(new StageError(Code.Internal, this.options.modelName, (e as Error).message), false);
-        return;
       }
-      // A process stopped meanwhile (its deadline passed) has failed its execution already.
-      if (this.child === child) this.deliver(whole);
     });
     this.reading = reading;
     void reading.then(() => {

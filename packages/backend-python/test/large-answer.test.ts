@@ -5,7 +5,7 @@
  * copies grew with the square of the answer). The pipe's reader alone is tested in
  * frame-reader.test.ts.
  */
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { type FileHandle, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { tensor } from "@trellis/stage";
@@ -69,6 +69,12 @@ async function identity(stub: StubProcess, elements: number, first = 0) {
   };
 }
 
+/** The size of the stub's answer file now, through the server's own descriptor of it. */
+async function answerFileBytes(stub: StubProcess): Promise<number | undefined> {
+  const file = (stub as unknown as { answerFile?: FileHandle }).answerFile;
+  return file ? (await file.stat()).size : undefined;
+}
+
 describe("a large Python answer", () => {
   const elements = (64 << 20) / 4;
 
@@ -78,8 +84,14 @@ describe("a large Python answer", () => {
     const stub = stubOf(true);
     try {
       expect(await identity(stub, elements)).toEqual({ copied: elements * 4, fromFile: elements * 4 });
-      // A small answer stays in the pipe.
+      expect(await answerFileBytes(stub)).toBe(elements * 4);
+      // A small answer stays in the pipe; the file's pages are kept for the next large one.
       expect((await identity(stub, 50_000)).fromFile).toBe(0);
+      expect(await answerFileBytes(stub)).toBe(elements * 4);
+      // Past 64 MiB the file is emptied at the next execution.
+      expect((await identity(stub, elements + (4 << 20))).fromFile).toBe(elements * 4 + (16 << 20));
+      expect((await identity(stub, 50_000)).fromFile).toBe(0);
+      expect(await answerFileBytes(stub)).toBe(0);
       // The process ends: that execution fails alone, and the next process's own file carries the next answer.
       await expect(identity(stub, 4, -1)).rejects.toThrow(/its Python process exited \(code 3\)/);
       expect(await identity(stub, elements)).toEqual({ copied: elements * 4, fromFile: elements * 4 });
