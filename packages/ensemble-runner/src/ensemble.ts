@@ -57,6 +57,11 @@ export interface EnsembleStage extends Stage {
    * One request's answer for a model runtime serving the ensemble: not recorded here (the
    * runtime records it), with the time its steps spent queued and computing.
    */
+  inferWithTimes(request: InferRequest, options?: InferOptions): Promise<{ outputs: Tensor[]; times: EnsembleTimes }>;
+  /**
+   * @deprecated renamed `inferWithTimes` (the same function): `execute` means answering each
+   * request of a batch, as Triton's `execute(requests)`.
+   */
   execute(request: InferRequest, options?: InferOptions): Promise<{ outputs: Tensor[]; times: EnsembleTimes }>;
   /** A decoupled ensemble's responses for a model runtime serving it (not recorded here). */
   executeStream(request: InferRequest, options?: InferOptions): AsyncIterable<InferResponse>;
@@ -182,6 +187,7 @@ function buildEnsemble(options: BuildEnsembleOptions): EnsembleStage {
     statistics: () => runner.recorder.snapshot(),
     maxQueueSize: () => runner.entryBound.get().bound,
     queueBound: () => runner.entryBound.described(),
+    inferWithTimes: (request: InferRequest, options?: InferOptions) => answerWithTimes(runner, request, options),
     execute: (request: InferRequest, options?: InferOptions) => answerWithTimes(runner, request, options),
     executeStream: (request: InferRequest, options?: InferOptions) => answers(request, options, ignoreTimes),
     ...(decoupled ? { inferStream: answers } : {}),

@@ -56,7 +56,7 @@ beforeAll(async () => {
   // and between batch sizes (rocket.jpg's top-1 at batch 4 differs from batch 1 on some CPUs).
   const request = { inputs: [batch] };
   const context = { batchSize: IMAGES.length, requests: [request], instance: 0, ownsInputs: false };
-  const direct4 = await direct.backend.execute!(request, context);
+  const direct4 = await direct.backend.computeBatch!(request, context);
   expectedTop1 = argmaxes(direct4.outputs[0]?.data as Float32Array, IMAGES.length);
 }, 60_000);
 
@@ -71,7 +71,7 @@ describe("bridge to a real ONNX model over gRPC", () => {
     // The ONNX backend's own answer for the batch (one run on its instance 0).
     const request = { inputs: [batch] };
     const context = { batchSize: IMAGES.length, requests: [request], instance: 0, ownsInputs: false };
-    const want = await direct.backend.execute!(request, context);
+    const want = await direct.backend.computeBatch!(request, context);
     const got = await bridge.infer({ inputs: [batch] });
     expect(got.modelName).toBe("resnet50_inference_trt");
     const w = want.outputs[0];

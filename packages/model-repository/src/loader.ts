@@ -274,7 +274,7 @@ function ensembleBackend(ensemble: EnsembleStage): ModelBackend {
     tracesSteps: true,
     ...(ensemble.inferStream ? { decoupled: true, executeStream: ensemble.executeStream.bind(ensemble) } : {}),
     queueBound: () => ensemble.queueBound(),
-    execute: (request, ctx) => ensemble.execute(request, ctx.options),
+    computeBatch: (request, ctx) => ensemble.inferWithTimes(request, ctx.options),
     isReady: () => ensemble.isReady(),
     metadata: () => ensemble.metadata(),
     close: () => ensemble.close(),

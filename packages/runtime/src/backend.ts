@@ -27,11 +27,17 @@ export interface ModelBackend {
    */
   instances: number;
   /**
-   * Computes one batch on instance `ctx.instance`, in one of two ways (give one). `execute`: the
-   * requests merged along dim 0, one result for all (a throw fails the execution; the runtime
-   * then bisects the batch, so only the one that caused it fails: see isolation.ts). `executeRequests`
-   * (Triton's `execute(requests)`): the requests as they are, answering each with its outputs
-   * or an error of its own.
+   * Computes one batch on instance `ctx.instance`, in one of two ways (give one). `computeBatch`:
+   * the requests merged along dim 0, one result for all (a throw fails the execution; the runtime
+   * then bisects the batch, so only the one that caused it fails: see isolation.ts).
+   * `executeRequests` (Triton's `execute(requests)`): the requests as they are, answering each
+   * with its outputs or an error of its own. As in StageDefinition, "compute" merges and
+   * "execute" answers each request.
+   */
+  computeBatch?(batch: InferRequest, ctx: BatchContext): Promise<BatchResult>;
+  /**
+   * @deprecated renamed `computeBatch` (same signature and meaning): `execute` now always means
+   * answering each request, as Triton's `execute(requests)`. Still read when `computeBatch` is absent.
    */
   execute?(batch: InferRequest, ctx: BatchContext): Promise<BatchResult>;
   executeRequests?(requests: readonly InferRequest[], ctx: BatchContext): Promise<RequestsResult>;
@@ -51,7 +57,7 @@ export interface ModelBackend {
   decoupled?: boolean;
   /** Its own bound on the requests in flight (an ensemble: its tightest step's queue bound). */
   queueBound?(): QueueBound;
-  /** A lone request's trace goes to `execute` (an ensemble stamps its steps on it); the runtime still stamps the execution. */
+  /** A lone request's trace goes to `computeBatch` (an ensemble stamps its steps on it); the runtime still stamps the execution. */
   tracesSteps?: boolean;
   close(): Promise<void>;
 }
@@ -68,7 +74,7 @@ export function stageBackend(stage: Stage, instances: number): ModelBackend {
     ? definitionBackend(definition, instances)
     : {
         instances,
-        async execute(batch, ctx) {
+        async computeBatch(batch, ctx) {
           const response = await stage.infer(batch, ctx.options);
           return { outputs: response.outputs };
         },
@@ -108,7 +114,7 @@ export function definitionBackend(definition: StageDefinition, instances: number
       responses: await execute.call(definition, requests, ctx.options),
     });
   } else if (compute) {
-    backend.execute = async (batch, ctx) => {
+    backend.computeBatch = async (batch, ctx) => {
       const execution = { instance: ctx.instance, ownsInputs: ctx.ownsInputs, times: {} };
       const outputs = await compute.call(definition, batch, ctx.options, execution);
       return { outputs, times: execution.times };

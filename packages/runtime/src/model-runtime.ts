@@ -280,7 +280,8 @@ function admitBoth(
 /** How the runtime runs a backend's batch: request by request, or merged and split back (isolating failures). */
 function requestsExecutor(backend: ModelBackend, name: string, isolation: FailureIsolation) {
   if (backend.executeRequests) return isolatedRequestsExecutor(name, backend.executeRequests.bind(backend), isolation);
+  const computeBatch = backend.computeBatch ?? backend.execute;
   // A decoupled backend computes only streams: its batches are never formed (infer refuses).
-  if (!backend.execute) return async () => ({ responses: [decoupledRefusal(name)] });
-  return mergedExecutor(name, backend.execute.bind(backend), isolation);
+  if (!computeBatch) return async () => ({ responses: [decoupledRefusal(name)] });
+  return mergedExecutor(name, computeBatch.bind(backend), isolation);
 }

@@ -20,6 +20,7 @@ function heldBackend(instances: number, extra: Partial<ModelBackend> = {}) {
   });
   const backend: ModelBackend = {
     instances,
+    // `execute`, the deprecated name of computeBatch, still works.
     async execute(batch) {
       seen.push((batch.inputs[0]!.data as Float32Array)[0]!);
       await gate;

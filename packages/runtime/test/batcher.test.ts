@@ -45,7 +45,7 @@ function harness(
         if (t.name !== "x") throw new StageError(Code.InvalidArgument, "toy", `unknown input ${t.name}`);
       }
     },
-    execute: async (batch: InferRequest, ctx: BatchContext) => {
+    computeBatch: async (batch: InferRequest, ctx: BatchContext) => {
       executions.push({
         sizes: ctx.requests.map((r) => r.inputs[0]!.shape[0]!),
         ids: ctx.requests.map((r) => r.id),

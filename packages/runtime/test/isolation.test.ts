@@ -52,7 +52,7 @@ function held(execute: { merged?: (x: Tensor) => Tensor[]; perRequest?: Requests
     recorder,
     ...(execute.merged
       ? {
-          execute: async (batch: InferRequest, ctx: BatchContext) => {
+          computeBatch: async (batch: InferRequest, ctx: BatchContext) => {
             calls.push({ rows: ctx.requests.map((r) => r.inputs[0]!.shape[0]!) });
             await wait();
             return { outputs: execute.merged!(batch.inputs[0]!) };
@@ -153,6 +153,7 @@ describe("a merged batch that fails", () => {
       dynamicBatching: create(ModelDynamicBatchingSchema, {}),
       instances: 1,
       recorder,
+      // `execute`, the deprecated name of computeBatch, still works.
       execute: async (batch: InferRequest, ctx: BatchContext) => {
         calls.push(ctx.requests.map((r) => (r.inputs[0]!.data as Float32Array)[0]!));
         if ((batch.inputs[0]!.data as Float32Array)[0] === 99_901) await gate; // the round's blocker

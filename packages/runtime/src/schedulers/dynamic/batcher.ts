@@ -51,8 +51,10 @@ export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBat
   if (options.executeRequests) {
     return new Batcher(options, isolatedRequestsExecutor(options.name, options.executeRequests, isolation), isolation);
   }
-  if (!options.execute) throw new StageError(Code.Internal, options.name, "a batcher needs execute or executeRequests");
-  return new Batcher(options, mergedExecutor(options.name, options.execute, isolation), isolation);
+  const computeBatch = options.computeBatch ?? options.execute;
+  if (!computeBatch)
+    throw new StageError(Code.Internal, options.name, "a batcher needs computeBatch or executeRequests");
+  return new Batcher(options, mergedExecutor(options.name, computeBatch, isolation), isolation);
 }
 
 /**

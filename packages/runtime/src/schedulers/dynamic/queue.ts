@@ -24,7 +24,9 @@ export interface DynamicBatcherOptions {
   dynamicBatching?: ModelDynamicBatching;
   /** Executions allowed in flight at once (instance_group count); default 1. */
   instances?: number;
-  /** How a batch is computed: merged (`execute`), or request by request (`executeRequests`); give one. */
+  /** How a batch is computed: merged (`computeBatch`), or request by request (`executeRequests`); give one. */
+  computeBatch?: BatchExecutor;
+  /** @deprecated renamed `computeBatch` (the same executor); still read when `computeBatch` is absent. */
   execute?: BatchExecutor;
   executeRequests?: RequestsExecutor;
   /**
