@@ -2,7 +2,8 @@
  * Making a model: what Triton's core sets up for every backend, done once here for every
  * Trellis backend (a TypeScript stage, a user's model.js, an ONNX session pool, a Python model,
  * an ensemble, a remote model). From its config: the request checks, the scheduler (sequence
- * batching, then dynamic batching, or each request alone), instance_group's instances under the
+ * batching, then dynamic batching, or each request alone: queued for an instance, or at once for a
+ * backend that bounds its own work), instance_group's instances under the
  * rate limiter and the backend's own admission (e.g. the CPU gate), statistics; the result is
  * one Model (model.ts), which runs the requests.
  */
@@ -36,6 +37,7 @@ import type { ModelBackend } from "./backend.js";
 import type { ModelInterceptor } from "./interceptors/chain.js";
 import { Model, unregister } from "./model.js";
 import { rateLimiterResources } from "./rate-limiter.js";
+import { DirectScheduler } from "./schedulers/direct.js";
 import {
   type BatchingStrategy,
   createIsolatedBatcher,
@@ -177,8 +179,9 @@ export async function createModel(options: ModelOptions): Promise<Model> {
         config,
         ...(options.modelDir ? { modelDir: options.modelDir } : {}),
         instances: bounded ? instances : instanceCount(config),
-        // The dynamic batcher, made below once the setup has succeeded, runs what the sequences send.
-        run: (request, opts) => batcher.infer(request, opts),
+        // The dynamic batcher, made below once the setup has succeeded, runs what the sequences send
+        // (a sequence model always has one).
+        run: (request, opts) => batcher!.infer(request, opts),
         onRefused: (ns) => recorder.requestFailed(ns),
       });
     }
@@ -195,24 +198,32 @@ export async function createModel(options: ModelOptions): Promise<Model> {
     slots.length > 0
       ? (instance: number) => admitBoth(slots[instance]?.admit(), backendAdmit && (() => backendAdmit(instance)))
       : backendAdmit;
-  const batcher = createIsolatedBatcher(
-    {
-      name,
-      version,
-      maxBatchSize: config.maxBatchSize,
-      dynamicBatching: batchingOf(config),
-      instances,
-      strategy,
-      recorder,
-      validate: (request) => {
-        check(request);
-      },
-      ...(admit ? { admit } : {}),
-      ...(backend.tracesSteps ? { passTrace: true } : {}),
+  const common = {
+    name,
+    version,
+    maxBatchSize: config.maxBatchSize,
+    recorder,
+    validate: (request: InferRequest) => {
+      check(request);
     },
-    run,
-    isolation,
-  );
+    ...(backend.tracesSteps ? { passTrace: true } : {}),
+  };
+  // A backend that bounds its own work (an ensemble, a remote model), with nothing to batch or
+  // admit: each request runs at once. Otherwise the dynamic batcher's queue (batching or not).
+  const direct = !bounded && !admit && !sequencer && config.schedulingChoice.case !== "dynamicBatching";
+  const batcher = direct
+    ? undefined
+    : createIsolatedBatcher(
+        {
+          ...common,
+          dynamicBatching: batchingOf(config),
+          instances,
+          strategy,
+          ...(admit ? { admit } : {}),
+        },
+        run,
+        isolation,
+      );
   return new Model({
     config,
     version,
@@ -221,7 +232,7 @@ export async function createModel(options: ModelOptions): Promise<Model> {
     spec,
     check,
     run,
-    batcher,
+    scheduler: batcher ?? new DirectScheduler(common, run, isolation),
     sequencer,
     slots,
     bounded,

@@ -3,8 +3,9 @@
  * `Model`). It implements Stage. A request comes in, is counted in flight (its hold on this
  * version: an unload or reload waits for it), passes the model's interceptors (tracing, cache,
  * classification, shadow: interceptors/), and reaches the core: admission (the queue bound),
- * the checks against config.pbtxt, and the scheduler its config chooses (sequence, dynamic or
- * direct batching; an ensemble's steps), which runs the backend on an instance. Statistics are
+ * the checks against config.pbtxt, and the scheduler its config chooses (schedulers/: sequence,
+ * dynamic with or without batching, or direct for an ensemble or a remote model), which runs the
+ * backend on an instance. Statistics are
  * recorded once, in its recorder.
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
@@ -32,7 +33,8 @@ import {
   type ModelInterceptor,
   type StreamNext,
 } from "./interceptors/chain.js";
-import type { DynamicBatcher, RequestsExecutor } from "./schedulers/dynamic/batcher.js";
+import type { RequestsExecutor } from "./schedulers/dynamic/batcher.js";
+import type { Scheduler } from "./schedulers/scheduler.js";
 import type { SequenceBatcher } from "./schedulers/sequence/batcher.js";
 
 /** What a model is made of, once its setup has succeeded (see createModel). */
@@ -45,7 +47,8 @@ export interface ModelParts {
   /** Checks one request (unless the backend checks its own); gives its batch size. */
   check: (request: InferRequest) => number;
   run: RequestsExecutor;
-  batcher: DynamicBatcher;
+  /** The scheduler its config chooses (schedulers/scheduler.ts); a sequence model's sequencer sits in front of it. */
+  scheduler: Scheduler;
   sequencer: SequenceBatcher | undefined;
   slots: RateLimiterSlot[];
   /** The backend bounds its executions (instances is finite), so requests can queue in the runtime. */
@@ -101,7 +104,7 @@ export class Model {
     this.admission = new Admission({
       config,
       ...(parts.defaultMaxQueueSize ? { defaultMaxQueueSize: parts.defaultMaxQueueSize } : {}),
-      level: (priority) => parts.batcher.queueLevel(priority),
+      level: (priority) => parts.scheduler.queueLevel(priority),
       pending: () => (this.queueVisible ? this.queued() : this.admitted),
       inflight: () => this.admitted,
       ...(backend.queueBound ? { backendBound: backend.queueBound.bind(backend) } : {}),
@@ -193,7 +196,7 @@ export class Model {
     if (this.closed) return;
     this.closed = true;
     this.parts.sequencer?.close();
-    await this.parts.batcher.close();
+    await this.parts.scheduler.close();
     unregister(this.parts.slots);
     await this.backend.close();
   };
@@ -216,8 +219,8 @@ export class Model {
 
   /** Requests queued in the runtime, and in the backend when it has a queue of its own. */
   private queued(): number {
-    const { batcher, sequencer } = this.parts;
-    return batcher.queued + (sequencer?.queued ?? 0) + (this.backend.pendingRequests?.() ?? 0);
+    const { scheduler, sequencer } = this.parts;
+    return scheduler.queued + (sequencer?.queued ?? 0) + (this.backend.pendingRequests?.() ?? 0);
   }
 
   /** The core of the chain: admitted, checked and run by the scheduler the config chooses. */
@@ -236,7 +239,7 @@ export class Model {
           throw toConnectError(err, this.name);
         }
       }
-      return await (parts.sequencer ?? parts.batcher).infer(request, opts);
+      return await (parts.sequencer ?? parts.scheduler).infer(request, opts);
     } finally {
       this.admitted--;
     }

@@ -3,7 +3,13 @@ import { Code, defineStage, type InferRequest, StageError, tensor } from "@trell
 import { observeRequests } from "@trellis/stage/backend";
 import { rejectionOf } from "@trellis/testing";
 import { describe, expect, it } from "vitest";
-import { createModel, createModelRuntime, instanceCount, stageBackend } from "../src/model-runtime.js";
+import {
+  createModel,
+  createModelRuntime,
+  instanceCount,
+  type ModelBackend,
+  stageBackend,
+} from "../src/model-runtime.js";
 import { RateLimiter } from "../src/rate-limiter.js";
 
 const config = (extra = "") =>
@@ -134,5 +140,53 @@ describe("createModelRuntime", () => {
     await draining;
     expect(drained).toBe(true);
     await model.close();
+  });
+
+  it("runs a backend that bounds its own work directly: at once, checked, counted, and drained at close", async () => {
+    // An ensemble's or a remote model's shape: instances unbounded, no dynamic_batching.
+    let inside = 0;
+    let most = 0;
+    let open!: () => void;
+    const gate = new Promise<void>((r) => {
+      open = r;
+    });
+    const backend: ModelBackend = {
+      instances: Number.POSITIVE_INFINITY,
+      async computeBatch(batch) {
+        inside++;
+        most = Math.max(most, inside);
+        await gate;
+        inside--;
+        if ((batch.inputs[0]!.data as Float32Array)[0] === -1) throw new Error("the backend failed");
+        return { outputs: [tensor("OUT", "FP32", batch.inputs[0]!.shape, batch.inputs[0]!.data as Float32Array)] };
+      },
+      close: async () => {},
+    };
+    const model = await createModel({ config: config(), backend });
+    const good = [request(1, 2), request(3, 4, 5, 6), request(7, 8)].map((r) => model.infer(r));
+    const failing = model.infer(request(-1, 0));
+    const bad = await rejectionOf(
+      model.infer({ inputs: [tensor("IN", "INT32", [1, 2], Int32Array.of(1, 2))] }),
+      StageError,
+    );
+    const cancelled = await rejectionOf(model.infer(request(1, 1), { signal: AbortSignal.abort() }), StageError);
+    await new Promise((r) => setTimeout(r, 10));
+    // All four ran at once, none queued: nothing waits in a queue the server could see.
+    expect([most, model.pendingRequests?.() ?? 0]).toEqual([4, 0]);
+    expect([bad.code, cancelled.code]).toEqual([Code.InvalidArgument, Code.Canceled]);
+    const closing = model.close();
+    open();
+    const answers = await Promise.all(good);
+    expect(answers.map((a) => Array.from(a.outputs[0]!.data as Float32Array))).toEqual([
+      [1, 2],
+      [3, 4, 5, 6],
+      [7, 8],
+    ]);
+    expect((await rejectionOf(failing, StageError)).rawMessage).toMatch(/the backend failed/);
+    await closing;
+    const stats = model.statistics();
+    expect([stats.inferenceStats!.success!.count, stats.inferenceStats!.fail!.count]).toEqual([3n, 3n]);
+    expect([stats.executionCount, stats.inferenceCount]).toEqual([3n, 4n]);
+    await expect(model.infer(request(1, 2))).rejects.toThrow(/unloading/);
   });
 });

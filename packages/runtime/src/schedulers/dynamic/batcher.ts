@@ -16,12 +16,12 @@
  */
 import { ConnectError } from "@connectrpc/connect";
 import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
-import { Code, type ExecutionTimes, nowNs, StageError, type StatisticsRecorder, traceExecution } from "@trellis/stage";
+import { Code, nowNs, StageError, type StatisticsRecorder, traceExecution } from "@trellis/stage";
 import { deadlineTimer, toConnectError } from "@trellis/stage/backend";
 import { answerOf } from "./answers.js";
 import { batchKey, formBatch, type NextBatch, requestSize } from "./batch-forming.js";
 import { DeferredRerun, isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
-import type { BatchContext, RequestsExecutor, RequestsResult } from "./execution.js";
+import { type BatchContext, executionTimes, type RequestsExecutor, type RequestsResult } from "./execution.js";
 import { FailureIsolation } from "./isolation.js";
 import {
   abortError,
@@ -374,16 +374,11 @@ class Batcher implements DynamicBatcher {
     }
     const t1 = nowNs();
     const responses = batch.map((p, i) =>
-      answerOf(name, this.version, this.maxBatchSize, p, result.responses[i]!, batch.length > 1),
+      answerOf(name, this.version, this.maxBatchSize, p.request, p.size, result.responses[i]!, batch.length > 1),
     );
     const t2 = nowNs();
     const reported = result.times ?? {};
-    const times: ExecutionTimes = {
-      computeInputNs: reported.computeInputNs ?? 0,
-      computeInferNs:
-        reported.computeInferNs ?? t1 - t0 - (reported.computeInputNs ?? 0) - (reported.computeOutputNs ?? 0),
-      computeOutputNs: t2 - t1 + (reported.computeOutputNs ?? 0),
-    };
+    const times = executionTimes(t0, t1, t2, reported);
     recorder.executed(total, times);
     batch.forEach((p, i) => {
       const r = responses[i]!;

@@ -35,6 +35,20 @@ export interface RequestsResult {
   times?: ReportedTimes;
 }
 
+/**
+ * An execution's times: what its executor reported, the rest from the clock (`t0` it started, `t1`
+ * its executor returned, `t2` its answers were made): unreported compute counts as compute_infer,
+ * making the answers as compute_output.
+ */
+export function executionTimes(t0: number, t1: number, t2: number, reported: ReportedTimes = {}): ExecutionTimes {
+  return {
+    computeInputNs: reported.computeInputNs ?? 0,
+    computeInferNs:
+      reported.computeInferNs ?? t1 - t0 - (reported.computeInputNs ?? 0) - (reported.computeOutputNs ?? 0),
+    computeOutputNs: t2 - t1 + (reported.computeOutputNs ?? 0),
+  };
+}
+
 /** Computes a batch merged along dim 0: one result for all its requests (a throw fails the execution). */
 export type BatchExecutor = (batch: InferRequest, context: BatchContext) => Promise<BatchResult>;
 /** Computes a batch's requests as they are and answers each: its outputs, or an error of its own. */

@@ -9,6 +9,7 @@ import { ConnectError } from "@connectrpc/connect";
 import { type ModelDynamicBatching, type ModelQueuePolicy, ModelQueuePolicy_TimeoutAction } from "@trellis/protocol";
 import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
 import { Code, type RequestTrace, StageError, type StatisticsRecorder } from "@trellis/stage";
+import type { Scheduler } from "../scheduler.js";
 import type { BatchExecutor, RequestsExecutor } from "./execution.js";
 
 export type BatchingStrategy = "delay" | "eager";
@@ -54,24 +55,11 @@ export interface DynamicBatcherOptions {
   recorder: StatisticsRecorder;
 }
 
-/** A priority level's queue, as the runtime's admission checks it (Triton's max_queue_size is per level). */
-export interface QueueLevel {
-  number: number;
-  /** The level's queue policy max_queue_size; 0: unbounded by the config. */
-  maxQueueSize: number;
-  queued: number;
-}
+export type { QueueLevel } from "../scheduler.js";
 
-export interface DynamicBatcher {
-  infer(request: InferRequest, options?: InferOptions): Promise<InferResponse>;
-  /** The level a request of this priority queues at. */
-  queueLevel(priority?: number): QueueLevel;
-  /** Requests waiting in the queue (not executing). */
-  readonly queued: number;
+export interface DynamicBatcher extends Scheduler {
   /** Executions in flight. */
   readonly executing: number;
-  /** Fails queued requests with UNAVAILABLE and waits for executions in flight. */
-  close(): Promise<void>;
 }
 
 export interface Policy {
