@@ -552,9 +552,13 @@ def run_execute(np, pb_utils, inbox, model, header, body):
         answers.append(answer)
     result = {"type": "result", "id": header["id"], "responses": answers}
     if ANSWER_FILE.takes(header, offset):
-        ANSWER_FILE.write(np, parts, offset)
-        write_frame({**result, "body_in_file": offset})
-        return
+        try:
+            ANSWER_FILE.write(np, parts, offset)
+        except (OSError, ValueError):
+            pass  # the file could not take it (no memory for its pages): the pipe carries this one
+        else:
+            write_frame({**result, "body_in_file": offset})
+            return
     write_frame(result, parts)
 
 

@@ -165,13 +165,15 @@ export class StubProcess {
   /** Delivers a frame in the order it came, its body first read from the answer file if it is there. */
   private receive(child: ChildProcess, frame: Frame): void {
     const inFile = frame.header.body_in_file;
+    // The file of the process that sent the frame (a restart meanwhile opens another).
+    const file = this.answerFile;
     if (inFile === undefined && this.reading === undefined) {
       this.deliver(frame);
       return;
     }
     const reading = (this.reading ?? Promise.resolve()).then(async () => {
       try {
-        const whole = inFile === undefined ? frame : await this.readAnswerBody(frame, inFile);
+        const whole = inFile === undefined ? frame : await this.readAnswerBody(frame, inFile, file);
         // A process stopped meanwhile (its deadline passed) has failed its execution already.
         if (this.child === child) this.deliver(whole);
       } catch (e) {
@@ -186,9 +188,8 @@ export class StubProcess {
   }
 
   /** A result's body, from the answer file (one read in the thread pool, no work on the event loop). */
-  private async readAnswerBody(frame: Frame, length: unknown): Promise<Frame> {
+  private async readAnswerBody(frame: Frame, length: unknown, file: FileHandle | undefined): Promise<Frame> {
     const { modelName: name, maxFrameBytes } = this.options;
-    const file = this.answerFile;
     if (typeof length !== "number" || !Number.isSafeInteger(length) || length < 0 || !file)
       throw new Error(`model "${name}": its Python process named an answer file it was not given`);
     if (length > maxFrameBytes) return { header: frame.header, body: frame.body, droppedBytes: length };

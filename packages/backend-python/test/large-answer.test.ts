@@ -28,21 +28,33 @@ class TritonPythonModel:
         return out
 `;
 
+// The same model in a process whose files may not grow past 2 MiB (RLIMIT_FSIZE; Python ignores
+// SIGXFSZ, so growing the answer file raises instead): the answer file cannot take a large answer.
+const LIMITED = `import resource
+${MODEL.replace(
+  "class TritonPythonModel:",
+  `class TritonPythonModel:
+    def initialize(self, args):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))
+`,
+)}`;
+
 let root: string;
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "trellis-large-answer-"));
   await mkdir(join(root, "1"), { recursive: true });
   await writeFile(join(root, "1", "model.py"), MODEL);
+  await writeFile(join(root, "1", "limited.py"), LIMITED);
 });
 afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-const stubOf = (answerFile: boolean) =>
+const stubOf = (answerFile: boolean, file = "model.py") =>
   new StubProcess({
     modelName: "identity",
     pythonExecutable: "/usr/bin/python3",
-    modelFile: join(root, "1", "model.py"),
+    modelFile: join(root, "1", file),
     initialize: { model_name: "identity" },
     executeTimeoutMs: 60_000,
     loadTimeoutMs: 60_000,
@@ -110,6 +122,18 @@ describe("a large Python answer", () => {
       expect(fromFile).toBe(0);
       expect(copied).toBeGreaterThanOrEqual(elements * 4);
       expect(copied).toBeLessThanOrEqual(2 * elements * 4 + (1 << 16));
+    } finally {
+      await stub.close();
+    }
+  });
+
+  it("comes back through the pipe when the answer file cannot take it", { timeout: 120_000 }, async () => {
+    const stub = stubOf(true, "limited.py");
+    try {
+      const { copied, fromFile } = await identity(stub, elements / 4);
+      expect(fromFile).toBe(0);
+      expect(copied).toBeLessThanOrEqual(2 * elements + (1 << 16));
+      expect(stub.starts).toBe(1);
     } finally {
       await stub.close();
     }
