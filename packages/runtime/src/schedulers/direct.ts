@@ -45,14 +45,14 @@ export class DirectScheduler implements Scheduler {
   }
 
   infer(request: InferRequest, opts: InferOptions = {}): Promise<InferResponse> {
-    const answer = this.execute(request, opts);
+    const answer = this.runAlone(request, opts);
     this.inFlight.add(answer);
     const forget = () => this.inFlight.delete(answer);
     answer.then(forget, forget);
     return answer;
   }
 
-  private async execute(request: InferRequest, opts: InferOptions): Promise<InferResponse> {
+  private async runAlone(request: InferRequest, opts: InferOptions): Promise<InferResponse> {
     const { name, version, maxBatchSize, recorder } = this.options;
     const start = nowNs();
     try {
