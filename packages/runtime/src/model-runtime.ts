@@ -35,7 +35,7 @@ import {
 } from "@trellis/stage/backend";
 import type { ModelBackend } from "./backend.js";
 import type { ModelInterceptor } from "./interceptors/chain.js";
-import { Model, unregister } from "./model.js";
+import { Model, type ModelParts, unregister } from "./model.js";
 import { rateLimiterResources } from "./rate-limiter.js";
 import { DirectScheduler } from "./schedulers/direct.js";
 import {
@@ -224,7 +224,7 @@ export async function createModel(options: ModelOptions): Promise<Model> {
         run,
         isolation,
       );
-  return new Model({
+  const parts: ModelParts = {
     config,
     version,
     backend,
@@ -239,7 +239,8 @@ export async function createModel(options: ModelOptions): Promise<Model> {
     ...(options.defaultMaxQueueSize ? { defaultMaxQueueSize: options.defaultMaxQueueSize } : {}),
     ...(options.interceptors ? { interceptors: options.interceptors } : {}),
     ...(options.versions ? { versions: options.versions } : {}),
-  });
+  };
+  return new Model(parts as never);
 }
 
 /**

@@ -91,8 +91,16 @@ export class Model {
   private reservations = 0;
   private idleWaiters: (() => void)[] = [];
 
-  /** @internal made by createModel, which sets its parts up. */
-  constructor(private readonly parts: ModelParts) {
+  private readonly parts: ModelParts;
+
+  /**
+   * @internal Made only by createModel, which sets its parts up and passes them here. The argument
+   * is typed `never` so that what a Model is made of stays out of the public API: no one else can
+   * construct one.
+   */
+  constructor(setup: never) {
+    const parts: ModelParts = setup;
+    this.parts = parts;
     const { config, backend, sequencer, bounded, version } = parts;
     this.name = config.name;
     this.version = version;
