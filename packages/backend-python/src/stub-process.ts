@@ -165,7 +165,8 @@ export class StubProcess {
   /** Delivers a frame in the order it came, its body first read from the answer file if it is there. */
   private receive(child: ChildProcess, frame: Frame): void {
     const inFile = frame.header.body_in_file;
-    // The file of the process that sent the frame (a restart meanwhile opens another).
+    // The file as it is now, when the frame came: a body waiting its turn is not read from a file
+    // a restart opens meanwhile (and a stopped process's frames are not delivered anyway).
     const file = this.answerFile;
     if (inFile === undefined && this.reading === undefined) {
       this.deliver(frame);
