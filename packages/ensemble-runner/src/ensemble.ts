@@ -170,6 +170,7 @@ function buildEnsemble(options: BuildEnsembleOptions): EnsembleStage {
   }
   // One bound method for every entry point: no wrapper between a request and the runner.
   const answers = runner.answers.bind(runner);
+  const inferWithTimes = (request: InferRequest, options?: InferOptions) => answerWithTimes(runner, request, options);
   const stage: EnsembleStage = {
     name,
     version,
@@ -187,8 +188,8 @@ function buildEnsemble(options: BuildEnsembleOptions): EnsembleStage {
     statistics: () => runner.recorder.snapshot(),
     maxQueueSize: () => runner.entryBound.get().bound,
     queueBound: () => runner.entryBound.described(),
-    inferWithTimes: (request: InferRequest, options?: InferOptions) => answerWithTimes(runner, request, options),
-    execute: (request: InferRequest, options?: InferOptions) => answerWithTimes(runner, request, options),
+    inferWithTimes,
+    execute: inferWithTimes,
     executeStream: (request: InferRequest, options?: InferOptions) => answers(request, options, ignoreTimes),
     ...(decoupled ? { inferStream: answers } : {}),
     stepStatistics: () => stepStatistics(runner.steps),

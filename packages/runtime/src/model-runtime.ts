@@ -3,9 +3,9 @@
  * Trellis backend (a TypeScript stage, a user's model.js, an ONNX session pool, a Python model,
  * an ensemble, a remote model). From its config: the request checks, the scheduler (sequence
  * batching, then dynamic batching, or each request alone: queued for an instance, or at once for a
- * backend that bounds its own work), instance_group's instances under the
- * rate limiter and the backend's own admission (e.g. the CPU gate), statistics; the result is
- * one Model (model.ts), which runs the requests.
+ * backend that bounds its own work), instance_group's instances under the rate limiter and the
+ * backend's own admission (e.g. the CPU gate), statistics; the result is one Model (model.ts),
+ * which runs the requests.
  */
 import { create } from "@bufbuild/protobuf";
 import {

@@ -5,8 +5,7 @@
  * classification, shadow: interceptors/), and reaches the core: admission (the queue bound),
  * the checks against config.pbtxt, and the scheduler its config chooses (schedulers/: sequence,
  * dynamic with or without batching, or direct for an ensemble or a remote model), which runs the
- * backend on an instance. Statistics are
- * recorded once, in its recorder.
+ * backend on an instance. Statistics are recorded once, in its recorder.
  */
 import type { ModelConfig, ModelStatistics } from "@trellis/protocol";
 import {

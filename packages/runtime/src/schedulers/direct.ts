@@ -9,10 +9,10 @@ import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
 import { Code, nowNs, StageError, type StatisticsRecorder, traceExecution } from "@trellis/stage";
 import { toConnectError } from "@trellis/stage/backend";
 import { answerOf } from "./dynamic/answers.js";
-import { requestSize } from "./dynamic/batch-forming.js";
+import { type SchedulingChecks, scheduledSize } from "./dynamic/batch-forming.js";
 import { type BatchContext, executionTimes, type RequestsExecutor } from "./dynamic/execution.js";
 import type { FailureIsolation } from "./dynamic/isolation.js";
-import { abortError, withoutTrace } from "./dynamic/queue.js";
+import { withoutTrace } from "./dynamic/queue.js";
 import type { QueueLevel, Scheduler } from "./scheduler.js";
 
 export interface DirectSchedulerOptions {
@@ -33,12 +33,15 @@ export class DirectScheduler implements Scheduler {
   readonly queued = 0;
   private closed = false;
   private readonly inFlight = new Set<Promise<unknown>>();
+  private readonly checks: SchedulingChecks;
 
   constructor(
     private readonly options: DirectSchedulerOptions,
     private readonly run: RequestsExecutor,
-    private readonly isolation?: FailureIsolation,
-  ) {}
+    isolation?: FailureIsolation,
+  ) {
+    this.checks = { name: options.name, maxBatchSize: options.maxBatchSize, validate: options.validate, isolation };
+  }
 
   queueLevel(): QueueLevel {
     return LEVEL;
@@ -56,12 +59,7 @@ export class DirectScheduler implements Scheduler {
     const { name, version, maxBatchSize, recorder } = this.options;
     const start = nowNs();
     try {
-      if (this.closed) throw new StageError(Code.Unavailable, name, "model is unloading");
-      this.options.validate?.(request);
-      const size = requestSize(name, maxBatchSize, request);
-      const refusal = this.isolation?.refusal(request);
-      if (refusal) throw refusal;
-      if (opts.signal?.aborted) throw abortError(name, opts.signal);
+      const size = scheduledSize(this.checks, this.closed, request, opts.signal);
       const context: BatchContext = {
         batchSize: size,
         requests: [request],

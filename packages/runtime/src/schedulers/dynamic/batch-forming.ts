@@ -4,10 +4,39 @@
  * batch (preferred sizes, the queue delay, the quarantine lane's turn).
  */
 import type { InferRequest } from "@trellis/stage";
-import { nowNs } from "@trellis/stage";
+import { Code, nowNs, StageError } from "@trellis/stage";
 import { requestRefusal, tritonMessages } from "@trellis/stage/backend";
 import type { FailureIsolation } from "./isolation.js";
-import type { Pending } from "./queue.js";
+import { abortError, type Pending } from "./queue.js";
+
+/** What a scheduler checks a request against before it queues or runs it (see scheduledSize); made once. */
+export interface SchedulingChecks {
+  name: string;
+  maxBatchSize: number;
+  validate?: ((request: InferRequest) => void) | undefined;
+  isolation?: FailureIsolation | undefined;
+}
+
+/**
+ * A request's checks before any scheduler takes it, the same for every one: the model still
+ * loaded, its checks, its items (dim 0), an input that ended an instance before refused, a
+ * cancellation already made. Gives its items; throws what refuses it.
+ */
+export function scheduledSize(
+  checks: SchedulingChecks,
+  closed: boolean,
+  request: InferRequest,
+  signal?: AbortSignal,
+): number {
+  const { name } = checks;
+  if (closed) throw new StageError(Code.Unavailable, name, "model is unloading");
+  checks.validate?.(request);
+  const size = requestSize(name, checks.maxBatchSize, request);
+  const refusal = checks.isolation?.refusal(request);
+  if (refusal) throw refusal;
+  if (signal?.aborted) throw abortError(name, signal);
+  return size;
+}
 
 /** The next batch to run now (`lane`: a quarantined request, alone), the time to wait for more requests, or nothing queued. */
 export type NextBatch = { batch: Pending[]; lane?: boolean } | { waitNs: number } | undefined;

@@ -19,7 +19,7 @@ import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
 import { Code, nowNs, StageError, type StatisticsRecorder, traceExecution } from "@trellis/stage";
 import { deadlineTimer, toConnectError } from "@trellis/stage/backend";
 import { answerOf } from "./answers.js";
-import { batchKey, formBatch, type NextBatch, requestSize } from "./batch-forming.js";
+import { batchKey, formBatch, type NextBatch, type SchedulingChecks, scheduledSize } from "./batch-forming.js";
 import { DeferredRerun, isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
 import { type BatchContext, executionTimes, type RequestsExecutor, type RequestsResult } from "./execution.js";
 import { FailureIsolation } from "./isolation.js";
@@ -73,6 +73,7 @@ class Batcher implements DynamicBatcher {
   private readonly name: string;
   private readonly version: string;
   private readonly maxBatchSize: number;
+  private readonly checks: SchedulingChecks;
   private readonly recorder: StatisticsRecorder;
   /** Requests merge (dynamic_batching given, and the model has a batch dimension). */
   private readonly batching: boolean;
@@ -103,6 +104,7 @@ class Batcher implements DynamicBatcher {
     this.recorder = options.recorder;
     this.version = options.version ?? options.recorder.version;
     this.maxBatchSize = maxBatchSize;
+    this.checks = { name: this.name, maxBatchSize, validate: options.validate, isolation };
     this.batching = db !== undefined && maxBatchSize > 0;
     this.preferred = new Set((db?.preferredBatchSize ?? []).filter((n) => n > 0 && n <= maxBatchSize));
     this.delayNs = (options.strategy ?? "delay") === "eager" ? 0 : Number(db?.maxQueueDelayMicroseconds ?? 0n) * 1000;
@@ -137,12 +139,7 @@ class Batcher implements DynamicBatcher {
     let timeoutUs: number;
     try {
       // Checked before it queues: its size, its level, its timeout there.
-      if (this.closed) throw new StageError(Code.Unavailable, this.name, "model is unloading");
-      this.options.validate?.(request);
-      size = requestSize(this.name, this.maxBatchSize, request);
-      const refusal = this.isolation?.refusal(request);
-      if (refusal) throw refusal;
-      if (opts.signal?.aborted) throw abortError(this.name, opts.signal);
+      size = scheduledSize(this.checks, this.closed, request, opts.signal);
       level = this.levelOf(opts.priority);
       const override = opts.timeoutMicroseconds ?? 0;
       timeoutUs = level.policy.allowOverride && override > 0 ? override : level.policy.timeoutUs;
