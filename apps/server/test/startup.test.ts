@@ -75,7 +75,11 @@ afterAll(async () => {
 
 describe("readiness and --exit-on-error, as Triton's", () => {
   it("exits 1 at start when a model fails to load (Triton's default --exit-on-error=true), naming it in one line", async () => {
-    const run = await runToExit(["--model-repository", repo, ...["--http-port", "0", "--grpc-port", "0"]]);
+    const run = await runToExit([
+      "--model-repository",
+      repo,
+      ...["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+    ]);
     expect(run.code).toBe(1);
     expect(lines(run.stderr)).toHaveLength(1);
     expect(run.stderr).toMatch(/broken/);
