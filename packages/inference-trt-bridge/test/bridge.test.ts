@@ -370,9 +370,10 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]`);
 
   it("reports a model the server does not host as not ready", async () => {
     const server = await serve(scaleStage(scaleConfig()));
-    // Long enough for its ServerReady poll to answer on a loaded machine (300 ms once read "server is not ready").
+    // Long enough for its first polls to answer while turbo runs every suite on 2 cores (300 ms
+    // once read "server is not ready", 2 s once "deadline exceeded").
     const err = await rejectionOf(
-      createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "resnet50_trt", readyTimeoutMs: 2000 }),
+      createTrtBridge({ config: localConfig(), endpoint: server.url, modelName: "resnet50_trt", readyTimeoutMs: 5000 }),
       ConnectError,
     );
     expect(err.message).toMatch(
@@ -478,7 +479,8 @@ describe("failures while running", () => {
       config: localConfig(),
       endpoint: `http://127.0.0.1:${port}`,
       modelName: "scale",
-      retries: { max: 8, baseDelayMs: 50 },
+      // 51 s of retries in all: a child process may take seconds to listen on a loaded machine.
+      retries: { max: 10, baseDelayMs: 50 },
     });
     await first.kill();
     const restarted = child("scale", port);
