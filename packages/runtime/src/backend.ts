@@ -15,7 +15,7 @@ import {
 } from "@trellis/stage";
 import { definitionOf, pickOutputs, type RequestSpec } from "@trellis/stage/backend";
 import type { QueueBound } from "./admission.js";
-import type { BatchContext, BatchResult, RequestsResult } from "./schedulers/dynamic/execution.js";
+import type { BatchContext, BatchResult, RequestsResult } from "./schedulers/execution.js";
 
 type Release = () => void;
 

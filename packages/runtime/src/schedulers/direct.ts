@@ -8,11 +8,10 @@
 import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
 import { Code, nowNs, StageError, type StatisticsRecorder, traceExecution } from "@trellis/stage";
 import { toConnectError } from "@trellis/stage/backend";
-import { answerOf } from "./dynamic/answers.js";
-import { type SchedulingChecks, scheduledSize } from "./dynamic/batch-forming.js";
-import { type BatchContext, executionTimes, type RequestsExecutor } from "./dynamic/execution.js";
+import { answerOf } from "./answers.js";
+import { type SchedulingChecks, scheduledSize } from "./checks.js";
 import type { FailureIsolation } from "./dynamic/isolation.js";
-import { withoutTrace } from "./dynamic/queue.js";
+import { type BatchContext, executionTimes, type RequestsExecutor, withoutTrace } from "./execution.js";
 import type { QueueLevel, Scheduler } from "./scheduler.js";
 
 export interface DirectSchedulerOptions {

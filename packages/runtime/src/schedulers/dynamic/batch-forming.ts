@@ -1,68 +1,14 @@
 /**
- * Batch forming for the dynamic batcher: the items a request carries (dim 0, checked against
- * max_batch_size), the key requests must share to merge, and which queued requests make the next
- * batch (preferred sizes, the queue delay, the quarantine lane's turn).
+ * Batch forming for the dynamic batcher: the key requests must share to merge, and which queued
+ * requests make the next batch (preferred sizes, the queue delay, the quarantine lane's turn).
  */
 import type { InferRequest } from "@trellis/stage";
-import { Code, nowNs, StageError } from "@trellis/stage";
-import { requestRefusal, tritonMessages } from "@trellis/stage/backend";
+import { nowNs } from "@trellis/stage";
 import type { FailureIsolation } from "./isolation.js";
-import { abortError, type Pending } from "./queue.js";
-
-/** What a scheduler checks a request against before it queues or runs it (see scheduledSize); made once. */
-export interface SchedulingChecks {
-  name: string;
-  maxBatchSize: number;
-  validate?: ((request: InferRequest) => void) | undefined;
-  isolation?: FailureIsolation | undefined;
-}
-
-/**
- * A request's checks before any scheduler takes it, the same for every one: the model still
- * loaded, its checks, its items (dim 0), an input that ended an instance before refused, a
- * cancellation already made. Gives its items; throws what refuses it.
- */
-export function scheduledSize(
-  checks: SchedulingChecks,
-  closed: boolean,
-  request: InferRequest,
-  signal?: AbortSignal,
-): number {
-  const { name } = checks;
-  if (closed) throw new StageError(Code.Unavailable, name, "model is unloading");
-  checks.validate?.(request);
-  const size = requestSize(name, checks.maxBatchSize, request);
-  const refusal = checks.isolation?.refusal(request);
-  if (refusal) throw refusal;
-  if (signal?.aborted) throw abortError(name, signal);
-  return size;
-}
+import type { Pending } from "./queue.js";
 
 /** The next batch to run now (`lane`: a quarantined request, alone), the time to wait for more requests, or nothing queued. */
 export type NextBatch = { batch: Pending[]; lane?: boolean } | { waitNs: number } | undefined;
-
-/** Items this request carries, checking every input agrees on dim 0. */
-export function requestSize(name: string, maxBatchSize: number, request: InferRequest): number {
-  if (maxBatchSize <= 0) return 1;
-  const first = request.inputs[0];
-  if (!first) return 1;
-  let size: number | undefined;
-  for (const t of request.inputs) {
-    if (t.shape.length === 0) throw requestRefusal(tritonMessages.noBatchDimension(request.id, name, t.name));
-    const b = t.shape[0]!;
-    if (size === undefined) size = b;
-    else if (b !== size) {
-      throw requestRefusal(tritonMessages.batchMismatch(request.id, name, t.name), `${b}, not ${size}`);
-    }
-  }
-  if (size !== undefined && size > maxBatchSize) {
-    throw requestRefusal(tritonMessages.batchTooLarge(request.id, name, maxBatchSize), `got ${size}`);
-  }
-  if (size === undefined || size < 1) {
-    throw requestRefusal(`batch size must be at least 1 for '${name}', got ${size}`);
-  }
-  return size;
-}
 
 /** Requests merge only when every input has the same name, datatype and non-batch dims. */
 export function batchKey(batching: boolean, request: InferRequest): string {

@@ -18,13 +18,19 @@ import { ConnectError } from "@connectrpc/connect";
 import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
 import { Code, nowNs, StageError, type StatisticsRecorder, traceExecution } from "@trellis/stage";
 import { deadlineTimer, toConnectError } from "@trellis/stage/backend";
-import { answerOf } from "./answers.js";
-import { batchKey, formBatch, type NextBatch, type SchedulingChecks, scheduledSize } from "./batch-forming.js";
+import { answerOf } from "../answers.js";
+import { abortError, type SchedulingChecks, scheduledSize } from "../checks.js";
+import {
+  type BatchContext,
+  executionTimes,
+  type RequestsExecutor,
+  type RequestsResult,
+  withoutTrace,
+} from "../execution.js";
+import { batchKey, formBatch, type NextBatch } from "./batch-forming.js";
 import { DeferredRerun, isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
-import { type BatchContext, executionTimes, type RequestsExecutor, type RequestsResult } from "./execution.js";
 import { FailureIsolation } from "./isolation.js";
 import {
-  abortError,
   buildLevels,
   type DynamicBatcher,
   type DynamicBatcherOptions,
@@ -32,10 +38,8 @@ import {
   type Pending,
   type QueueLevel,
   removeFrom,
-  withoutTrace,
 } from "./queue.js";
 
-export { isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
 export type {
   BatchContext,
   BatchExecutor,
@@ -43,7 +47,8 @@ export type {
   ReportedTimes,
   RequestsExecutor,
   RequestsResult,
-} from "./execution.js";
+} from "../execution.js";
+export { isolatedRequestsExecutor, mergedExecutor } from "./bisection.js";
 export type { BatchingStrategy, DynamicBatcher, DynamicBatcherOptions, QueueLevel } from "./queue.js";
 
 export function createDynamicBatcher(options: DynamicBatcherOptions): DynamicBatcher {

@@ -19,7 +19,7 @@
 import type { InferRequest, RequestOutcome } from "@trellis/stage";
 import { nowNs, StageError } from "@trellis/stage";
 import { endedInstance, type InstanceEndedError, toConnectError } from "@trellis/stage/backend";
-import type { BatchContext, BatchExecutor, BatchResult, RequestsExecutor } from "./execution.js";
+import type { BatchContext, BatchExecutor, BatchResult, RequestsExecutor } from "../execution.js";
 
 import { type FailureIsolation, messageWithoutStage } from "./isolation.js";
 import { mergeRequests, rowsOf, splitRows } from "./merge-rows.js";

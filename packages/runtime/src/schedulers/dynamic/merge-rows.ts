@@ -5,7 +5,7 @@
 import type { InferRequest, RequestOutcome, Tensor, TensorData } from "@trellis/stage";
 import { Code, elementCount, formatShape, StageError } from "@trellis/stage";
 import { allocate, toConnectError } from "@trellis/stage/backend";
-import type { BatchResult } from "./execution.js";
+import type { BatchResult } from "../execution.js";
 
 /** Rows a request carries along dim 0 (1 when it has none). */
 export const rowsOf = (request: InferRequest): number => request.inputs[0]?.shape[0] ?? 1;

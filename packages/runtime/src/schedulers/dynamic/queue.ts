@@ -5,12 +5,11 @@
  * max_queue_size, default timeout and timeout_action), the pending requests they hold, and the
  * small helpers the batcher uses on them.
  */
-import { ConnectError } from "@connectrpc/connect";
+import type { ConnectError } from "@connectrpc/connect";
 import { type ModelDynamicBatching, type ModelQueuePolicy, ModelQueuePolicy_TimeoutAction } from "@trellis/protocol";
-import type { InferOptions, InferRequest, InferResponse } from "@trellis/stage";
-import { Code, type RequestTrace, StageError, type StatisticsRecorder } from "@trellis/stage";
+import type { InferOptions, InferRequest, InferResponse, RequestTrace, StatisticsRecorder } from "@trellis/stage";
+import type { BatchExecutor, RequestsExecutor } from "../execution.js";
 import type { Scheduler } from "../scheduler.js";
-import type { BatchExecutor, RequestsExecutor } from "./execution.js";
 
 export type BatchingStrategy = "delay" | "eager";
 
@@ -116,19 +115,8 @@ export function buildLevels(db: ModelDynamicBatching | undefined): { levels: Lev
   return { levels, defaultIndex: def >= 1 && def <= count ? def - 1 : 0 };
 }
 
-export function abortError(name: string, signal: AbortSignal): ConnectError {
-  const reason: unknown = signal.reason;
-  if (reason instanceof ConnectError) return reason;
-  const text = reason instanceof Error ? reason.message : reason === undefined ? "" : String(reason);
-  return new StageError(Code.Canceled, name, `request cancelled while queued${text ? `: ${text}` : ""}`);
-}
-
 export const removeFrom = (list: Pending[], p: Pending) => {
   const i = list.indexOf(p);
   if (i >= 0) list.splice(i, 1);
   return i >= 0;
 };
-
-export function withoutTrace({ trace: _trace, ...rest }: InferOptions): InferOptions {
-  return rest;
-}

@@ -1,6 +1,7 @@
 /**
- * What a batch's executor is given and gives back: the contract between the batcher and a
- * backend's compute (merged along dim 0, or request by request as Triton's `execute(requests)`).
+ * What an execution's executor is given and gives back: the contract between a scheduler (the
+ * dynamic batcher, the direct one) and a backend's compute (merged along dim 0, or request by
+ * request as Triton's `execute(requests)`).
  */
 import type { ExecutionTimes, InferOptions, InferRequest, RequestOutcome, Tensor } from "@trellis/stage";
 
@@ -53,3 +54,8 @@ export function executionTimes(t0: number, t1: number, t2: number, reported: Rep
 export type BatchExecutor = (batch: InferRequest, context: BatchContext) => Promise<BatchResult>;
 /** Computes a batch's requests as they are and answers each: its outputs, or an error of its own. */
 export type RequestsExecutor = (requests: readonly InferRequest[], context: BatchContext) => Promise<RequestsResult>;
+
+/** A backend's options without the request's trace (only one that stamps its own steps gets it). */
+export function withoutTrace({ trace: _trace, ...rest }: InferOptions): InferOptions {
+  return rest;
+}
