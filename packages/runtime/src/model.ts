@@ -32,7 +32,7 @@ import {
   type ModelInterceptor,
   type StreamNext,
 } from "./interceptors/chain.js";
-import type { RequestsExecutor } from "./schedulers/dynamic/batcher.js";
+import type { RequestsExecutor } from "./schedulers/execution.js";
 import type { Scheduler } from "./schedulers/scheduler.js";
 import type { SequenceBatcher } from "./schedulers/sequence/batcher.js";
 
